@@ -1,0 +1,1 @@
+"""Inflight's Django project (settings, apps). Lives in platform/ but is imported as `inflight`."""

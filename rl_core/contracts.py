@@ -1,0 +1,101 @@
+"""The data contracts between pipeline stages.
+
+Engine → actor: `GenerationResult` (token ids, sampling logprobs, and the policy
+version that sampled each token). Actor → stream → trainer: `RolloutSample`.
+Trainer → servers: `TrainerBackend.parameters_for_broadcast()` + the weight-sync
+protocol in `weight_sync.py`. Every stage logs through `metrics.MetricsSink`.
+
+These are plain dataclasses so they serialise to JSON lines for the durable
+stream and cross process boundaries without pickling torch objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Protocol
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class GenerationResult:
+    """One finished sequence. `token_versions[i]` is the policy version whose
+    weights sampled `token_ids[i]`: a sequence spanning an in-flight weight
+    update carries more than one distinct version."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    token_versions: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    text: str = ""
+
+    @property
+    def num_versions(self) -> int:
+        return len(set(self.token_versions))
+
+
+@dataclass
+class RolloutSample:
+    """One scored attempt, as written to the actor→trainer stream."""
+
+    sample_id: str
+    group_id: str
+    prompt_id: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    behaviour_logprobs: list[float]
+    token_versions: list[int]
+    reward: float
+    success: bool
+    advantage: float
+    finish_reason: str = "stop"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RolloutSample:
+        return cls(**data)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.completion_token_ids)
+
+
+class TrainerBackend(Protocol):
+    """What the training loop needs from a backend (plain torch or DeepSpeed).
+
+    The loop owns batching, the loss and the stream; the backend owns the
+    model, the optimizer and the parallelism."""
+
+    version: int  # optimizer steps taken == policy version of the current weights
+
+    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability of each next token and the entropy of each position (with grad)."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, step, schedule, zero grads, bump `version`; returns e.g. grad_norm, lr."""
+        ...
+
+    def parameters_for_broadcast(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered) parameters in HF naming, in a stable order, for the servers."""
+        ...
+
+    def save_checkpoint(self, directory: str) -> None: ...
+
+    def load_checkpoint(self, directory: str) -> None: ...
