@@ -1,0 +1,498 @@
+"""Where rollouts run and which ones wait: routing (least-loaded, HistoPipe) and tail batching.
+
+Two independent pieces the actor uses:
+
+- A `Router` picks the inference server for each prompt group. `LeastLoadedRouter` sends a
+  group to the server with the fewest sequences in flight. `HistoPipeRouter` (RhymeRL) predicts
+  each group's length from the prompt's previous responses (`LengthPredictor`), orders a batch
+  longest-predicted-first and places each group on the server with the least *predicted*
+  outstanding work (greedy LPT), so servers finish a step together instead of one straggling.
+- `TailBatchPlanner` (RollPacker) plans sync-mode rounds: short rounds over-provision prompts
+  and responses and keep the first that finish; the prompts that did not finish go to a
+  long-tail queue, and once it holds a full batch the next round is a long round of exactly those.
+  `AsyncTailTracker` applies the same idea to the async actor's rolling window.
+
+Nothing here touches torch or the network: these are pure bookkeeping objects, driven by
+the actor with prompt ids and finished-response events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol, Sequence
+
+from rl_core.config import HistoPipeConfig, RunConfig, TailBatchingConfig
+
+# ---------------------------------------------------------------------------------------------
+# Routing
+# ---------------------------------------------------------------------------------------------
+
+
+class Router(Protocol):
+    """What the actor calls. `server_loads[i]` is the actor's own count of sequences in flight
+    on server i (the router may use it or its own predicted accounting)."""
+
+    def pick(self, prompt_id: str, n: int, server_loads: Sequence[float]) -> int:
+        """Server index for a group of `n` responses to `prompt_id`; call once per launched group."""
+        ...
+
+    def observe(self, prompt_id: str, response_lengths: Sequence[int]) -> None:
+        """The group launched for `prompt_id` is over: its response token counts (empty when it
+        was aborted and nothing should be learned). Releases the group's load."""
+        ...
+
+    def order(self, prompt_ids: Sequence[str]) -> list[str]:
+        """The order in which to launch a batch of prompts."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """`sched/...` figures since the last call."""
+        ...
+
+
+def least_loaded(server_loads: Sequence[float]) -> int:
+    """Index of the smallest load; ties go to the lowest index (deterministic)."""
+    if not server_loads:
+        raise ValueError("server_loads is empty: there must be at least one server")
+    return min(range(len(server_loads)), key=lambda index: (server_loads[index], index))
+
+
+class LeastLoadedRouter:
+    """Plain routing: the server with the fewest sequences in flight, launch order unchanged."""
+
+    def pick(self, prompt_id: str, n: int, server_loads: Sequence[float]) -> int:
+        return least_loaded(server_loads)
+
+    def observe(self, prompt_id: str, response_lengths: Sequence[int]) -> None:
+        return None
+
+    def order(self, prompt_ids: Sequence[str]) -> list[str]:
+        return list(prompt_ids)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+class LengthPredictor:
+    """Per-prompt response-length history → predicted length of the next response.
+
+    Only the most recent group of each prompt is kept (RhymeRL's observation: a prompt's
+    response lengths are similar from one epoch to the next), and the prediction is that
+    group's mean. A prompt never seen is predicted at the running mean over all observed
+    responses, or `prior_len` before anything was observed."""
+
+    def __init__(self, prior_len: float) -> None:
+        if prior_len <= 0:
+            raise ValueError(f"prior_len must be > 0, got {prior_len}")
+        self.prior_len = float(prior_len)
+        self.last_lengths: dict[str, list[int]] = {}
+        self._global_sum = 0.0
+        self._global_count = 0
+
+    def has_history(self, prompt_id: str) -> bool:
+        return prompt_id in self.last_lengths
+
+    def predict(self, prompt_id: str) -> float:
+        lengths = self.last_lengths.get(prompt_id)
+        if lengths:
+            return sum(lengths) / len(lengths)
+        if self._global_count:
+            return self._global_sum / self._global_count
+        return self.prior_len
+
+    def observe(self, prompt_id: str, response_lengths: Sequence[int]) -> None:
+        lengths = [int(length) for length in response_lengths]
+        if not lengths:
+            return
+        if any(length < 0 for length in lengths):
+            raise ValueError(f"response lengths of {prompt_id!r} must be >= 0, got {lengths}")
+        self.last_lengths[prompt_id] = lengths
+        self._global_sum += sum(lengths)
+        self._global_count += len(lengths)
+
+
+def pearson_correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Pearson r of two equally long sequences; NaN when either is constant or too short."""
+    if len(xs) != len(ys):
+        raise ValueError(f"sequences differ in length: {len(xs)} vs {len(ys)}")
+    count = len(xs)
+    if count < 2:
+        return math.nan
+    mean_x = sum(xs) / count
+    mean_y = sum(ys) / count
+    cov = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+    var_x = sum((x - mean_x) ** 2 for x in xs)
+    var_y = sum((y - mean_y) ** 2 for y in ys)
+    if var_x <= 0 or var_y <= 0:
+        return math.nan
+    return cov / math.sqrt(var_x * var_y)
+
+
+def load_spread(loads: Sequence[float]) -> float:
+    """(max − min) / mean of per-server loads: 0 is perfectly balanced."""
+    if not loads:
+        return 0.0
+    mean = sum(loads) / len(loads)
+    return (max(loads) - min(loads)) / mean if mean > 0 else 0.0
+
+
+class HistoPipeRouter:
+    """RhymeRL HistoPipe: longest-predicted-first, each group to the least predicted load.
+
+    The router keeps its own per-server tally of predicted outstanding tokens: `pick` adds
+    `n × predicted length` to the chosen server, `observe` removes it again (groups of the
+    same prompt in flight at once are released first-in first-out). `server_loads` from the
+    actor only breaks ties, so several actors' routers would not fight over the same server."""
+
+    def __init__(self, predictor: LengthPredictor) -> None:
+        self.predictor = predictor
+        self.predicted_load: list[float] = []
+        self._in_flight: dict[str, deque[tuple[int, float, float]]] = {}  # prompt -> (server, load, predicted len)
+        self._predicted: list[float] = []  # for the predicted-vs-actual correlation since last metrics()
+        self._actual: list[float] = []
+        self._assigned_since_metrics: list[float] = []
+
+    def order(self, prompt_ids: Sequence[str]) -> list[str]:
+        # Stable sort: equal predictions keep the caller's order.
+        return sorted(prompt_ids, key=lambda prompt_id: -self.predictor.predict(prompt_id))
+
+    def pick(self, prompt_id: str, n: int, server_loads: Sequence[float]) -> int:
+        if not server_loads:
+            raise ValueError("server_loads is empty: there must be at least one server")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        while len(self.predicted_load) < len(server_loads):
+            self.predicted_load.append(0.0)
+            self._assigned_since_metrics.append(0.0)
+        candidates = range(len(server_loads))
+        server = min(candidates, key=lambda index: (self.predicted_load[index], server_loads[index], index))
+        predicted_len = self.predictor.predict(prompt_id)
+        load = n * predicted_len
+        self.predicted_load[server] += load
+        self._assigned_since_metrics[server] += load
+        self._in_flight.setdefault(prompt_id, deque()).append((server, load, predicted_len))
+        return server
+
+    def observe(self, prompt_id: str, response_lengths: Sequence[int]) -> None:
+        queue = self._in_flight.get(prompt_id)
+        if queue:
+            server, load, predicted_len = queue.popleft()
+            if not queue:
+                del self._in_flight[prompt_id]
+            # max(): float sums of many adds/removes must not drift below zero.
+            self.predicted_load[server] = max(0.0, self.predicted_load[server] - load)
+            if response_lengths:
+                self._predicted.append(predicted_len)
+                self._actual.append(sum(response_lengths) / len(response_lengths))
+        self.predictor.observe(prompt_id, response_lengths)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        correlation = pearson_correlation(self._predicted, self._actual)
+        if not math.isnan(correlation):
+            out["sched/predicted_vs_actual_len"] = correlation
+        if self._assigned_since_metrics:
+            out["sched/load_spread"] = load_spread(self._assigned_since_metrics)
+        self._predicted.clear()
+        self._actual.clear()
+        self._assigned_since_metrics = [0.0] * len(self._assigned_since_metrics)
+        return out
+
+
+def make_router(config: RunConfig | HistoPipeConfig) -> Router:
+    """The router a run's config asks for (HistoPipe when `accelerations.histopipe.enabled`)."""
+    histopipe = config.accelerations.histopipe if isinstance(config, RunConfig) else config
+    if histopipe.enabled:
+        return HistoPipeRouter(LengthPredictor(histopipe.prior_len))
+    return LeastLoadedRouter()
+
+
+def assign_batch(router: Router, prompt_ids: Sequence[str], n: int, num_servers: int) -> list[tuple[str, int]]:
+    """Sync mode: place a whole batch at once. Returns (prompt_id, server) in launch order.
+
+    `server_loads` passed to the router count the groups already placed in this batch, which
+    is what least-loaded needs; HistoPipe uses its predicted tallies instead."""
+    if num_servers < 1:
+        raise ValueError(f"num_servers must be >= 1, got {num_servers}")
+    loads = [0.0] * num_servers
+    placement = []
+    for prompt_id in router.order(prompt_ids):
+        server = router.pick(prompt_id, n, loads)
+        loads[server] += n
+        placement.append((prompt_id, server))
+    return placement
+
+
+# ---------------------------------------------------------------------------------------------
+# Tail batching (RollPacker)
+# ---------------------------------------------------------------------------------------------
+
+RoundKind = Literal["short", "long", "plain"]
+
+
+@dataclass
+class RoundOutcome:
+    """What a closed round produced. `kept[prompt_id]` lists the response keys to train (exactly
+    `group_size` each); `deferred` prompts went to the long-tail queue; `aborted` counts the
+    launched responses that had not finished when the round closed."""
+
+    kind: RoundKind
+    kept: dict[str, list[int]]
+    deferred: list[str]
+    aborted: int
+
+
+@dataclass
+class TailRound:
+    """One sync-mode round. The actor launches `responses_per_prompt` requests (response keys
+    0..responses_per_prompt-1, one request each so they can finish one by one) for every
+    prompt in `prompt_ids`, reports each finished response with `on_response`, and when `done`
+    aborts every request still running and calls `TailBatchPlanner.close_round`."""
+
+    index: int
+    kind: RoundKind
+    prompt_ids: list[str]
+    responses_per_prompt: int
+    keep_prompts: int
+    keep_responses: int
+    _finished: dict[str, list[int]] = field(default_factory=dict)  # kept response keys per prompt
+    _reported: dict[str, set[int]] = field(default_factory=dict)  # every reported key, to refuse repeats
+    _complete_order: list[str] = field(default_factory=list)
+    _finished_count: int = 0
+    closed: bool = False
+
+    @property
+    def done(self) -> bool:
+        return len(self._complete_order) >= self.keep_prompts
+
+    @property
+    def launched(self) -> int:
+        return len(self.prompt_ids) * self.responses_per_prompt
+
+    def on_response(self, prompt_id: str, response_key: int) -> bool:
+        """A response finished. True: hold on to it — it is one of its prompt's first
+        `keep_responses`, and it is trained if its prompt is kept (`RoundOutcome.kept` is the final
+        word; a prompt still incomplete when the round is done is deferred and its partial
+        answers dropped). False: surplus — an extra response of a complete prompt, or one that
+        arrived after the round was done; discard it."""
+        if prompt_id not in self._reported and prompt_id not in self.prompt_ids:
+            raise KeyError(f"prompt {prompt_id!r} is not part of round {self.index}")
+        if not 0 <= response_key < self.responses_per_prompt:
+            raise ValueError(f"response_key {response_key} outside 0..{self.responses_per_prompt - 1}")
+        reported = self._reported.setdefault(prompt_id, set())
+        if response_key in reported:
+            raise ValueError(f"response {response_key} of {prompt_id!r} reported twice in round {self.index}")
+        reported.add(response_key)
+        finished = self._finished.setdefault(prompt_id, [])
+        if self.closed or self.done:
+            return False
+        self._finished_count += 1
+        if len(finished) >= self.keep_responses:
+            return False
+        finished.append(response_key)
+        if len(finished) == self.keep_responses:
+            self._complete_order.append(prompt_id)
+        return True
+
+    def prompts_to_abort(self) -> list[str]:
+        """Prompts whose unfinished requests can be aborted now: every complete prompt's extras,
+        and once the round is done, everything."""
+        if self.done:
+            return list(self.prompt_ids)
+        return list(self._complete_order)
+
+
+class TailBatchPlanner:
+    """Plans sync-mode rounds and owns the long-tail queue.
+
+    Invariant (tested over random finish orders): every prompt drawn from `draw_fresh` is
+    trained at most once, and at any time is either trained, in the long-tail queue, or in
+    the open round. With tail batching off, rounds are plain: `batch_prompts` fresh prompts
+    with `group_size` responses and nothing aborted, so the actor code is the same either way."""
+
+    def __init__(self, batch_prompts: int, group_size: int, config: TailBatchingConfig) -> None:
+        if batch_prompts < 1:
+            raise ValueError(f"batch_prompts must be >= 1, got {batch_prompts}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.batch_prompts = batch_prompts
+        self.group_size = group_size
+        self.config = config
+        self.long_tail: deque[str] = deque()
+        self.rounds_planned = 0
+        self.open_round: TailRound | None = None
+        self._last: dict[str, float] = {}
+
+    def plan_round(self, draw_fresh: Callable[[int], Sequence[str]]) -> TailRound:
+        """The next round. `draw_fresh(k)` returns up to k new prompt ids (fewer when the data
+        ends). A long round is planned when the long-tail queue holds a full batch."""
+        if self.open_round is not None:
+            raise RuntimeError(f"round {self.open_round.index} is still open: close_round() it first")
+        if not self.config.enabled:
+            prompts = list(draw_fresh(self.batch_prompts))
+            kind: RoundKind = "plain"
+            per_prompt, keep = self.group_size, len(prompts)
+        elif len(self.long_tail) >= self.batch_prompts:
+            prompts = [self.long_tail.popleft() for _ in range(self.batch_prompts)]
+            kind, per_prompt, keep = "long", self.group_size, len(prompts)
+        else:
+            wanted = math.ceil(self.batch_prompts * self.config.prompt_overprovision)
+            prompts = list(draw_fresh(wanted))
+            kind = "short"
+            per_prompt = math.ceil(self.group_size * self.config.response_overprovision)
+            keep = min(self.batch_prompts, len(prompts))
+        if len(set(prompts)) != len(prompts):
+            raise ValueError(f"round {self.rounds_planned} would hold a prompt twice: {prompts}")
+        round_ = TailRound(
+            index=self.rounds_planned,
+            kind=kind,
+            prompt_ids=prompts,
+            responses_per_prompt=per_prompt,
+            keep_prompts=keep,
+            keep_responses=self.group_size,
+        )
+        self.rounds_planned += 1
+        self.open_round = round_
+        return round_
+
+    def close_round(self, round_: TailRound) -> RoundOutcome:
+        """Close the open round: the first `keep_prompts` complete prompts are the batch, every
+        other prompt of the round goes (without its partial answers) to the long-tail queue."""
+        if round_ is not self.open_round:
+            raise RuntimeError(f"round {round_.index} is not the open round")
+        if round_.kind != "short" and not round_.done:
+            raise RuntimeError(
+                f"{round_.kind} round {round_.index} closed before all {round_.keep_prompts} prompts finished"
+            )
+        round_.closed = True
+        kept_ids = round_._complete_order[: round_.keep_prompts]
+        kept = {prompt_id: list(round_._finished[prompt_id]) for prompt_id in kept_ids}
+        kept_set = set(kept_ids)
+        deferred = [prompt_id for prompt_id in round_.prompt_ids if prompt_id not in kept_set]
+        self.long_tail.extend(deferred)
+        aborted = round_.launched - round_._finished_count
+        self.open_round = None
+        self._last = {
+            "sched/round": 1.0 if round_.kind == "long" else 0.0,
+            "sched/aborted": float(aborted),
+            "sched/long_tail_queue": float(len(self.long_tail)),
+        }
+        return RoundOutcome(kind=round_.kind, kept=kept, deferred=deferred, aborted=aborted)
+
+    def pending(self) -> list[str]:
+        """Prompts drawn but not trained yet (long-tail queue), e.g. to report at the end of a run."""
+        return list(self.long_tail)
+
+    def metrics(self) -> dict[str, float]:
+        """`sched/round` (0 short/plain, 1 long), `sched/aborted`, `sched/long_tail_queue` of the last closed round."""
+        return dict(self._last)
+
+
+def make_tail_planner(config: RunConfig, batch_prompts: int) -> TailBatchPlanner:
+    """The sync-mode planner of a run: `batch_prompts` prompts × `actor.group_size` responses per batch."""
+    return TailBatchPlanner(batch_prompts, config.actor.group_size, config.accelerations.tail_batching)
+
+
+@dataclass
+class _AsyncGroup:
+    prompt_id: str
+    kind: RoundKind
+    launch_seq: int
+    kept: int = 0
+    overtaken: int = 0
+
+
+class AsyncTailTracker:
+    """Tail batching for the async actor's rolling window of `window` groups in flight.
+
+    The sync round's rule "launch 1.25× the prompts, keep the first that finish" becomes, for
+    a rolling window: a short group that is overtaken — more than `(prompt_overprovision − 1) ×
+    window` groups launched *after* it complete while it is still unfinished — is deferred: the
+    actor aborts it and its prompt joins the long-tail queue. Short groups launch
+    `response_overprovision × group_size` responses and keep the first `group_size`. Once the
+    queue holds a full window, the next prompts are those long-tail ones, launched with exactly
+    `group_size` responses and never deferred, so they decode side by side."""
+
+    def __init__(self, window: int, group_size: int, config: TailBatchingConfig) -> None:
+        if window < 1 or group_size < 1:
+            raise ValueError(f"window and group_size must be >= 1, got {window}, {group_size}")
+        self.window = window
+        self.group_size = group_size
+        self.config = config
+        self.overtake_limit = max(1, math.ceil((config.prompt_overprovision - 1.0) * window))
+        self.long_tail: deque[str] = deque()
+        self._groups: dict[str, _AsyncGroup] = {}
+        self._launched = 0
+        self._deferred_total = 0
+        self._aborted_since_metrics = 0
+        self._last_kind = 0.0
+
+    def next_prompt(self, draw_fresh: Callable[[int], Sequence[str]]) -> tuple[str, RoundKind] | None:
+        """The next prompt to launch and its kind, or None when the data has run out."""
+        if self.config.enabled and len(self.long_tail) >= self.window:
+            return self.long_tail.popleft(), "long"
+        if self.config.enabled and self.long_tail and not any(g.kind == "short" for g in self._groups.values()):
+            # Nothing short is running any more (data exhausted): flush the tail as a long wave.
+            return self.long_tail.popleft(), "long"
+        fresh = list(draw_fresh(1))
+        if fresh:
+            return fresh[0], ("short" if self.config.enabled else "plain")
+        if self.config.enabled and self.long_tail:
+            return self.long_tail.popleft(), "long"
+        return None
+
+    def responses_for(self, kind: RoundKind) -> int:
+        if kind == "short":
+            return math.ceil(self.group_size * self.config.response_overprovision)
+        return self.group_size
+
+    def launch(self, group_id: str, prompt_id: str, kind: RoundKind) -> int:
+        """Register a launched group; returns how many responses to request for it."""
+        if group_id in self._groups:
+            raise ValueError(f"group {group_id!r} launched twice")
+        self._groups[group_id] = _AsyncGroup(prompt_id, kind, self._launched)
+        self._launched += 1
+        self._last_kind = 1.0 if kind == "long" else 0.0
+        return self.responses_for(kind)
+
+    def on_response(self, group_id: str) -> tuple[bool, list[str]]:
+        """A response of `group_id` finished. Returns (keep it, group ids to abort now). When the
+        group reaches `group_size` it is complete (the actor aborts its surplus requests) and
+        older short groups it overtook may be deferred — they are in the returned list too."""
+        group = self._groups.get(group_id)
+        if group is None or group.kept >= self.group_size:
+            return False, []
+        group.kept += 1
+        if group.kept < self.group_size:
+            return True, []
+        del self._groups[group_id]
+        to_abort = [group_id] if self.responses_for(group.kind) > self.group_size else []
+        if self.config.enabled:
+            for other_id, other in list(self._groups.items()):
+                if other.kind == "short" and other.launch_seq < group.launch_seq:
+                    other.overtaken += 1
+                    if other.overtaken > self.overtake_limit:
+                        to_abort.append(other_id)
+                        self._defer(other_id)
+        return True, to_abort
+
+    def _defer(self, group_id: str) -> None:
+        group = self._groups.pop(group_id)
+        self.long_tail.append(group.prompt_id)
+        self._deferred_total += 1
+        self._aborted_since_metrics += self.responses_for(group.kind) - group.kept
+
+    def is_open(self, group_id: str) -> bool:
+        """False once a group completed or was deferred: late responses of it are dropped."""
+        return group_id in self._groups
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "sched/round": self._last_kind,
+            "sched/aborted": float(self._aborted_since_metrics),
+            "sched/long_tail_queue": float(len(self.long_tail)),
+        }
+        self._aborted_since_metrics = 0
+        return out

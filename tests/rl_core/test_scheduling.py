@@ -1,0 +1,356 @@
+"""Routing and tail batching, on hand-made length lists and random finish orders.
+
+These are pure bookkeeping objects: no fakes are needed, the tests drive them exactly as
+the actor does (prompt ids in, finished-response events in, decisions out)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from rl_core.config import HistoPipeConfig, RunConfig, TailBatchingConfig
+from rl_core.scheduling import (
+    AsyncTailTracker,
+    HistoPipeRouter,
+    LeastLoadedRouter,
+    LengthPredictor,
+    TailBatchPlanner,
+    assign_batch,
+    least_loaded,
+    load_spread,
+    make_router,
+    make_tail_planner,
+    pearson_correlation,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Routing
+# ---------------------------------------------------------------------------------------------
+
+
+def test_least_loaded_picks_smallest_and_breaks_ties_low() -> None:
+    assert least_loaded([3, 1, 2]) == 1
+    assert least_loaded([2, 1, 1]) == 1
+    with pytest.raises(ValueError, match="server_loads is empty"):
+        least_loaded([])
+    router = LeastLoadedRouter()
+    assert router.order(["b", "a"]) == ["b", "a"]
+    assert router.pick("a", 4, [5, 0, 5]) == 1
+
+
+def test_length_predictor_prior_then_global_mean_then_last_epoch() -> None:
+    predictor = LengthPredictor(prior_len=50)
+    assert predictor.predict("p") == 50
+    predictor.observe("a", [10, 20])
+    # Unseen prompts are predicted at the running global mean, seen ones at their own mean.
+    assert predictor.predict("p") == 15
+    assert predictor.predict("a") == 15
+    predictor.observe("b", [100, 100])
+    assert predictor.predict("p") == pytest.approx((10 + 20 + 200) / 4)
+    # Only the latest epoch of a prompt counts.
+    predictor.observe("a", [40, 60])
+    assert predictor.predict("a") == 50
+    predictor.observe("a", [])  # an aborted group teaches nothing
+    assert predictor.predict("a") == 50
+    with pytest.raises(ValueError, match="must be >= 0"):
+        predictor.observe("a", [-1])
+    with pytest.raises(ValueError, match="prior_len"):
+        LengthPredictor(0)
+
+
+def _long_tailed_lengths(rng: random.Random, count: int) -> dict[str, float]:
+    # Most prompts are short, a few are very long: the shape RL rollouts have.
+    lengths = {}
+    for index in range(count):
+        lengths[f"p{index}"] = rng.choice([8, 10, 12, 14]) if rng.random() < 0.8 else rng.choice([120, 200, 300])
+    return lengths
+
+
+def _makespan(placement: list[tuple[str, int]], lengths: dict[str, float], num_servers: int, n: int) -> float:
+    per_server = [0.0] * num_servers
+    for prompt_id, server in placement:
+        per_server[server] += n * lengths[prompt_id]
+    return max(per_server)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_histopipe_balances_better_than_least_count(seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = _long_tailed_lengths(rng, 32)
+    prompts = list(lengths)
+    rng.shuffle(prompts)
+    num_servers, n = 4, 4
+
+    histopipe = HistoPipeRouter(LengthPredictor(prior_len=20))
+    # Epoch 1: no history, every prompt predicted alike; record the lengths they had.
+    for prompt_id, server in assign_batch(histopipe, prompts, n, num_servers):
+        histopipe.observe(prompt_id, [int(lengths[prompt_id])] * n)
+    assert histopipe.predicted_load == [0.0] * num_servers  # all groups released
+
+    # Epoch 2: the same prompts, lengths now predicted from epoch 1.
+    balanced = assign_batch(histopipe, prompts, n, num_servers)
+    baseline = assign_batch(LeastLoadedRouter(), prompts, n, num_servers)
+    round_robin = [(prompt_id, index % num_servers) for index, prompt_id in enumerate(prompts)]
+    lower_bound = max(max(lengths.values()) * n, sum(lengths.values()) * n / num_servers)
+
+    assert sorted(p for p, _ in balanced) == sorted(prompts)
+    histopipe_makespan = _makespan(balanced, lengths, num_servers, n)
+    assert histopipe_makespan <= _makespan(baseline, lengths, num_servers, n)
+    assert histopipe_makespan <= _makespan(round_robin, lengths, num_servers, n)
+    # Greedy LPT is within 4/3 of optimal, and the optimum is at least the lower bound.
+    assert histopipe_makespan <= lower_bound * 4 / 3 + 1e-9
+    # Longest predicted first.
+    order = [lengths[p] for p, _ in balanced]
+    assert order == sorted(order, reverse=True)
+
+
+def test_histopipe_balances_strictly_better_on_a_crafted_case() -> None:
+    lengths = {"long0": 100, "long1": 100, "s0": 10, "s1": 10, "s2": 10, "s3": 10}
+    router = HistoPipeRouter(LengthPredictor(prior_len=10))
+    for prompt_id, length in lengths.items():
+        router.predictor.observe(prompt_id, [length])
+    # Counting groups alternates servers, which puts both long prompts on server 0 in this order.
+    prompts = ["long0", "s0", "long1", "s1", "s2", "s3"]
+    baseline = assign_batch(LeastLoadedRouter(), prompts, 1, 2)
+    assert _makespan(baseline, lengths, 2, 1) == 210
+    assert _makespan(assign_batch(router, prompts, 1, 2), lengths, 2, 1) == 120
+
+
+def test_histopipe_release_is_fifo_per_prompt_and_metrics_report_correlation() -> None:
+    router = HistoPipeRouter(LengthPredictor(prior_len=10))
+    first = router.pick("a", 2, [0, 0])
+    second = router.pick("a", 2, [0, 0])
+    assert first != second  # the second group sees the first one's predicted load
+    assert sorted(router.predicted_load) == [20.0, 20.0]
+    router.observe("a", [5, 5])
+    assert router.predicted_load[first] == 0.0 and router.predicted_load[second] == 20.0
+    router.observe("a", [])
+    assert router.predicted_load == [0.0, 0.0]
+
+    for prompt_id, length in [("x", 10), ("y", 50), ("z", 90)]:
+        router.predictor.observe(prompt_id, [length])
+    for prompt_id, length in [("x", 12), ("y", 48), ("z", 95)]:
+        router.pick(prompt_id, 1, [0, 0])
+        router.observe(prompt_id, [length])
+    metrics = router.metrics()
+    assert metrics["sched/predicted_vs_actual_len"] > 0.95
+    assert "sched/load_spread" in metrics
+    assert "sched/predicted_vs_actual_len" not in router.metrics()  # reset after reading
+
+
+def test_helpers_and_make_router() -> None:
+    assert pearson_correlation([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert pearson_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(pearson_correlation([1, 1], [1, 2]))
+    with pytest.raises(ValueError, match="differ in length"):
+        pearson_correlation([1], [1, 2])
+    assert load_spread([10, 10]) == 0.0
+    assert load_spread([5, 15]) == 1.0
+    assert isinstance(make_router(RunConfig()), LeastLoadedRouter)
+    config = RunConfig.model_validate({"accelerations": {"histopipe": {"enabled": True, "prior_len": 7}}})
+    router = make_router(config)
+    assert isinstance(router, HistoPipeRouter) and router.predictor.prior_len == 7
+    assert isinstance(make_router(HistoPipeConfig(enabled=True)), HistoPipeRouter)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tail batching, sync rounds
+# ---------------------------------------------------------------------------------------------
+
+
+class _Source:
+    """Fresh prompt ids p0, p1, ... up to `limit`, recording everything handed out."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.counter = itertools.count()
+        self.drawn: list[str] = []
+        self.limit = limit
+
+    def __call__(self, k: int) -> list[str]:
+        out = []
+        for _ in range(k):
+            if self.limit is not None and len(self.drawn) >= self.limit:
+                break
+            prompt_id = f"p{next(self.counter)}"
+            self.drawn.append(prompt_id)
+            out.append(prompt_id)
+        return out
+
+
+def _run_round(planner: TailBatchPlanner, source: _Source, rng: random.Random, long_prompts: set[str]):
+    round_ = planner.plan_round(source)
+    # Every response gets a random finish time; "long" prompts are much slower.
+    events = []
+    for prompt_id in round_.prompt_ids:
+        for key in range(round_.responses_per_prompt):
+            slow = 20.0 if prompt_id in long_prompts else 1.0
+            events.append((rng.random() * slow, prompt_id, key))
+    events.sort()
+    kept_events: dict[str, list[int]] = {}
+    for _, prompt_id, key in events:
+        if round_.done:
+            break
+        if round_.on_response(prompt_id, key):
+            kept_events.setdefault(prompt_id, []).append(key)
+    return round_, planner.close_round(round_), kept_events
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tail_batching_never_loses_or_repeats_a_prompt(seed: int) -> None:
+    rng = random.Random(seed)
+    batch, group = rng.choice([(4, 4), (8, 2), (5, 3)])
+    config = TailBatchingConfig(enabled=True, prompt_overprovision=rng.choice([1.25, 1.5]), response_overprovision=1.25)
+    planner = TailBatchPlanner(batch, group, config)
+    source = _Source()
+    long_prompts: set[str] = set()
+    trained: list[str] = []
+    saw_long_round = False
+    for _ in range(30):
+        round_, outcome, kept_events = _run_round(planner, source, rng, long_prompts)
+        if round_.kind == "long":
+            saw_long_round = True
+            assert round_.responses_per_prompt == group and len(round_.prompt_ids) == batch
+            assert outcome.deferred == [] and outcome.aborted == 0
+            assert planner.metrics()["sched/round"] == 1.0
+        else:
+            assert round_.kind == "short"
+            assert len(round_.prompt_ids) == math.ceil(batch * config.prompt_overprovision)
+            assert round_.responses_per_prompt == math.ceil(group * config.response_overprovision)
+            assert planner.metrics()["sched/round"] == 0.0
+            assert planner.metrics()["sched/aborted"] == outcome.aborted > 0
+        assert len(outcome.kept) == batch
+        # Held responses of kept prompts are exactly the trained ones; partial groups are dropped.
+        assert outcome.kept == {prompt_id: kept_events[prompt_id] for prompt_id in outcome.kept}
+        assert set(kept_events) - set(outcome.kept) <= set(outcome.deferred)
+        for prompt_id, keys in outcome.kept.items():
+            assert len(keys) == group and len(set(keys)) == group
+        trained.extend(outcome.kept)
+        # The invariant: trained exactly once, or waiting in the long-tail queue.
+        assert len(trained) == len(set(trained))
+        assert sorted(trained + planner.pending()) == sorted(source.drawn)
+        assert planner.metrics()["sched/long_tail_queue"] == len(planner.pending())
+        # Some deferred prompts are slow again when they run in a long round (the long tail).
+        for prompt_id in outcome.deferred:
+            if rng.random() < 0.5:
+                long_prompts.add(prompt_id)
+    assert saw_long_round
+
+
+def test_long_round_waits_for_every_prompt_and_plain_rounds_when_disabled() -> None:
+    config = TailBatchingConfig(enabled=True)
+    planner = TailBatchPlanner(2, 2, config)
+    planner.long_tail.extend(["x", "y"])
+    round_ = planner.plan_round(_Source())
+    assert round_.kind == "long" and round_.prompt_ids == ["x", "y"]
+    assert round_.on_response("x", 0) and round_.on_response("x", 1)
+    with pytest.raises(RuntimeError, match="closed before all 2 prompts finished"):
+        planner.close_round(round_)
+    with pytest.raises(RuntimeError, match="still open"):
+        planner.plan_round(_Source())
+    with pytest.raises(ValueError, match="reported twice"):
+        round_.on_response("x", 1)
+    with pytest.raises(KeyError, match="not part of round"):
+        round_.on_response("zzz", 0)
+    with pytest.raises(ValueError, match="outside"):
+        round_.on_response("y", 5)
+    assert round_.on_response("y", 1) and round_.on_response("y", 0)
+    assert round_.done
+    outcome = planner.close_round(round_)
+    assert outcome.kept == {"x": [0, 1], "y": [1, 0]} and outcome.deferred == []
+
+    plain = make_tail_planner(RunConfig.model_validate({"actor": {"group_size": 3}}), batch_prompts=4)
+    source = _Source()
+    round_ = plain.plan_round(source)
+    assert round_.kind == "plain" and len(round_.prompt_ids) == 4 and round_.responses_per_prompt == 3
+
+
+def test_short_round_surplus_responses_are_dropped_and_late_ones_refused() -> None:
+    planner = TailBatchPlanner(1, 2, TailBatchingConfig(enabled=True, prompt_overprovision=2.0, response_overprovision=1.5))
+    round_ = planner.plan_round(_Source())
+    assert round_.prompt_ids == ["p0", "p1"] and round_.responses_per_prompt == 3
+    assert round_.on_response("p1", 2)
+    assert round_.prompts_to_abort() == []
+    assert round_.on_response("p1", 0)
+    assert round_.done and round_.prompts_to_abort() == ["p0", "p1"]
+    assert not round_.on_response("p0", 0)  # arrived after the round was done: not trained
+    outcome = planner.close_round(round_)
+    assert outcome.kept == {"p1": [2, 0]} and outcome.deferred == ["p0"]
+    assert outcome.aborted == 6 - 2
+
+
+def test_data_running_out_shrinks_the_short_round() -> None:
+    planner = TailBatchPlanner(4, 1, TailBatchingConfig(enabled=True))
+    round_ = planner.plan_round(_Source(limit=3))
+    assert len(round_.prompt_ids) == 3 and round_.keep_prompts == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Tail batching, async rolling window
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_async_tail_tracker_trains_each_prompt_once(seed: int) -> None:
+    rng = random.Random(seed)
+    window, group = 4, 3
+    tracker = AsyncTailTracker(window, group, TailBatchingConfig(enabled=True))
+    source = _Source(limit=40)
+    slow = {f"p{index}" for index in range(40) if rng.random() < 0.2}
+    clock = 0.0
+    running: dict[str, tuple[str, str]] = {}  # group id -> (prompt id, kind)
+    pending_events: list[tuple[float, str, int]] = []
+    trained: list[str] = []
+    kept_count: dict[str, int] = {}
+    group_ids = itertools.count()
+    saw_long = False
+
+    def launch() -> bool:
+        choice = tracker.next_prompt(source)
+        if choice is None:
+            return False
+        prompt_id, kind = choice
+        group_id = f"g{next(group_ids)}"
+        responses = tracker.launch(group_id, prompt_id, kind)
+        running[group_id] = (prompt_id, kind)
+        for key in range(responses):
+            duration = rng.random() * (30.0 if prompt_id in slow and kind != "long" else 1.0)
+            pending_events.append((clock + duration, group_id, key))
+        return True
+
+    while len(running) < window and launch():
+        pass
+    while running:
+        pending_events.sort()
+        clock, group_id, _ = pending_events.pop(0)
+        if not tracker.is_open(group_id):
+            continue
+        keep, to_abort = tracker.on_response(group_id)
+        assert keep
+        kept_count[group_id] = kept_count.get(group_id, 0) + 1
+        if kept_count[group_id] == group:
+            prompt_id, kind = running.pop(group_id)
+            saw_long |= kind == "long"
+            trained.append(prompt_id)
+        for aborted in to_abort:
+            running.pop(aborted, None)
+            pending_events = [event for event in pending_events if event[1] != aborted]
+        while len(running) < window and launch():
+            pass
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    assert sorted(trained) == sorted(source.drawn), "a prompt was lost"
+    assert tracker.long_tail == type(tracker.long_tail)()
+    assert saw_long or not any(p in slow for p in source.drawn)
+
+
+def test_async_tracker_disabled_is_plain() -> None:
+    tracker = AsyncTailTracker(2, 4, TailBatchingConfig(enabled=False))
+    prompt_id, kind = tracker.next_prompt(_Source())
+    assert kind == "plain" and tracker.launch("g0", prompt_id, kind) == 4
+    for _ in range(3):
+        assert tracker.on_response("g0") == (True, [])
+    assert tracker.on_response("g0") == (True, [])
+    assert not tracker.is_open("g0")
+    assert tracker.on_response("g0") == (False, [])
