@@ -1,0 +1,155 @@
+"""Runs and what they report: metric points, evaluation scores, per-problem results, workers.
+
+`MetricPoint` is a narrow table (one row per metric value) so any metric a run
+logs is stored without schema changes; `(run, line, name)` is unique, where
+`line` is the source line number in the run's `metrics.jsonl`, so re-sending a
+batch never duplicates points.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    CANCELLING = "cancelling", "Cancelling"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    LOST = "lost", "Lost"
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST})
+ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING})
+
+# The state machine, enforced by `services.transition_run`. A run that finishes
+# before the worker saw it running may go straight from `starting` to an end state;
+# a cancel racing with the natural end may still end `succeeded` or `failed`.
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.STARTING: frozenset(
+        {RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLING, RunStatus.LOST}
+    ),
+    RunStatus.RUNNING: frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLING, RunStatus.LOST}),
+    RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.LOST}),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+    RunStatus.LOST: frozenset(),
+}
+
+
+class RunQueue(models.TextChoices):
+    CPU = "cpu", "CPU"
+    GPU = "gpu", "GPU"
+
+
+class Run(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
+    name = models.CharField(max_length=120, help_text="Human-readable run name.")
+    config = models.JSONField(help_text="The resolved rl_core RunConfig (validated on create).")
+    queue = models.CharField(max_length=8, choices=RunQueue.choices, default=RunQueue.CPU, help_text="Celery queue, from RunConfig.needs_gpu.")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True)
+    error = models.TextField(blank=True, default="", help_text="Why the run failed or was lost.")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    worker_name = models.CharField(max_length=200, blank=True, default="", help_text="Celery worker that runs it.")
+    run_dir = models.CharField(max_length=500, blank=True, default="", help_text="The run directory on the worker.")
+    # Incremented once per ingested metrics batch: the cursor of live snapshot + deltas.
+    metrics_seq = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def wall_time_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at
+        if end is None:
+            from django.utils import timezone
+
+            end = timezone.now()
+        return (end - self.started_at).total_seconds()
+
+
+class MetricPoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    name = models.CharField(max_length=120)
+    step = models.BigIntegerField()
+    t = models.FloatField(help_text="Unix seconds when the value was logged.")
+    value = models.FloatField()
+    line = models.BigIntegerField(help_text="Idempotency key: source line number in metrics.jsonl.")
+    seq = models.BigIntegerField(help_text="Run.metrics_seq of the batch that stored this point.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "line", "name"], name="metricpoint_run_line_name_uniq")]
+        indexes = [
+            models.Index(fields=["run", "name", "step"], name="metricpoint_run_name_step"),
+            models.Index(fields=["run", "seq"], name="metricpoint_run_seq"),
+        ]
+
+
+class EvalScore(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="eval_scores")
+    benchmark = models.CharField(max_length=40)
+    step = models.BigIntegerField()
+    k = models.IntegerField()
+    mean_at_k = models.FloatField()
+    pass_at_k = models.FloatField()
+    stderr = models.FloatField(null=True, blank=True)
+    num_problems = models.IntegerField()
+    num_samples = models.IntegerField()
+    policy_versions = models.JSONField(default=list)
+    t = models.FloatField()
+    results_file = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        ordering = ["run", "benchmark", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "benchmark", "step"], name="evalscore_run_bench_step_uniq")]
+
+
+class EvalProblemResult(models.Model):
+    eval = models.ForeignKey(EvalScore, on_delete=models.CASCADE, related_name="problem_results")
+    problem_id = models.CharField(max_length=200)
+    answer = models.TextField(blank=True, default="")
+    samples = models.JSONField(default=list)
+    extracted = models.JSONField(default=list)
+    verdicts = models.JSONField(default=list)
+    mean = models.FloatField()
+    passed = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["eval", "id"]
+        constraints = [models.UniqueConstraint(fields=["eval", "problem_id"], name="evalproblem_eval_problem_uniq")]
+
+
+class Worker(models.Model):
+    name = models.CharField(max_length=200, unique=True, help_text="Celery worker node name (celery@host).")
+    hostname = models.CharField(max_length=200)
+    queues = models.JSONField(default=list)
+    gpus = models.JSONField(default=list, help_text="[{index, name, memory_total_mb, memory_used_mb, utilization}] from NVML.")
+    cpu_count = models.IntegerField(default=0)
+    pid = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

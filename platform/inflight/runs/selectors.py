@@ -1,0 +1,175 @@
+"""Every read of runs and what they report, already filtered by who may see it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Iterable
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Avg, Max, QuerySet
+from django.utils import timezone
+
+from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, Worker
+
+
+def runs_visible_to(user: AbstractBaseUser) -> QuerySet[Run]:
+    """Own runs; staff see every run; anonymous users none."""
+    if not user.is_authenticated:
+        return Run.objects.none()
+    runs = Run.objects.select_related("owner")
+    return runs if user.is_staff else runs.filter(owner=user)
+
+
+def get_run_for_user(user: AbstractBaseUser, run_id: int) -> Run:
+    """The run if `user` may see it; otherwise Run.DoesNotExist (others' runs are not revealed)."""
+    return runs_visible_to(user).get(pk=run_id)
+
+
+def metric_names(run: Run) -> list[str]:
+    return list(MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct().order_by("name"))
+
+
+def metric_points_since(
+    run: Run, since_seq: int = 0, names: Iterable[str] | None = None, limit: int | None = None
+) -> tuple[int, list[list[Any]]]:
+    """Points stored in batches after `since_seq`, as `[name, step, t, value]`, ordered by (seq, step).
+
+    Returns the run's current `metrics_seq` with them: a client that asks again with
+    `since_seq=<that>` gets exactly what arrived since, no gaps and no repeats."""
+    seq = Run.objects.filter(pk=run.pk).values_list("metrics_seq", flat=True).get()
+    points = MetricPoint.objects.filter(run=run, seq__gt=since_seq, seq__lte=seq)
+    if names is not None:
+        points = points.filter(name__in=list(names))
+    rows = points.order_by("seq", "line", "name").values_list("name", "step", "t", "value")
+    if limit is not None:
+        rows = rows[:limit]
+    return seq, [list(row) for row in rows]
+
+
+def metric_series(run: Run, name: str) -> tuple[list[int], list[float]]:
+    """One metric's (steps, values), ordered by step (one value per logged line)."""
+    rows = MetricPoint.objects.filter(run=run, name=name).order_by("step", "line").values_list("step", "value")
+    steps = [row[0] for row in rows]
+    values = [row[1] for row in rows]
+    return steps, values
+
+
+def eval_scores(run: Run) -> QuerySet[EvalScore]:
+    return EvalScore.objects.filter(run=run).order_by("benchmark", "step")
+
+
+def eval_detail(user: AbstractBaseUser, eval_id: int) -> EvalScore:
+    """An evaluation of a run the user may see (EvalScore.DoesNotExist otherwise)."""
+    return EvalScore.objects.select_related("run").get(pk=eval_id, run__in=runs_visible_to(user))
+
+
+def eval_problem_results(score: EvalScore) -> QuerySet[EvalProblemResult]:
+    return EvalProblemResult.objects.filter(eval=score).order_by("id")
+
+
+# ---------------------------------------------------------------- leaderboard
+
+LEADERBOARD_BENCHMARKS = ("aime24", "math500")
+SUCCESS_METRIC = "success/mean"
+THROUGHPUT_METRIC = "rollout/tokens_per_s"
+LEADERBOARD_SORT_KEYS = (
+    "aime24_best", "aime24_last", "math500_best", "math500_last", "success_best", "success_last",
+    "throughput", "wall_time_s", "created_at", "name",
+)
+
+
+def _best_and_last(pairs: list[tuple[int, float]]) -> tuple[float | None, float | None]:
+    """The same rule for every run and figure: best = highest value over all steps,
+    last = value at the highest step (latest line wins within a step)."""
+    if not pairs:
+        return None, None
+    return max(value for _, value in pairs), pairs[-1][1]
+
+
+def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best") -> list[dict[str, Any]]:
+    """One row per visible run with best/last mean@k on AIME 2024 and MATH-500, success
+    rate best/last, mean throughput and wall time. `sort` is a key of LEADERBOARD_SORT_KEYS,
+    `-` for descending; runs missing the figure sort last either way."""
+    descending = sort.startswith("-")
+    key = sort.lstrip("-")
+    if key not in LEADERBOARD_SORT_KEYS:
+        raise ValueError(f"unknown sort key {key!r}; use one of {', '.join(LEADERBOARD_SORT_KEYS)}")
+    runs = list(runs_visible_to(user))
+    run_ids = [run.pk for run in runs]
+    evals: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for run_id, bench, step, mean in (
+        EvalScore.objects.filter(run_id__in=run_ids, benchmark__in=LEADERBOARD_BENCHMARKS)
+        .order_by("run_id", "benchmark", "step")
+        .values_list("run_id", "benchmark", "step", "mean_at_k")
+    ):
+        evals.setdefault((run_id, bench), []).append((step, mean))
+    success: dict[int, list[tuple[int, float]]] = {}
+    for run_id, step, value in (
+        MetricPoint.objects.filter(run_id__in=run_ids, name=SUCCESS_METRIC)
+        .order_by("run_id", "step", "line")
+        .values_list("run_id", "step", "value")
+    ):
+        success.setdefault(run_id, []).append((step, value))
+    throughput = dict(
+        MetricPoint.objects.filter(run_id__in=run_ids, name=THROUGHPUT_METRIC)
+        .values("run_id")
+        .annotate(mean=Avg("value"))
+        .values_list("run_id", "mean")
+    )
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {
+            "run_id": run.pk,
+            "name": run.name,
+            "owner": run.owner.get_username(),
+            "status": run.status,
+            "mode": run.config.get("mode"),
+            "created_at": run.created_at,
+            "wall_time_s": run.wall_time_s,
+            "throughput": throughput.get(run.pk),
+        }
+        for bench in LEADERBOARD_BENCHMARKS:
+            row[f"{bench}_best"], row[f"{bench}_last"] = _best_and_last(evals.get((run.pk, bench), []))
+        row["success_best"], row["success_last"] = _best_and_last(success.get(run.pk, []))
+        rows.append(row)
+    present = [row for row in rows if row[key] is not None]
+    absent = [row for row in rows if row[key] is None]
+    present.sort(key=lambda row: row[key], reverse=descending)
+    return present + absent
+
+
+# ---------------------------------------------------------------- workers
+
+
+def workers_with_liveness() -> list[dict[str, Any]]:
+    cutoff = timezone.now() - timedelta(seconds=settings.INFLIGHT_WORKER_LOST_AFTER_S)
+    out = []
+    for worker in Worker.objects.all():
+        out.append(
+            {
+                "name": worker.name,
+                "hostname": worker.hostname,
+                "queues": worker.queues,
+                "gpus": worker.gpus,
+                "cpu_count": worker.cpu_count,
+                "started_at": worker.started_at,
+                "last_heartbeat": worker.last_heartbeat,
+                "alive": worker.last_heartbeat >= cutoff,
+                "active_runs": Run.objects.filter(worker_name=worker.name, status__in=["starting", "running", "cancelling"]).count(),
+            }
+        )
+    return out
+
+
+def latest_metric_values(run: Run, names: Iterable[str]) -> dict[str, float]:
+    """Latest value of each named metric (for run cards)."""
+    out: dict[str, float] = {}
+    for name in names:
+        last = MetricPoint.objects.filter(run=run, name=name).aggregate(step=Max("step"))["step"]
+        if last is None:
+            continue
+        value = MetricPoint.objects.filter(run=run, name=name, step=last).order_by("-line").values_list("value", flat=True).first()
+        if value is not None:
+            out[name] = value
+    return out
