@@ -177,6 +177,12 @@ class HistoSpecConfig(_Section):
     min_path_prob: float = Field(0.1, gt=0, le=1, description="Stop drafting when the path's frequency-probability drops below this.")
     initial_draft_len: int = Field(2, ge=1, description="Draft length a request starts with.")
     max_draft_len: int = Field(16, ge=1, description="Draft length cap (doubled on full acceptance, halved otherwise).")
+    history_responses: int = Field(
+        16, ge=1, description="Responses remembered per prompt (the newest; about one epoch's group or two)."
+    )
+    max_history_keys: int = Field(
+        65536, ge=1, description="Prompts remembered per server; the least recently answered is forgotten first."
+    )
 
 
 class HistoPipeConfig(_Section):
