@@ -1,0 +1,157 @@
+"""HistoSpec drafter: matching, counts, draft choice, probability cut-off, memory bounds.
+
+The drafter is pure Python over token ids, so it is tested directly on hand-made token
+lists whose right answers can be worked out by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rl_core.config import HistoSpecConfig
+from rl_core.speculation import DraftLengthController, HistoryDrafter, SpeculationStats, make_drafter
+
+
+def _drafter(**overrides) -> HistoryDrafter:
+    return HistoryDrafter(HistoSpecConfig(enabled=True, **overrides))
+
+
+def test_replays_a_single_previous_response_from_any_point() -> None:
+    drafter = _drafter()
+    response = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    drafter.add_response("q", response)
+    # From the very start (nothing generated yet) the whole response is drafted.
+    assert drafter.draft("q", [], 16) == response
+    assert drafter.draft("q", [], 3) == [5, 6, 7]
+    # After a 4-token match in the middle, the rest follows.
+    assert drafter.draft("q", [1, 2, 7, 8, 9, 10], 16) == [11, 12, 13, 14]
+    # A suffix that occurs nowhere drafts nothing; another key drafts nothing.
+    assert drafter.draft("q", [99, 98, 97, 96], 16) == []
+    assert drafter.draft("other", [7, 8, 9, 10], 16) == []
+    assert drafter.draft("q", [7, 8, 9, 10], 0) == []
+
+
+def test_three_token_suffix_is_too_short_to_match() -> None:
+    drafter = _drafter()
+    drafter.add_response("q", [1, 2, 3, 4, 5, 6, 7, 8])
+    assert drafter.draft("q", [50, 4, 5, 6], 4) == []  # only 3 tokens of context match
+    assert drafter.draft("q", [3, 4, 5, 6], 4) == [7, 8]  # 4 do
+
+
+def test_counts_pick_the_most_frequent_continuation() -> None:
+    drafter = _drafter(min_path_prob=0.1)
+    prefix = [1, 2, 3, 4]
+    for ending in ([10, 11], [10, 11], [20, 21]):
+        drafter.add_response("q", prefix + ending)
+    length, children, total = drafter.lookup("q", prefix)
+    assert length == 7  # padded start: the whole prefix from the start of a response matches
+    assert children == {10: 2, 20: 1} and total == 3
+    assert drafter.draft("q", prefix, 8) == [10, 11]
+
+
+def test_path_probability_cut_off() -> None:
+    # After [1,2,3,4] the continuations are 10 (×2), 20, 30, 40 → p(10) = 2/5 = 0.4;
+    # then [2,3,4,10] is followed by 11 or 12 equally → path 0.4 × 0.5 = 0.2; then 0.2 × 0.5 = 0.1 ...
+    drafter = _drafter(min_path_prob=0.3)
+    prefix = [1, 2, 3, 4]
+    for ending in ([10, 11, 50], [10, 12, 60], [20], [30], [40]):
+        drafter.add_response("q", [9] + prefix + ending)
+    assert drafter.draft("q", [9] + prefix, 8) == [10]  # 0.4 kept, 0.2 < 0.3 stops
+    assert _with_prob(0.2, "q", drafter) == [10, 11]  # 0.2 kept, then [3,4,10,11] → 50 with 1.0
+    assert _with_prob(0.5, "q", drafter) == []  # even the first step (0.4) is below 0.5
+
+
+def _with_prob(min_path_prob: float, key: str, source: HistoryDrafter) -> list[int]:
+    drafter = _drafter(min_path_prob=min_path_prob)
+    for response in source._keys[key].responses:
+        drafter.add_response(key, response)
+    return drafter.draft(key, [9, 1, 2, 3, 4], 8)[:2]
+
+
+def test_longest_match_wins_over_a_shorter_more_frequent_one() -> None:
+    drafter = _drafter()
+    # [3,4,5,6] is followed by 100 three times, but the 7-token context [0,1,2,3,4,5,6] only by 200.
+    drafter.add_response("q", [0, 1, 2, 3, 4, 5, 6, 200])
+    for _ in range(3):
+        drafter.add_response("q", [8, 8, 8, 3, 4, 5, 6, 100])
+    assert drafter.draft("q", [0, 1, 2, 3, 4, 5, 6], 1) == [200]
+    assert drafter.lookup("q", [0, 1, 2, 3, 4, 5, 6])[0] == 7
+    # With only 4 tokens of the context shared, the frequent continuation wins.
+    assert drafter.draft("q", [7, 7, 7, 3, 4, 5, 6], 1) == [100]
+    assert drafter.lookup("q", [7, 7, 7, 3, 4, 5, 6])[0] == 4
+
+
+def test_only_the_newest_responses_are_remembered() -> None:
+    drafter = _drafter(history_responses=2)
+    drafter.add_response("q", [1, 2, 3, 4, 111])  # the oldest epoch
+    drafter.add_response("q", [1, 2, 3, 4, 222])
+    drafter.add_response("q", [1, 2, 3, 4, 222])
+    assert drafter.num_responses("q") == 2
+    assert drafter.draft("q", [1, 2, 3, 4], 1) == [222]
+    _, children, total = drafter.lookup("q", [1, 2, 3, 4])
+    assert children == {222: 2} and total == 2  # the evicted response's counts are gone entirely
+    # A new epoch replaces the previous one as it arrives.
+    drafter.add_response("q", [1, 2, 3, 4, 333])
+    drafter.add_response("q", [1, 2, 3, 4, 333])
+    assert drafter.lookup("q", [1, 2, 3, 4])[1] == {333: 2}
+
+
+def test_counts_after_eviction_equal_a_fresh_index() -> None:
+    rng = random.Random(0)
+    drafter = _drafter(history_responses=3)
+    responses = [[rng.randrange(6) for _ in range(rng.randrange(0, 30))] for _ in range(12)]
+    for response in responses:
+        drafter.add_response("q", response)
+    fresh = _drafter(history_responses=3)
+    for response in responses[-3:]:
+        fresh.add_response("q", response)
+    assert drafter._keys["q"].counts == fresh._keys["q"].counts
+
+
+def test_least_recently_answered_prompt_is_forgotten() -> None:
+    drafter = _drafter(max_history_keys=2)
+    drafter.add_response("a", [1, 2, 3, 4, 5])
+    drafter.add_response("b", [1, 2, 3, 4, 6])
+    drafter.add_response("a", [1, 2, 3, 4, 5])  # "a" is now the most recent
+    drafter.add_response("c", [1, 2, 3, 4, 7])
+    assert "b" not in drafter and "a" in drafter and "c" in drafter
+    drafter.forget("a")
+    assert "a" not in drafter
+
+
+def test_bad_input_is_refused_with_the_field_named() -> None:
+    with pytest.raises(ValueError, match="min_match"):
+        HistoryDrafter(HistoSpecConfig(min_match=8, max_match=7))
+    drafter = _drafter()
+    with pytest.raises(ValueError, match="token ids must be >= 0"):
+        drafter.add_response("q", [1, -3])
+    assert "q" not in drafter or drafter.num_responses("q") == 0
+    assert make_drafter(HistoSpecConfig(enabled=False)) is None
+    assert isinstance(make_drafter(HistoSpecConfig(enabled=True)), HistoryDrafter)
+
+
+def test_draft_length_controller_doubles_and_halves() -> None:
+    controller = DraftLengthController(HistoSpecConfig(initial_draft_len=2, max_draft_len=16))
+    assert controller.length == 2
+    assert [controller.update(d, d) for d in (2, 4, 8, 16, 16)] == [4, 8, 16, 16, 16]
+    assert controller.update(16, 3) == 8
+    assert controller.update(8, 0) == 4
+    assert controller.update(0, 0) == 4  # nothing drafted: no change
+    assert controller.update(4, 1) == 2 and controller.update(2, 1) == 1 and controller.update(1, 0) == 1
+
+
+def test_speculation_stats_metrics() -> None:
+    stats = SpeculationStats()
+    assert stats.metrics() == {}
+    stats.record(4, 4)
+    stats.record(4, 1)
+    stats.record(0, 0)
+    assert stats.metrics() == {
+        "spec/acceptance_rate": 5 / 8,
+        "spec/mean_accepted_len": 2.5,
+        "spec/drafted_tokens": 8.0,
+    }
+    assert stats.metrics() == {}
+    with pytest.raises(ValueError, match="accepted"):
+        stats.record(2, 3)
