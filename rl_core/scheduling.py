@@ -357,6 +357,26 @@ class TailBatchPlanner:
         self.open_round = round_
         return round_
 
+    def plan_flush_round(self) -> TailRound | None:
+        """A long round of whatever is left in the long-tail queue (fewer than a batch), for the
+        end of a run or data; None when the queue is empty."""
+        if self.open_round is not None:
+            raise RuntimeError(f"round {self.open_round.index} is still open: close_round() it first")
+        if not self.long_tail:
+            return None
+        prompts = [self.long_tail.popleft() for _ in range(min(self.batch_prompts, len(self.long_tail)))]
+        round_ = TailRound(
+            index=self.rounds_planned,
+            kind="long",
+            prompt_ids=prompts,
+            responses_per_prompt=self.group_size,
+            keep_prompts=len(prompts),
+            keep_responses=self.group_size,
+        )
+        self.rounds_planned += 1
+        self.open_round = round_
+        return round_
+
     def close_round(self, round_: TailRound) -> RoundOutcome:
         """Close the open round: the first `keep_prompts` complete prompts are the batch, every
         other prompt of the round goes (without its partial answers) to the long-tail queue."""

@@ -354,3 +354,16 @@ def test_async_tracker_disabled_is_plain() -> None:
     assert tracker.on_response("g0") == (True, [])
     assert not tracker.is_open("g0")
     assert tracker.on_response("g0") == (False, [])
+
+
+def test_flush_round_trains_what_is_left_in_the_queue() -> None:
+    planner = TailBatchPlanner(3, 1, TailBatchingConfig(enabled=True))
+    assert planner.plan_flush_round() is None
+    planner.long_tail.extend(["a", "b"])
+    round_ = planner.plan_flush_round()
+    assert round_ is not None and round_.kind == "long" and round_.prompt_ids == ["a", "b"]
+    assert round_.responses_per_prompt == 1 and round_.keep_prompts == 2
+    round_.on_response("b", 0)
+    round_.on_response("a", 0)
+    outcome = planner.close_round(round_)
+    assert set(outcome.kept) == {"a", "b"} and planner.pending() == []
