@@ -1,0 +1,585 @@
+"""The reference inference engine: pure torch + transformers, CPU or CUDA.
+
+One background thread runs the decode loop. Between two steps it applies
+aborts, honours pause requests (weight updates), and admits waiting requests
+into free KV-cache slots; a step then prefills the newly admitted prompts and
+advances every running sequence by one token (or by an accepted speculative
+draft plus one). Requests therefore join and leave the running batch at step
+boundaries — continuous batching — and a weight update never lands inside a
+forward pass, so sequences in flight simply continue on the new weights with
+their KV caches intact. Each token records the engine `version` of the step
+that sampled it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Protocol
+
+import torch
+
+from rl_core.contracts import GenerationResult, SamplingParams
+from rl_core.engine_sampling import sample_rows, verify_draft
+from rl_core.kv_cache import SlotKVCache
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Drafter(Protocol):
+    """What the engine needs from a speculative drafter (HistoSpec in `speculation.py`)."""
+
+    def draft(self, history_key: str, generated_token_ids: list[int], max_tokens: int) -> list[int]: ...
+
+    def add_response(self, history_key: str, token_ids: list[int]) -> None: ...
+
+
+@dataclass
+class EngineConfig:
+    max_batch_size: int = field(default=64, metadata={"help": "Most sequences decoded together (KV-cache slots)."})
+    max_seq_len: int | None = field(
+        default=None,
+        metadata={"help": "Longest prompt+response per sequence; None = min(model max positions, 4096)."},
+    )
+    initial_cache_len: int = field(
+        default=256, metadata={"help": "Positions preallocated per slot at start; doubled on demand up to max_seq_len."}
+    )
+    max_prefill_tokens: int = field(
+        default=4096, metadata={"help": "Prompt tokens admitted per step at most (at least one request always is)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seeds the sampling of requests that bring no seed of their own."})
+    initial_draft_len: int = field(default=2, metadata={"help": "Speculation: draft length a request starts with."})
+    max_draft_len: int = field(default=16, metadata={"help": "Speculation: draft length cap (doubled on full acceptance)."})
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    history_key: str | None
+    future: Future
+    rng: random.Random
+    stop_ids: frozenset[int]
+    draft_len: int
+    slot: int = -1
+    cache_len: int = 0  # tokens whose K/V are in the cache; the last generated token is not yet
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    abort_requested: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class PauseHandle:
+    """Yielded by `ReferenceEngine.paused()`; `pause_s` is filled in on exit."""
+
+    started: float
+    pause_s: float = 0.0
+
+
+class ReferenceEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any | None = None,
+        config: EngineConfig | None = None,
+        drafter: Drafter | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size = int(text_config.vocab_size)
+        max_positions = int(getattr(text_config, "max_position_embeddings", 4096) or 4096)
+        self.max_seq_len = int(self.config.max_seq_len or min(max_positions, 4096))
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        self.cache = SlotKVCache(
+            num_layers=text_config.num_hidden_layers,
+            num_slots=self.config.max_batch_size,
+            num_kv_heads=getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads,
+            head_dim=head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            initial_capacity=self.config.initial_cache_len,
+            max_capacity=self.max_seq_len,
+        )
+        # sdpa takes a boolean "may attend" mask; eager attention adds a float mask.
+        self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+        self.default_stop_ids = frozenset(_eos_ids(model, tokenizer))
+        # Tied weights (lm_head = embed_tokens) appear under both names here, so
+        # either name from a trainer lands on the same storage.
+        self._tensors_by_name: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+
+        self.version = 0
+        self._cond = threading.Condition()
+        self._update_lock = threading.Lock()
+        self._waiting: list[_Sequence] = []
+        self._running: list[_Sequence] = []
+        self._by_id: dict[str, _Sequence] = {}
+        self._free_slots = list(range(self.config.max_batch_size))
+        self._pause_requests = 0
+        self._paused_ack = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._seed_counter = 0
+        self.counters: dict[str, float] = {
+            "requests_submitted": 0,
+            "requests_finished": 0,
+            "requests_aborted": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "steps": 0,
+            "spec_drafted_tokens": 0,
+            "spec_accepted_tokens": 0,
+            "spec_verify_steps": 0,
+            "weight_updates": 0,
+            "last_update_pause_s": 0.0,
+        }
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        device: str = "cpu",
+        dtype: str = "float32",
+        config: EngineConfig | None = None,
+        drafter: Drafter | None = None,
+    ) -> ReferenceEngine:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {model_dir} has no config.json (not an HF model dir)")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        return cls(model.to(device), tokenizer, config=config, drafter=drafter)
+
+    # ------------------------------------------------------------------ API
+
+    def start(self) -> ReferenceEngine:
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return self
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="inflight-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the loop; every unfinished request resolves with finish_reason "abort"."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._cond:
+            leftovers = self._waiting + self._running
+            self._waiting, self._running = [], []
+            finished = [self._finish_locked(seq, "abort") for seq in leftovers]
+        self._resolve(finished)
+
+    def __enter__(self) -> ReferenceEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        history_key: str | None = None,
+    ) -> Future[GenerationResult]:
+        prompt = [int(token) for token in prompt_token_ids]
+        self._validate(prompt, params)
+        request_id = request_id or uuid.uuid4().hex
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise RuntimeError("engine is not running: call start() first")
+            if request_id in self._by_id:
+                raise ValueError(f"request_id {request_id!r} is already in flight")
+            if params.seed is None:
+                # No seed: still reproducible per engine seed and submission order.
+                seed = hash((self.config.seed, self._seed_counter)) & 0xFFFFFFFF
+                self._seed_counter += 1
+            else:
+                seed = int(params.seed)
+            seq = _Sequence(
+                request_id=request_id,
+                prompt_token_ids=prompt,
+                params=params,
+                history_key=history_key,
+                future=Future(),
+                rng=random.Random(seed),
+                stop_ids=self.default_stop_ids | frozenset(int(t) for t in params.stop_token_ids),
+                draft_len=self.config.initial_draft_len,
+            )
+            seq.future.set_running_or_notify_cancel()
+            self._waiting.append(seq)
+            self._by_id[request_id] = seq
+            self.counters["requests_submitted"] += 1
+            self._cond.notify_all()
+        return seq.future
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, timeout: float | None = None
+    ) -> list[GenerationResult]:
+        futures = [self.submit(prompt, params) for prompt in prompts]
+        return [future.result(timeout=timeout) for future in futures]
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request early with finish_reason "abort" (its future gets the partial
+        result). Returns False if no such request is in flight."""
+        finished = []
+        with self._cond:
+            seq = self._by_id.get(request_id)
+            if seq is None:
+                return False
+            if seq in self._waiting:
+                self._waiting.remove(seq)
+                finished.append(self._finish_locked(seq, "abort"))
+            else:
+                seq.abort_requested = True  # the loop finishes it at the next step boundary
+                self._cond.notify_all()
+        self._resolve(finished)
+        return True
+
+    @contextmanager
+    def paused(self) -> Iterator[PauseHandle]:
+        """Hold the decode loop at a step boundary for the duration of the block.
+
+        Nothing runs a forward pass while the block runs, so weights can be
+        swapped in place; KV caches and sequences stay as they are."""
+        with self._update_lock:
+            with self._cond:
+                self._pause_requests += 1
+                self._cond.notify_all()
+                while self._thread is not None and self._thread.is_alive() and not self._paused_ack:
+                    self._cond.wait(timeout=0.5)
+            handle = PauseHandle(started=time.perf_counter())
+            try:
+                yield handle
+            finally:
+                handle.pause_s = time.perf_counter() - handle.started
+                with self._cond:
+                    self._pause_requests -= 1
+                    self._cond.notify_all()
+
+    def tensor_by_name(self, name: str) -> torch.Tensor:
+        try:
+            return self._tensors_by_name[name]
+        except KeyError:
+            raise KeyError(f"model has no parameter or buffer named {name!r}") from None
+
+    def check_update(self, specs: Iterable[tuple[str, tuple[int, ...]]]) -> None:
+        """Refuse an update before anything is touched: every name must exist with that shape."""
+        for name, shape in specs:
+            target = self.tensor_by_name(name)
+            if tuple(target.shape) != tuple(shape):
+                raise ValueError(f"parameter {name!r}: shape {tuple(shape)} does not match the model's {tuple(target.shape)}")
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
+        """Copy new weights in place between two decode steps; returns the pause in seconds."""
+        items = list(named_tensors)
+        self.check_update((name, tuple(tensor.shape)) for name, tensor in items)
+        with self.paused() as pause:
+            with torch.no_grad():
+                for name, tensor in items:
+                    self._tensors_by_name[name].copy_(tensor)
+            self.set_version(version)
+        return self.record_update(pause.pause_s)
+
+    def set_version(self, version: int) -> None:
+        self.version = int(version)
+
+    def record_update(self, pause_s: float) -> float:
+        self.counters["weight_updates"] += 1
+        self.counters["last_update_pause_s"] = pause_s
+        return pause_s
+
+    def stats(self) -> dict[str, float]:
+        with self._cond:
+            return {
+                "version": self.version,
+                "running": len(self._running),
+                "waiting": len(self._waiting),
+                "kv_cache_capacity": self.cache.capacity,
+                **self.counters,
+            }
+
+    # ------------------------------------------------------------- the loop
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        bad = [token for token in prompt if not 0 <= token < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+        if not 0 < params.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        if len(prompt) + params.max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                f"the engine's max_seq_len {self.max_seq_len}"
+            )
+
+    def _loop(self) -> None:
+        while True:
+            finished: list[tuple[_Sequence, GenerationResult]] = []
+            with self._cond:
+                while True:
+                    if self._stopping:
+                        return
+                    if self._pause_requests:
+                        self._paused_ack = True
+                        self._cond.notify_all()
+                        while self._pause_requests and not self._stopping:
+                            self._cond.wait()
+                        self._paused_ack = False
+                        continue
+                    for seq in [s for s in self._running if s.abort_requested]:
+                        finished.append(self._finish_locked(seq, "abort"))
+                    if self._waiting or self._running:
+                        break
+                    self._resolve(finished)  # nothing to run: hand out aborted results before sleeping
+                    finished = []
+                    self._cond.wait()
+                decoding = list(self._running)
+                admitted = self._admit_locked()
+            self._resolve(finished)
+            version = self.version  # weights cannot change until the step is over
+            try:
+                with torch.inference_mode():
+                    if admitted:
+                        self._prefill(admitted, version)
+                    if decoding:
+                        self._decode(decoding, version)
+            except Exception as exc:  # a failed step fails its requests, not the server
+                log.exception("engine step failed")
+                with self._cond:
+                    for seq in admitted + decoding:
+                        if seq.finish_reason is None:
+                            self._finish_locked(seq, "error")
+                            seq.future.set_exception(RuntimeError(f"engine step failed: {exc!r}"))
+                continue
+            with self._cond:
+                self.counters["steps"] += 1
+                done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
+                finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
+            self._resolve(finished)
+
+    def _admit_locked(self) -> list[_Sequence]:
+        admitted: list[_Sequence] = []
+        budget = self.config.max_prefill_tokens
+        while self._waiting and self._free_slots:
+            seq = self._waiting[0]
+            if admitted and len(seq.prompt_token_ids) > budget:
+                break
+            self._waiting.pop(0)
+            self._free_slots.sort()
+            seq.slot = self._free_slots.pop(0)
+            budget -= len(seq.prompt_token_ids)
+            self._running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def _finish_locked(self, seq: _Sequence, reason: str) -> tuple[_Sequence, GenerationResult]:
+        seq.finish_reason = reason
+        if seq in self._running:
+            self._running.remove(seq)
+        if seq.slot >= 0:
+            self._free_slots.append(seq.slot)
+            seq.slot = -1
+        self._by_id.pop(seq.request_id, None)
+        self.counters["requests_finished"] += 1
+        if reason == "abort":
+            self.counters["requests_aborted"] += 1
+        result = GenerationResult(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(seq.token_ids),
+            logprobs=list(seq.logprobs),
+            token_versions=list(seq.token_versions),
+            finish_reason=reason,
+        )
+        return seq, result
+
+    def _resolve(self, finished: list[tuple[_Sequence, GenerationResult]]) -> None:
+        # Outside the lock: future callbacks (the server's asyncio bridge) may run here.
+        for seq, result in finished:
+            if self.tokenizer is not None:
+                result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+            if self.drafter is not None and seq.history_key is not None and result.finish_reason in ("stop", "length"):
+                try:
+                    self.drafter.add_response(seq.history_key, list(result.token_ids))
+                except Exception:
+                    log.exception("drafter.add_response failed for %s", seq.history_key)
+            if not seq.future.done():
+                seq.future.set_result(result)
+
+    # ------------------------------------------------------------- one step
+
+    def _forward(self, seqs: list[_Sequence], queries: list[list[int]], keep: int) -> torch.Tensor:
+        """Run `queries[b]` (tokens at positions `seqs[b].cache_len ...`) through the model.
+
+        Queries are left-padded to a common length so the last `keep`
+        columns hold every row's last tokens; returns float logits `[B, keep, V]`."""
+        batch = len(seqs)
+        query_lens = torch.tensor([len(query) for query in queries], device=self.device)
+        width = int(query_lens.max())
+        starts = torch.tensor([seq.cache_len for seq in seqs], device=self.device)
+        input_ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+        for row, query in enumerate(queries):
+            input_ids[row, width - len(query) :] = torch.tensor(query, dtype=torch.long)
+        columns = torch.arange(width, device=self.device).unsqueeze(0)
+        pad = (width - query_lens).unsqueeze(1)
+        real = columns >= pad
+        # Padding columns sit at position 0 and may attend key 0 only: they stay
+        # finite and are never written to the cache or read back.
+        positions = torch.where(real, starts.unsqueeze(1) + columns - pad, torch.zeros_like(columns))
+        kv_length = int((starts + query_lens).max())
+        keys = torch.arange(kv_length, device=self.device)
+        allowed = keys.view(1, 1, 1, kv_length) <= positions.unsqueeze(1).unsqueeze(-1)
+        if self._bool_mask:
+            mask = allowed
+        else:
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        flat_real = real.reshape(-1)
+        write_source = flat_real.nonzero().squeeze(-1)
+        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
+        write_slots = slots.unsqueeze(1).expand(batch, width).reshape(-1)[write_source]
+        write_positions = positions.reshape(-1)[write_source]
+        self.cache.prepare([seq.slot for seq in seqs], write_source, write_slots, write_positions, kv_length)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return output.logits.float()
+
+    def _prefill(self, seqs: list[_Sequence], version: int) -> None:
+        for seq in seqs:
+            self.counters["prompt_tokens"] += len(seq.prompt_token_ids)
+        self._advance(seqs, [seq.prompt_token_ids for seq in seqs], version)
+
+    def _decode(self, seqs: list[_Sequence], version: int) -> None:
+        self._advance(seqs, [[seq.token_ids[-1]] for seq in seqs], version)
+
+    def _advance(self, seqs: list[_Sequence], prefixes: list[list[int]], version: int) -> None:
+        """Feed each sequence its tokens not yet in the cache (`prefixes`: the prompt at
+        prefill, the last sampled token afterwards), plus a draft where the drafter has
+        one, and append the token(s) the target model yields."""
+        drafts = self._drafts(seqs, prefixes)
+        plain = [row for row, draft in enumerate(drafts) if not draft]
+        if plain:
+            plain_seqs = [seqs[row] for row in plain]
+            logits = self._forward(plain_seqs, [prefixes[row] for row in plain], keep=1)
+            for row in plain:
+                seqs[row].cache_len += len(prefixes[row])
+            self._sample_and_append(plain_seqs, logits[:, -1], version)
+        speculating = [row for row, draft in enumerate(drafts) if draft]
+        if not speculating:
+            return
+        # A separate forward: padding one-token rows to the draft width would
+        # multiply their cost by the draft length.
+        spec_seqs = [seqs[row] for row in speculating]
+        queries = [prefixes[row] + drafts[row] for row in speculating]
+        keep = max(len(drafts[row]) + 1 for row in speculating)
+        logits = self._forward(spec_seqs, queries, keep=keep)
+        for position, row in enumerate(speculating):
+            seq, draft = seqs[row], drafts[row]
+            params = seq.params
+            # The last len(draft)+1 columns: the distributions after the prefix and after each draft token.
+            rows = logits[position, keep - len(draft) - 1 :]
+            uniforms = [seq.rng.random() for _ in range(2 * len(draft) + 1)] if params.temperature > 0 else []
+            tokens, logprobs, accepted = verify_draft(rows, draft, params.temperature, params.top_p, uniforms)
+            self.counters["spec_drafted_tokens"] += len(draft)
+            self.counters["spec_accepted_tokens"] += accepted
+            self.counters["spec_verify_steps"] += 1
+            if accepted == len(draft):
+                seq.draft_len = min(seq.draft_len * 2, self.config.max_draft_len)
+            else:
+                seq.draft_len = max(1, seq.draft_len // 2)
+            # The cache now validly holds the prefix and the accepted draft prefix;
+            # entries of rejected draft tokens get overwritten before anyone reads them.
+            seq.cache_len += len(prefixes[row]) + accepted
+            for token, logprob in zip(tokens, logprobs):
+                if self._append(seq, token, logprob, version):
+                    break
+
+    def _drafts(self, seqs: list[_Sequence], prefixes: list[list[int]]) -> list[list[int]]:
+        drafts: list[list[int]] = []
+        for seq, prefix in zip(seqs, prefixes):
+            draft: list[int] = []
+            if self.drafter is not None and seq.history_key is not None:
+                # Room for the draft plus the token the target adds after it.
+                room = min(
+                    seq.draft_len,
+                    seq.params.max_new_tokens - len(seq.token_ids) - 1,
+                    self.max_seq_len - (seq.cache_len + len(prefix)) - 1,
+                )
+                if room > 0:
+                    proposed = self.drafter.draft(seq.history_key, list(seq.token_ids), room)
+                    draft = [int(token) for token in proposed[:room]]
+                    if any(not 0 <= token < self.vocab_size for token in draft):
+                        raise ValueError(f"drafter proposed token ids outside [0, {self.vocab_size}): {draft}")
+            drafts.append(draft)
+        return drafts
+
+    def _sample_and_append(self, seqs: list[_Sequence], logits: torch.Tensor, version: int) -> None:
+        temperatures = [seq.params.temperature for seq in seqs]
+        uniforms = [seq.rng.random() if seq.params.temperature > 0 else 0.0 for seq in seqs]
+        tokens, logprobs = sample_rows(logits, temperatures, [seq.params.top_p for seq in seqs], uniforms)
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
+            self._append(seq, token, logprob, version)
+
+    def _append(self, seq: _Sequence, token: int, logprob: float, version: int) -> bool:
+        """Record one sampled token; returns True when the sequence is finished."""
+        seq.token_ids.append(token)
+        seq.logprobs.append(logprob)
+        seq.token_versions.append(version)
+        self.counters["generated_tokens"] += 1
+        if token in seq.stop_ids:
+            seq.finish_reason = "stop"
+        elif len(seq.token_ids) >= seq.params.max_new_tokens or seq.cache_len + 1 >= self.max_seq_len:
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any | None) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(token) for token in eos)
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

@@ -1,0 +1,125 @@
+"""Token sampling shared by the engine's decode and speculative-verify paths.
+
+The logprob reported for a sampled token is its log-probability under the
+distribution it was actually drawn from (temperature- and top-p-adjusted); for
+temperature 0 it is the plain log-softmax of the argmax. Draws use uniforms
+from each request's own `random.Random`, so a seeded request gives the same
+tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def adjusted_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """`[N, V]` float logits -> `[N, V]` probabilities after temperature and top-p.
+
+    `temperature` and `top_p` are `[N]`; temperatures must be > 0 here (greedy
+    rows never come through this function).
+    """
+    probs = torch.softmax(logits.float() / temperature.unsqueeze(-1), dim=-1)
+    if bool((top_p < 1.0).any()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p: a token survives if
+        # the mass strictly before it is still below top_p (the first always does).
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p.unsqueeze(-1), 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: `[N, V]` probabilities (need not sum to 1) and `[N]` uniforms in [0, 1) -> `[N]` ids.
+
+    Zero-probability tokens can never be drawn: `right=True` picks the first
+    index whose cumulative mass exceeds the target, and a zero entry never
+    increases it.
+    """
+    cdf = probs.cumsum(dim=-1)
+    target = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample_rows(
+    logits: torch.Tensor, temperatures: list[float], top_ps: list[float], uniforms: list[float]
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row; returns (token ids, their logprobs)."""
+    count = logits.shape[0]
+    tokens = [0] * count
+    logprobs = [0.0] * count
+    greedy_rows = [row for row in range(count) if temperatures[row] <= 0.0]
+    sampled_rows = [row for row in range(count) if temperatures[row] > 0.0]
+    if greedy_rows:
+        index = torch.tensor(greedy_rows, dtype=torch.long, device=logits.device)
+        rows = logits.index_select(0, index).float()
+        best = rows.argmax(dim=-1)
+        best_logprobs = torch.log_softmax(rows, dim=-1).gather(-1, best.unsqueeze(-1)).squeeze(-1)
+        for position, row in enumerate(greedy_rows):
+            tokens[row] = int(best[position])
+            logprobs[row] = float(best_logprobs[position])
+    if sampled_rows:
+        index = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
+        rows = logits.index_select(0, index)
+        temperature = torch.tensor([temperatures[row] for row in sampled_rows], device=logits.device)
+        top_p = torch.tensor([top_ps[row] for row in sampled_rows], device=logits.device)
+        probs = adjusted_probs(rows, temperature, top_p)
+        chosen = draw(probs, torch.tensor([uniforms[row] for row in sampled_rows], device=logits.device))
+        chosen_logprobs = probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).log()
+        for position, row in enumerate(sampled_rows):
+            tokens[row] = int(chosen[position])
+            logprobs[row] = float(chosen_logprobs[position])
+    return tokens, logprobs
+
+
+def verify_draft(
+    logits: torch.Tensor, draft: list[int], temperature: float, top_p: float, uniforms: list[float]
+) -> tuple[list[int], list[float], int]:
+    """Lossless check of a drafted continuation against the target model.
+
+    `logits[i]` is the target's next-token distribution after the sequence's
+    last token plus `draft[:i]` (so there are `len(draft) + 1` rows). Returns
+    (tokens to append, their logprobs, number of draft tokens accepted); the
+    tokens are the accepted draft prefix plus one token from the target.
+
+    Greedy: accept while the draft equals the argmax. Sampling: the draft is a
+    point mass, so draft token x is accepted with probability p(x); on
+    rejection the replacement is drawn from p with x removed, renormalised —
+    the standard speculative-sampling rule, which leaves every emitted token
+    distributed exactly as p. `uniforms` needs `2 * len(draft) + 1` values.
+    """
+    if temperature <= 0.0:
+        rows = logits.float()
+        best = rows.argmax(dim=-1).tolist()
+        row_logprobs = torch.log_softmax(rows, dim=-1)
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == best[accepted]:
+            accepted += 1
+        tokens = draft[:accepted] + [best[accepted]]
+        logprobs = [float(row_logprobs[i, token]) for i, token in enumerate(tokens)]
+        return tokens, logprobs, accepted
+    count = logits.shape[0]
+    probs = adjusted_probs(
+        logits, torch.full((count,), temperature, device=logits.device), torch.full((count,), top_p, device=logits.device)
+    )
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    next_uniform = iter(uniforms)
+    for i, proposed in enumerate(draft):
+        p_proposed = float(probs[i, proposed])
+        if next(next_uniform) < p_proposed:
+            tokens.append(proposed)
+            logprobs.append(float(torch.log(probs[i, proposed])))
+            continue
+        residual = probs[i : i + 1].clone()
+        residual[0, proposed] = 0.0
+        replacement = int(draw(residual, torch.tensor([next(next_uniform)], device=logits.device))[0])
+        tokens.append(replacement)
+        logprobs.append(float(torch.log(probs[i, replacement])))
+        return tokens, logprobs, i
+    bonus = int(draw(probs[count - 1 : count], torch.tensor([next(next_uniform)], device=logits.device))[0])
+    tokens.append(bonus)
+    logprobs.append(float(torch.log(probs[count - 1, bonus])))
+    return tokens, logprobs, len(draft)

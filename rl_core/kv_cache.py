@@ -1,0 +1,132 @@
+"""Slot-based KV cache for the reference engine.
+
+Every running sequence owns one *slot*: a row of a preallocated
+`[slots, kv_heads, capacity, head_dim]` tensor per layer. A forward pass covers
+any subset of slots with a different query length and start position per
+sequence; the model's attention layers call `update()`, which writes the new
+keys/values at each sequence's own positions and hands back the keys/values of
+exactly the slots in the batch. The engine passes a 4-D attention mask built
+from the same positions, so no sequence ever sees another's tokens or a stale
+entry — which is what makes batched decoding give the same tokens as decoding
+each sequence alone.
+
+The object duck-types the part of `transformers.Cache` the decoder layers use
+(`update`), so it works with any HF causal LM whose attention goes through
+`past_key_values.update(...)` (Llama, Qwen2, Mistral, ...).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        initial_capacity: int = 256,
+        max_capacity: int = 4096,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        self.max_capacity = max_capacity
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._grow(min(initial_capacity, max_capacity))
+        # Set by `prepare()` for the forward pass about to run.
+        self._slot_rows: torch.Tensor | slice = slice(0, 0)
+        self._write_source: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self._write_slots: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self._write_positions: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self._kv_length = 0
+
+    def _grow(self, capacity: int) -> None:
+        # Growing copies the cache once per doubling; between steps only, so no
+        # forward pass ever sees a half-copied cache.
+        shape = (self.num_slots, self.num_kv_heads, capacity, self.head_dim)
+        new_keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        new_values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        if self.capacity:
+            for layer in range(self.num_layers):
+                new_keys[layer][:, :, : self.capacity] = self.keys[layer]
+                new_values[layer][:, :, : self.capacity] = self.values[layer]
+        self.keys, self.values, self.capacity = new_keys, new_values, capacity
+
+    def ensure_capacity(self, length: int) -> None:
+        if length > self.max_capacity:
+            raise ValueError(f"sequence length {length} exceeds the KV cache capacity {self.max_capacity}")
+        if length > self.capacity:
+            capacity = self.capacity
+            while capacity < length:
+                capacity *= 2
+            self._grow(min(capacity, self.max_capacity))
+
+    def prepare(
+        self,
+        slots: list[int],
+        write_source: torch.Tensor,
+        write_slots: torch.Tensor,
+        write_positions: torch.Tensor,
+        kv_length: int,
+    ) -> None:
+        """Describe the next forward pass.
+
+        `slots[b]` is the slot of batch row b; `write_source` indexes the
+        flattened `[batch * query_len]` new tokens that are real (not padding);
+        `write_slots`/`write_positions` say where each of them goes; the layers
+        get back keys/values `[batch, heads, kv_length, head_dim]`.
+        """
+        self.ensure_capacity(kv_length)
+        first = slots[0]
+        # A contiguous run of slots is a view (no gather copy); the engine hands
+        # out the lowest free slot so a full batch usually is one.
+        if slots == list(range(first, first + len(slots))):
+            self._slot_rows = slice(first, first + len(slots))
+        else:
+            self._slot_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self._write_source = write_source
+        self._write_slots = write_slots
+        self._write_positions = write_positions
+        self._kv_length = kv_length
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        cache_kwargs: dict | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, heads, query_len, head_dim = key_states.shape
+        # [B, H, Q, D] -> [B*Q, H, D], keep the real tokens, scatter them to
+        # (slot, position); advanced indices on dims 0 and 2 address [N, H, D].
+        new_keys = key_states.transpose(1, 2).reshape(batch * query_len, heads, head_dim)[self._write_source]
+        new_values = value_states.transpose(1, 2).reshape(batch * query_len, heads, head_dim)[self._write_source]
+        layer_keys, layer_values = self.keys[layer_idx], self.values[layer_idx]
+        layer_keys[self._write_slots, :, self._write_positions] = new_keys.to(layer_keys.dtype)
+        layer_values[self._write_slots, :, self._write_positions] = new_values.to(layer_values.dtype)
+        return (
+            layer_keys[self._slot_rows, :, : self._kv_length],
+            layer_values[self._slot_rows, :, : self._kv_length],
+        )
+
+    # The decoder stack asks these only when it has to infer positions or a
+    # mask itself; the engine always passes both, but answer sensibly anyway.
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._kv_length
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def memory_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)

@@ -1,0 +1,308 @@
+"""ReferenceEngine against Hugging Face on the real tiny Qwen2 model (random weights).
+
+Exactness is checked against `model.generate` / plain forwards of a separately
+loaded copy of the same checkpoint, so the slot KV cache, the left-padded
+batches and the 4-D masks all have to be right for these to pass.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from rl_core.contracts import SamplingParams
+from rl_core.engine import EngineConfig, ReferenceEngine
+from rl_core.engine_sampling import verify_draft
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def model_dir(untrained_tiny_model: Path) -> Path:
+    return untrained_tiny_model
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir: Path) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = ["1+1", "What is 12 * 7 - 3? Think step by step.", "9", "The sum of 4 and 5 is", "14-2*3+8-1+0*9+17-4-4"]
+    return [tokenizer.encode(text) for text in texts]
+
+
+@pytest.fixture()
+def engine(model_dir: Path):
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=8, initial_cache_len=16))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        output = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return output[0, len(prompt) :].tolist()
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.002)
+
+
+def perturbed_state(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator)
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point()
+    }
+
+
+def test_greedy_batch_matches_hf_generate(engine: ReferenceEngine, hf_model, prompts) -> None:
+    assert len({len(prompt) for prompt in prompts}) > 3  # really mixed lengths in one batch
+    results = engine.generate(prompts, GREEDY)
+    for prompt, result in zip(prompts, results):
+        assert result.token_ids == hf_greedy(hf_model, prompt, GREEDY.max_new_tokens)
+        assert result.prompt_token_ids == prompt
+        assert result.finish_reason in ("stop", "length")
+        assert result.token_versions == [0] * len(result.token_ids)
+        assert all(logprob <= 0 for logprob in result.logprobs)
+    # The KV cache started at 16 positions and had to grow mid-run.
+    assert engine.stats()["kv_cache_capacity"] >= max(len(p) for p in prompts) + GREEDY.max_new_tokens
+
+
+def test_greedy_logprobs_are_plain_log_softmax(engine: ReferenceEngine, hf_model, prompts) -> None:
+    prompt = prompts[1]
+    result = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=6))[0]
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt + result.token_ids])).logits[0].float()
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    for step, (token, logprob) in enumerate(zip(result.token_ids, result.logprobs)):
+        assert logprob == pytest.approx(float(expected[step, token]), abs=1e-4)
+
+
+def test_requests_join_a_running_batch(engine: ReferenceEngine, hf_model, prompts) -> None:
+    long_params = SamplingParams(temperature=0.0, max_new_tokens=60)
+    first = engine.submit(prompts[0], long_params)
+    wait_for(lambda: engine.stats()["generated_tokens"] >= 5)
+    assert not first.done()  # the newcomers really join while it decodes
+    late = [engine.submit(prompt, GREEDY) for prompt in prompts[1:]]
+    late_results = [future.result(timeout=120) for future in late]
+    first_result = first.result(timeout=120)
+    assert first_result.token_ids == hf_greedy(hf_model, prompts[0], 60)
+    for prompt, result in zip(prompts[1:], late_results):
+        assert result.token_ids == hf_greedy(hf_model, prompt, GREEDY.max_new_tokens)
+
+
+def test_update_weights_then_matches_fresh_model(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
+    fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    new_state = perturbed_state(fresh, seed=1)
+    before = engine.generate(prompts[:2], GREEDY)
+    pause_s = engine.update_weights(new_state.items(), version=3)
+    assert pause_s >= 0
+    fresh.load_state_dict(new_state, strict=False)
+    after = engine.generate(prompts, GREEDY)
+    assert engine.version == 3
+    for prompt, result in zip(prompts, after):
+        assert result.token_ids == hf_greedy(fresh, prompt, GREEDY.max_new_tokens)
+        assert set(result.token_versions) == {3}
+    assert [r.token_ids for r in before] != [r.token_ids for r in after[:2]]
+
+
+def test_update_refuses_bad_names_and_shapes_without_touching_weights(engine: ReferenceEngine, prompts) -> None:
+    before = engine.generate([prompts[0]], GREEDY)[0].token_ids
+    with pytest.raises(KeyError, match="no_such.weight"):
+        engine.update_weights([("no_such.weight", torch.zeros(2))], version=1)
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        engine.update_weights([("model.embed_tokens.weight", torch.zeros_like(engine.tensor_by_name("model.embed_tokens.weight"))), ("model.norm.weight", torch.zeros(3))], version=1)
+    assert engine.version == 0
+    assert engine.generate([prompts[0]], GREEDY)[0].token_ids == before
+
+
+def test_sequence_spanning_an_update_keeps_its_cache(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
+    old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    new_state = perturbed_state(old, seed=2)
+    new.load_state_dict(new_state, strict=False)
+    prompt = prompts[1]
+    future = engine.submit(prompt, SamplingParams(temperature=0.0, max_new_tokens=40))
+    wait_for(lambda: engine.stats()["generated_tokens"] >= 6)
+    engine.update_weights(new_state.items(), version=1)
+    result = future.result(timeout=120)
+    assert set(result.token_versions) == {0, 1}
+    switch = result.token_versions.index(1)
+    assert result.token_versions == [0] * switch + [1] * (len(result.token_ids) - switch)
+    # Reference: old weights build the cache up to the last version-0 token, then the
+    # new weights continue greedily from that same cache (nothing recomputed).
+    tokens = result.token_ids
+    with torch.no_grad():
+        cache = DynamicCache(config=old.config)
+        old(torch.tensor([prompt + tokens[: switch - 1]]), past_key_values=cache, use_cache=True)
+        expected = list(tokens[:switch])
+        next_input = tokens[switch - 1]
+        while len(expected) < len(tokens):
+            logits = new(torch.tensor([[next_input]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            next_input = int(logits.argmax())
+            expected.append(next_input)
+    assert tokens == expected
+    # The update really changed the continuation.
+    assert tokens != hf_greedy(old, prompt, 40)
+
+
+def test_abort_running_and_waiting_requests(model_dir: Path, prompts) -> None:
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=1))
+    with engine:
+        running = engine.submit(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=500), request_id="long")
+        waiting = engine.submit(prompts[1], GREEDY, request_id="queued")  # one slot: it must wait
+        wait_for(lambda: engine.stats()["generated_tokens"] >= 3)
+        assert engine.abort("queued")
+        assert engine.abort("long")
+        assert not engine.abort("never-submitted")
+        partial = running.result(timeout=60)
+        queued = waiting.result(timeout=60)
+        assert partial.finish_reason == "abort" and 3 <= len(partial.token_ids) < 500
+        assert len(partial.logprobs) == len(partial.token_versions) == len(partial.token_ids)
+        assert queued.finish_reason == "abort" and queued.token_ids == []
+        # The slot is free again and the engine keeps serving.
+        again = engine.generate([prompts[2]], GREEDY)[0]
+        assert again.finish_reason in ("stop", "length") and again.token_ids
+        assert engine.stats()["requests_aborted"] == 2
+
+
+def test_seeded_sampling_is_reproducible_and_logprobs_are_of_the_adjusted_distribution(
+    engine: ReferenceEngine, hf_model, prompts
+) -> None:
+    params = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=1234)
+    alone = engine.generate([prompts[3]], params)[0]
+    # Same seed in a different batch -> same tokens; another seed -> different tokens.
+    crowd = engine.generate([prompts[0], prompts[3], prompts[1]], params)
+    other = engine.generate([prompts[3]], SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=99))[0]
+    assert crowd[1].token_ids == alone.token_ids
+    assert other.token_ids != alone.token_ids
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompts[3] + alone.token_ids])).logits[0].float()
+    for step, (token, logprob) in enumerate(zip(alone.token_ids, alone.logprobs)):
+        probs = torch.softmax(logits[len(prompts[3]) - 1 + step] / 0.7, dim=-1)
+        sorted_probs, order = probs.sort(descending=True)
+        keep = (sorted_probs.cumsum(0) - sorted_probs) < 0.9
+        kept = set(order[keep].tolist())
+        assert token in kept
+        assert logprob == pytest.approx(math.log(float(probs[token]) / float(sorted_probs[keep].sum())), abs=1e-4)
+
+
+def test_stop_token_ids_and_length(engine: ReferenceEngine, prompts) -> None:
+    reference = engine.generate([prompts[4]], GREEDY)[0].token_ids
+    stop_token = reference[4]
+    stopped = engine.generate([prompts[4]], SamplingParams(temperature=0.0, max_new_tokens=24, stop_token_ids=[stop_token]))[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == reference[: reference.index(stop_token) + 1]
+    short = engine.generate([prompts[4]], SamplingParams(temperature=0.0, max_new_tokens=3))[0]
+    assert short.finish_reason == "length" and short.token_ids == reference[:3]
+
+
+def test_invalid_requests_are_refused_with_the_field_named(engine: ReferenceEngine) -> None:
+    with pytest.raises(ValueError, match="prompt_token_ids is empty"):
+        engine.submit([], GREEDY)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.submit([1, 2], SamplingParams(max_new_tokens=0))
+    with pytest.raises(ValueError, match="top_p"):
+        engine.submit([1, 2], SamplingParams(top_p=0.0))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.submit([10**9], GREEDY)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.submit([1, 2], SamplingParams(max_new_tokens=10**6))
+
+
+# ------------------------------------------------------------- speculation
+
+
+class ScriptedDrafter:
+    """A drafter that proposes a fixed continuation per history key: the engine's verify
+    path is what is under test here (HistoSpec's own index is tested in test_speculation)."""
+
+    def __init__(self, scripts: dict[str, list[int]]) -> None:
+        self.scripts = scripts
+        self.calls = 0
+        self.responses: dict[str, list[list[int]]] = {}
+
+    def draft(self, history_key: str, generated_token_ids: list[int], max_tokens: int) -> list[int]:
+        self.calls += 1
+        script = self.scripts[history_key]
+        done = len(generated_token_ids)
+        return script[done : done + max_tokens]
+
+    def add_response(self, history_key: str, token_ids: list[int]) -> None:
+        self.responses.setdefault(history_key, []).append(token_ids)
+
+
+def test_speculative_greedy_is_lossless(model_dir: Path, hf_model, prompts) -> None:
+    expected = [hf_greedy(hf_model, prompt, 30) for prompt in prompts[:3]]
+    wrong = [(token + 1) % 1000 for token in expected[1]]
+    drafter = ScriptedDrafter({"right": expected[0], "wrong": wrong, "half": expected[2][:10] + wrong[10:]})
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=4), drafter=drafter)
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    with engine:
+        futures = [
+            engine.submit(prompts[0], params, history_key="right"),
+            engine.submit(prompts[1], params, history_key="wrong"),
+            engine.submit(prompts[2], params, history_key="half"),
+            engine.submit(prompts[3], params),  # no history key: plain decoding alongside
+        ]
+        results = [future.result(timeout=120) for future in futures]
+    for result, tokens in zip(results, expected + [hf_greedy(hf_model, prompts[3], 30)]):
+        assert result.token_ids == tokens
+        assert len(result.logprobs) == len(result.token_versions) == len(tokens)
+    stats = engine.stats()
+    assert stats["spec_accepted_tokens"] >= len(expected[0]) - 3  # the right script is nearly all accepted
+    assert stats["spec_drafted_tokens"] > stats["spec_accepted_tokens"]  # the wrong one is rejected
+    # Fully accepted drafts double in length, so the verify steps are far fewer than the tokens.
+    assert stats["spec_verify_steps"] < 3 * 30
+    assert drafter.responses["right"] == [expected[0]]
+    # Logprobs of accepted draft tokens are the target's own.
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompts[0] + expected[0]])).logits[0].float()
+    reference = torch.log_softmax(logits[len(prompts[0]) - 1 : -1], dim=-1)
+    for step, token in enumerate(expected[0]):
+        assert results[0].logprobs[step] == pytest.approx(float(reference[step, token]), abs=1e-4)
+
+
+def test_speculative_sampling_is_seeded_and_well_formed(model_dir: Path, prompts) -> None:
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=7)
+    drafter = ScriptedDrafter({"k": list(range(5, 45))})
+    engine = ReferenceEngine.from_pretrained(model_dir, drafter=drafter)
+    with engine:
+        first = engine.submit(prompts[0], params, history_key="k").result(timeout=60)
+        second = engine.submit(prompts[0], params, history_key="k").result(timeout=60)
+    assert first.token_ids == second.token_ids
+    assert len(first.token_ids) == 20 and all(lp <= 0 for lp in first.logprobs)
+    assert engine.stats()["spec_drafted_tokens"] > 0
+
+
+def test_verify_draft_sampling_keeps_the_target_distribution() -> None:
+    # Statistical check of the acceptance rule itself on a known 5-token distribution:
+    # the first emitted token must be distributed as p whatever the draft proposes.
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05], [0.2] * 5]))
+    target = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    generator = torch.Generator().manual_seed(0)
+    for proposed in (0, 3):
+        counts = torch.zeros(5)
+        trials = 20000
+        for _ in range(trials):
+            uniforms = torch.rand(3, generator=generator).tolist()
+            tokens, logprobs, accepted = verify_draft(logits, [proposed], 1.0, 1.0, uniforms)
+            counts[tokens[0]] += 1
+            assert logprobs[0] == pytest.approx(math.log(float(target[tokens[0]])), abs=1e-5)
+            assert len(tokens) == (2 if accepted == 1 else 1)
+        assert torch.allclose(counts / trials, target, atol=0.015), (proposed, counts / trials)
