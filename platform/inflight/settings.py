@@ -117,6 +117,14 @@ if not INFLIGHT_RUNS_DIR.is_absolute():
 # Python that runs `-m rl_core run` on workers (default: the worker's own interpreter).
 INFLIGHT_RL_PYTHON = os.environ.get("INFLIGHT_RL_PYTHON", "")
 
+# Command prefix that runs the engine (`run CONFIG --out DIR` is appended); default
+# `<INFLIGHT_RL_PYTHON> -m rl_core`. E.g. `nice -n 5 python -m rl_core`.
+INFLIGHT_RL_COMMAND = os.environ.get("INFLIGHT_RL_COMMAND", "")
+# How often the worker tails the run directory (also the coalescing window of live pushes).
+INFLIGHT_POLL_S = float(os.environ.get("INFLIGHT_POLL_S", "0.25"))
+# SIGTERM → SIGKILL grace period when a run is cancelled.
+INFLIGHT_CANCEL_TIMEOUT_S = float(os.environ.get("INFLIGHT_CANCEL_TIMEOUT_S", "20"))
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

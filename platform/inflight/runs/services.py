@@ -174,6 +174,30 @@ def transition_run(
     return run
 
 
+def claim_run(run_id: int, worker_name: str) -> Run | None:
+    """A worker takes a queued run (→ `starting`); None if it is no longer queued (cancelled
+    before it started, or a redelivered message of a run that already ran or was lost)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.status != RunStatus.QUEUED:
+            return None
+        return transition_run(
+            run_id, RunStatus.STARTING, worker_name=worker_name, run_dir=str(settings.INFLIGHT_RUNS_DIR / str(run_id))
+        )
+
+
+def finish_run(run_id: int, status: str, error: str = "") -> Run:
+    """Record how a supervised run ended. A run already `lost` (its worker was presumed dead)
+    stays lost; a run that ended `cancelled` passes through `cancelling` if nobody else set it."""
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal:
+        logger.warning("run %s ended %s but is already %s; keeping %s", run_id, status, run.status, run.status)
+        return run
+    if status == RunStatus.CANCELLED and run.status != RunStatus.CANCELLING:
+        transition_run(run_id, RunStatus.CANCELLING)
+    return transition_run(run_id, status, error=error)
+
+
 def can_manage_run(user: AbstractBaseUser, run: Run) -> bool:
     return bool(user.is_authenticated and (user.is_staff or run.owner_id == user.pk))
 

@@ -1,0 +1,203 @@
+"""Platform test setup: real embedded PostgreSQL and Redis, real Celery workers, users.
+
+One PostgreSQL + Redis pair per pytest session, under `var/test-services/session-<pid>/`
+on free ports (a folder of our own: PostgreSQL runs as an unprivileged user when we are
+root, and must be able to reach its data directory — pytest's 0700 temp root would not
+let it). Django's DATABASES, CHANNEL_LAYERS and Celery's broker are pointed at them
+before pytest-django creates the test database. Everything started here is stopped at the
+end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from inflight.devservices import Services, free_port, start_services, stop_services
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+TEST_SERVICES_ROOT = REPO_ROOT / "var" / "test-services"
+
+
+@pytest.fixture(scope="session")
+def embedded_services() -> Iterator[Services]:
+    folder = TEST_SERVICES_ROOT / f"session-{os.getpid()}"
+    services = start_services(folder, postgres_port=free_port(), redis_port=free_port(), fast_unsafe=True)
+    yield services
+    stop_services(folder, only=services.started)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def platform_settings(embedded_services: Services, tmp_path_factory: pytest.TempPathFactory) -> Services:
+    """Point Django (database, channel layer), Celery and child processes at the session's services."""
+    from channels.layers import channel_layers
+    from django.conf import settings
+    from django.db import connections
+
+    db = {"HOST": "127.0.0.1", "PORT": str(embedded_services.postgres_port), "NAME": "inflight", "USER": "postgres", "PASSWORD": ""}
+    settings.DATABASES["default"].update(db)
+    connections["default"].settings_dict.update(db)
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [embedded_services.redis_url]
+    channel_layers.backends.clear()
+    settings.CELERY_BROKER_URL = embedded_services.redis_url
+    runs_dir = tmp_path_factory.mktemp("runs")
+    settings.INFLIGHT_RUNS_DIR = runs_dir
+    from workers.celery_app import app
+
+    app.conf.broker_url = embedded_services.redis_url
+    os.environ.update(embedded_services.env())
+    os.environ["INFLIGHT_RUNS_DIR"] = str(runs_dir)
+    return embedded_services
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(platform_settings: Services) -> None:
+    """pytest-django hook: the test database is created on the session's embedded PostgreSQL."""
+
+
+@pytest.fixture
+def database_url(transactional_db: None) -> str:
+    """URL of the *test* database (test_inflight), for processes started by a test."""
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    return f"postgres://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
+
+
+# ---------------------------------------------------------------- Celery workers
+
+
+class WorkerProcess:
+    def __init__(self, process: subprocess.Popen, name: str, log_path: Path) -> None:
+        self.process = process
+        self.name = name
+        self.log_path = log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+
+@pytest.fixture
+def start_worker(database_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real `celery -A workers.celery_app worker` processes against the test database."""
+    started: list[WorkerProcess] = []
+
+    def start(queues: str = "cpu", extra_env: dict[str, str] | None = None, wait_ready: bool = True) -> WorkerProcess:
+        name = f"test-{uuid.uuid4().hex[:8]}@127.0.0.1"
+        log_path = tmp_path / f"{name.split('@')[0]}.log"
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "INFLIGHT_HEARTBEAT_INTERVAL_S": "0.5",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
+        command = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", queues, "-P", "threads", "-c", "2", "-n", name, "--without-gossip", "--without-mingle", "-l", "INFO"]
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        worker = WorkerProcess(process, name, log_path)
+        started.append(worker)
+        if wait_ready:
+            deadline = time.monotonic() + 90
+            while "ready." not in worker.log():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"celery worker did not start:\n{worker.log()[-4000:]}")
+                time.sleep(0.2)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60, interval: float = 0.2, message: str = "condition") -> Any:
+    """Poll until `condition()` is truthy; fail the test with `message` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------- users and clients
+
+
+@pytest.fixture
+def owner(django_user_model):
+    return django_user_model.objects.create_user("owner", password="owner-password-1")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("other", password="other-password-1")
+
+
+@pytest.fixture
+def staff_user(django_user_model):
+    return django_user_model.objects.create_user("staff", password="staff-password-1", is_staff=True)
+
+
+def _token_client(user):
+    from django.test import Client
+
+    from inflight.accounts.services import create_token
+
+    return Client(HTTP_AUTHORIZATION=f"Token {create_token(user).key}")
+
+
+@pytest.fixture
+def owner_api(owner):
+    return _token_client(owner)
+
+
+@pytest.fixture
+def other_api(other_user):
+    return _token_client(other_user)
+
+
+@pytest.fixture
+def staff_api(staff_user):
+    return _token_client(staff_user)
+
+
+@pytest.fixture
+def anonymous_api():
+    from django.test import Client
+
+    return Client()
+
+
+@pytest.fixture
+def tiny_config() -> dict[str, Any]:
+    """A run config small enough for a few seconds on one CPU core."""
+    return {
+        "name": "tiny-test",
+        "trainer": {"max_steps": 2, "samples_per_step": 4, "threads": 1},
+        "actor": {"group_size": 2, "groups_in_flight": 2},
+        "sampling": {"max_new_tokens": 8},
+        "inference": {"max_batch_size": 8},
+    }

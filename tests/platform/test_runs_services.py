@@ -1,0 +1,183 @@
+"""Run services against the real embedded PostgreSQL: state machine, idempotent ingest, evals, liveness."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.utils import timezone
+
+from inflight.runs import selectors, services
+from inflight.runs.models import ALLOWED_TRANSITIONS, EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus, Worker
+from inflight.runs.services import IllegalTransition, InvalidRunConfig, PointIn
+
+pytestmark = pytest.mark.django_db
+
+
+def make_run(owner, **config) -> Run:
+    return services.create_run(owner, "r", {"name": "r", **config})
+
+
+def test_create_run_validates_and_derives_the_queue(owner, tiny_config, django_capture_on_commit_callbacks) -> None:
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        run = services.create_run(owner, "my run", tiny_config)
+    assert run.status == RunStatus.QUEUED and run.queue == "cpu" and run.name == "my run"
+    assert run.config["trainer"]["max_steps"] == 2 and run.config["name"] == "my run"
+    assert len(callbacks) == 2  # dispatch + status broadcast, only after commit
+    gpu = services.create_run(owner, "g", {"trainer": {"device": "cuda"}})
+    assert gpu.queue == "gpu"
+
+
+def test_create_run_refuses_bad_config_with_field_errors(owner) -> None:
+    with pytest.raises(InvalidRunConfig) as info:
+        services.create_run(owner, "bad", {"trainer": {"max_steps": 0, "typo": 1}, "bogus": {}})
+    errors = info.value.errors
+    assert "trainer.max_steps" in errors and "trainer.typo" in errors and "bogus" in errors
+    assert Run.objects.count() == 0
+    with pytest.raises(InvalidRunConfig):
+        services.create_run(owner, "bad", ["not", "a", "mapping"])
+
+
+def test_state_machine_allows_the_documented_path_and_refuses_the_rest(owner) -> None:
+    run = make_run(owner)
+    assert services.claim_run(run.pk, "w@host").status == RunStatus.STARTING
+    assert services.claim_run(run.pk, "w@host") is None  # a redelivered message does not run it twice
+    run = services.transition_run(run.pk, RunStatus.RUNNING)
+    assert run.started_at is not None and run.finished_at is None and run.worker_name == "w@host"
+    run = services.transition_run(run.pk, RunStatus.SUCCEEDED)
+    assert run.finished_at is not None
+    for target in RunStatus.values:
+        with pytest.raises(IllegalTransition):
+            services.transition_run(run.pk, target)
+    with pytest.raises(IllegalTransition):
+        services.transition_run(make_run(owner).pk, RunStatus.RUNNING)  # queued → running skips starting
+    with pytest.raises(IllegalTransition):
+        services.transition_run(make_run(owner).pk, "exploded")
+
+
+def test_every_status_has_a_rule_and_terminal_ones_are_final() -> None:
+    assert set(ALLOWED_TRANSITIONS) == set(RunStatus.values)
+    for status in ("succeeded", "failed", "cancelled", "lost"):
+        assert ALLOWED_TRANSITIONS[status] == frozenset()
+
+
+def test_cancel_queued_is_immediate_running_goes_through_cancelling(owner, other_user, staff_user) -> None:
+    queued = make_run(owner)
+    with pytest.raises(PermissionDenied):
+        services.request_cancel(queued, other_user)
+    assert services.request_cancel(queued, owner).status == RunStatus.CANCELLED
+    with pytest.raises(IllegalTransition):
+        services.request_cancel(Run.objects.get(pk=queued.pk), owner)
+    running = make_run(owner)
+    services.claim_run(running.pk, "w@host")
+    services.transition_run(running.pk, RunStatus.RUNNING)
+    cancelling = services.request_cancel(running, staff_user)
+    assert cancelling.status == RunStatus.CANCELLING
+    assert Run.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert services.request_cancel(cancelling, owner).status == RunStatus.CANCELLING  # idempotent
+    assert services.finish_run(running.pk, "cancelled").status == RunStatus.CANCELLED
+
+
+def test_finish_keeps_a_lost_run_lost(owner) -> None:
+    run = make_run(owner)
+    services.claim_run(run.pk, "w@host")
+    services.transition_run(run.pk, RunStatus.LOST, error="worker vanished")
+    assert services.finish_run(run.pk, "succeeded").status == RunStatus.LOST
+
+
+def _points(lines: range, names=("loss", "reward")) -> list[PointIn]:
+    return [PointIn(line=i, name=n, step=i, t=1000.0 + i, value=float(i)) for i in lines for n in names]
+
+
+def test_ingest_is_idempotent_and_bumps_seq_only_for_new_points(owner) -> None:
+    run = make_run(owner)
+    assert services.ingest_metrics(run.pk, _points(range(0, 10))) == 1
+    assert services.ingest_metrics(run.pk, _points(range(0, 10))) is None  # same batch again
+    assert MetricPoint.objects.filter(run=run).count() == 20
+    assert services.ingest_metrics(run.pk, _points(range(5, 15))) == 2  # overlapping batch
+    assert MetricPoint.objects.filter(run=run).count() == 30
+    assert Run.objects.get(pk=run.pk).metrics_seq == 2
+    seq, points = selectors.metric_points_since(run, since_seq=1)
+    assert seq == 2 and len(points) == 10 and {p[1] for p in points} == set(range(10, 15))
+    steps, values = selectors.metric_series(run, "loss")
+    assert steps == list(range(15)) and values == [float(i) for i in range(15)]
+    nan = [PointIn(line=99, name="loss", step=99, t=1.0, value=float("nan"))]
+    assert services.ingest_metrics(run.pk, nan) is None
+    with pytest.raises(Run.DoesNotExist):
+        services.ingest_metrics(10**9, _points(range(1)))
+
+
+def test_points_from_metrics_record_keeps_numbers_only() -> None:
+    points = services.points_from_metrics_record(7, {"t": 5.0, "step": 3, "a": 1, "b": 2.5, "flag": True, "s": "x"})
+    assert [(p.line, p.name, p.step, p.t, p.value) for p in points] == [(7, "a", 3, 5.0, 1.0), (7, "b", 3, 5.0, 2.5)]
+
+
+EVAL_LINE = {
+    "t": 1.0, "step": 4, "benchmark": "math500", "k": 2, "mean_at_k": 0.25, "pass_at_k": 0.5, "stderr": 0.1,
+    "num_problems": 2, "num_samples": 4, "policy_versions": [4], "results_file": "eval/step_000004_math500.jsonl",
+}
+ROWS = [
+    {"problem_id": "p1", "answer": "2", "samples": ["\\boxed{2}", "x"], "extracted": ["2", None], "verdicts": [True, False], "mean": 0.5, "pass": True},
+    {"problem_id": "p2", "answer": "3", "samples": ["a", "b"], "extracted": [None, None], "verdicts": [False, False], "mean": 0.0, "pass": False},
+]
+
+
+def test_ingest_eval_stores_per_problem_rows_once(owner) -> None:
+    run = make_run(owner)
+    score = services.ingest_eval(run.pk, EVAL_LINE, ROWS)
+    again = services.ingest_eval(run.pk, EVAL_LINE, ROWS)
+    assert score.pk == again.pk and EvalScore.objects.count() == 1
+    assert EvalProblemResult.objects.filter(eval=score).count() == 2
+    first = selectors.eval_problem_results(score).first()
+    assert first.problem_id == "p1" and first.verdicts == [True, False] and first.passed
+    with pytest.raises(ValueError, match="benchmark"):
+        services.ingest_eval(run.pk, {"step": 1}, [])
+
+
+def test_leaderboard_uses_one_rule_for_best_and_last(owner, other_user, staff_user) -> None:
+    a = make_run(owner)
+    b = make_run(owner)
+    hidden = make_run(other_user)
+    for run, scores in ((a, [(1, 0.2), (2, 0.6), (3, 0.4)]), (b, [(1, 0.5)]), (hidden, [(1, 0.9)])):
+        for step, mean in scores:
+            services.ingest_eval(run.pk, {**EVAL_LINE, "benchmark": "aime24", "step": step, "mean_at_k": mean}, [])
+    services.ingest_metrics(a.pk, [PointIn(i, "success/mean", i, 1.0, v) for i, v in enumerate([0.1, 0.7, 0.3])])
+    rows = selectors.leaderboard_rows(owner, "-aime24_best")
+    assert [r["run_id"] for r in rows] == [a.pk, b.pk]
+    assert rows[0]["aime24_best"] == 0.6 and rows[0]["aime24_last"] == 0.4
+    assert rows[0]["success_best"] == 0.7 and rows[0]["success_last"] == 0.3
+    assert rows[1]["math500_best"] is None
+    assert [r["run_id"] for r in selectors.leaderboard_rows(owner, "aime24_last")] == [a.pk, b.pk]
+    assert [r["run_id"] for r in selectors.leaderboard_rows(owner, "-aime24_last")] == [b.pk, a.pk]
+    assert len(selectors.leaderboard_rows(staff_user)) == 3
+    with pytest.raises(ValueError, match="unknown sort key"):
+        selectors.leaderboard_rows(owner, "password")
+
+
+def test_runs_of_silent_workers_become_lost(owner) -> None:
+    now = timezone.now()
+    services.record_heartbeat("alive@h", hostname="h", queues=["cpu"], gpus=[], cpu_count=2)
+    services.record_heartbeat("dead@h", hostname="h", queues=["cpu"], gpus=[], cpu_count=2)
+    Worker.objects.filter(name="dead@h").update(last_heartbeat=now - timedelta(seconds=600))
+    on_alive, on_dead, queued = make_run(owner), make_run(owner), make_run(owner)
+    services.claim_run(on_alive.pk, "alive@h")
+    services.claim_run(on_dead.pk, "dead@h")
+    assert services.mark_lost_runs(lost_after_s=30) == [on_dead.pk]
+    lost = Run.objects.get(pk=on_dead.pk)
+    assert lost.status == RunStatus.LOST and "dead@h" in lost.error
+    assert Run.objects.get(pk=on_alive.pk).status == RunStatus.STARTING
+    assert Run.objects.get(pk=queued.pk).status == RunStatus.QUEUED
+    liveness = {w["name"]: w["alive"] for w in selectors.workers_with_liveness()}
+    assert liveness == {"alive@h": True, "dead@h": False}
+
+
+def test_visibility_owner_other_staff(owner, other_user, staff_user, django_user_model) -> None:
+    from django.contrib.auth.models import AnonymousUser
+
+    run = make_run(owner)
+    assert selectors.get_run_for_user(owner, run.pk) == run
+    assert selectors.get_run_for_user(staff_user, run.pk) == run
+    with pytest.raises(Run.DoesNotExist):
+        selectors.get_run_for_user(other_user, run.pk)
+    assert not selectors.runs_visible_to(AnonymousUser()).exists()

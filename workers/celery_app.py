@@ -1,0 +1,130 @@
+"""The Celery app of the run workers: queues `cpu` and `gpu`, Django settings, heartbeats.
+
+Start a worker (see the Makefile and docker-compose.yml):
+
+    celery -A workers.celery_app worker -Q cpu -P threads -c 2
+    celery -A workers.celery_app worker -Q gpu -P threads -c 1
+
+Why `-P threads`: a task only supervises its run's subprocess group (`workers/supervisor.py`)
+and waits on I/O, so threads are enough; the child gets SIGTERM through PR_SET_PDEATHSIG
+when the worker process dies, which is tied to the process that started it (with prefork
+that would be a pool child Celery may recycle); and the heartbeat thread below lives in
+the same process as the runs it vouches for, so a killed worker stops both at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+import django
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
+django.setup()
+
+from django.conf import settings  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+app = Celery("inflight")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_queues = (Queue("cpu"), Queue("gpu"))
+app.conf.task_default_queue = "cpu"
+app.conf.broker_connection_retry_on_startup = True
+# A run can last hours: the broker must not hand an unacknowledged run to another worker
+# while the first still supervises it (acks_late + Redis visibility timeout).
+app.conf.broker_transport_options = {"visibility_timeout": 7 * 24 * 3600}
+app.conf.worker_hijack_root_logger = False
+app.autodiscover_tasks(["workers"], related_name="tasks", force=True)
+
+
+def gpu_inventory() -> list[dict[str, object]]:
+    """GPUs of this node through NVML; [] where there is no NVIDIA driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    gpus = []
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "memory_total_mb": int(memory.total // 2**20),
+                    "memory_used_mb": int(memory.used // 2**20),
+                    "utilization": int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                }
+            )
+    finally:
+        pynvml.nvmlShutdown()
+    return gpus
+
+
+class Heartbeat:
+    """Records this worker every `interval_s` and marks runs of silent workers `lost`."""
+
+    def __init__(self, worker_name: str, queues: list[str], interval_s: float) -> None:
+        self.worker_name = worker_name
+        self.queues = queues
+        self.interval_s = interval_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.loop, name="inflight-heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        from django.db import close_old_connections
+
+        from inflight.runs import services
+
+        close_old_connections()
+        try:
+            services.record_heartbeat(
+                self.worker_name,
+                hostname=socket.gethostname(),
+                queues=self.queues,
+                gpus=gpu_inventory(),
+                cpu_count=os.cpu_count() or 0,
+                pid=os.getpid(),
+            )
+            lost = services.mark_lost_runs()
+            if lost:
+                logger.warning("runs %s marked lost: their workers stopped sending heartbeats", lost)
+        finally:
+            close_old_connections()
+
+    def loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - the database may be briefly away; beat again next time
+                logger.warning("heartbeat failed", exc_info=True)
+            self.stopped.wait(self.interval_s)
+
+
+_heartbeat: Heartbeat | None = None
+
+
+@worker_ready.connect
+def start_heartbeat(sender, **_: object) -> None:
+    global _heartbeat
+    queues = sorted(queue.name for queue in sender.app.amqp.queues.consume_from.values())
+    _heartbeat = Heartbeat(sender.hostname, queues, settings.INFLIGHT_HEARTBEAT_INTERVAL_S)
+    _heartbeat.thread.start()
+
+
+@worker_shutdown.connect
+def stop_heartbeat(**_: object) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stopped.set()

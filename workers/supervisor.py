@@ -1,0 +1,293 @@
+"""Run one `python -m rl_core run` as a subprocess group and tail its run directory.
+
+No Django here: what the files say is handed to a `Reporter` (the Celery task's adapter
+onto the platform's services). The files are the buffer: a tail's offset only moves past
+lines the reporter accepted, so if the database is briefly away, those lines are read and
+delivered again on a later poll — nothing the run logged is lost.
+
+Order of a supervision, as `supervise()` runs it:
+1. write the submitted config, start the child in its own session (process group);
+2. every `poll_s` (250 ms, which also coalesces live pushes to at most 4 per second):
+   deliver new complete lines of metrics.jsonl and evals.jsonl, report status.json changes,
+   and ask whether the run was cancelled — if so SIGTERM the group, SIGKILL after a timeout;
+3. when the child has exited: drain the files, kill any straggler of the group, and decide the
+   final status from status.json and the exit code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+EVALS_FILE = "evals.jsonl"
+SUBMITTED_CONFIG_FILE = "submitted_config.yaml"
+SUPERVISOR_LOG = "logs/supervisor_child.log"
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+class Reporter(Protocol):
+    """Where supervision results go. Any method may raise (e.g. the database is away): the
+    supervisor keeps what it could not deliver and tries again on the next poll."""
+
+    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        """Records of metrics.jsonl with their 0-based line numbers (the idempotency key)."""
+
+    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None: ...
+
+    def running(self, pid: int) -> None:
+        """The child reported `running` in status.json."""
+
+    def cancel_requested(self) -> bool: ...
+
+
+@dataclass
+class Outcome:
+    status: str  # succeeded | failed | cancelled
+    error: str = ""
+    exit_code: int | None = None
+
+
+@dataclass
+class JsonlTail:
+    """Complete lines appended to a JSONL file since the last delivered one."""
+
+    path: Path
+    offset: int = 0  # byte offset just past the last delivered line
+    line_no: int = 0  # 0-based number of the next line at `offset`
+    bad_lines: int = 0
+
+    def peek(self, max_lines: int = 20000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
+        """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read(16 * 1024 * 1024)
+        except FileNotFoundError:
+            return [], self.offset, self.line_no
+        records: list[tuple[int, dict[str, Any]]] = []
+        offset, line_no = self.offset, self.line_no
+        start = 0
+        while len(records) < max_lines:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break  # a torn last line: wait until the writer finishes it
+            raw = chunk[start:end]
+            try:
+                record = json.loads(raw)
+                if isinstance(record, dict):
+                    records.append((line_no, record))
+                else:
+                    self.bad_lines += 1
+            except ValueError:
+                self.bad_lines += 1
+                logger.warning("%s line %d is not JSON; skipped", self.path.name, line_no)
+            line_no += 1
+            start = end + 1
+            offset = self.offset + start
+        return records, offset, line_no
+
+    def commit(self, offset: int, line_no: int) -> None:
+        self.offset, self.line_no = offset, line_no
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / STATUS_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None  # not written yet (or mid-rename on an odd filesystem): ask again next poll
+    return data if isinstance(data, dict) else None
+
+
+def read_problem_rows(run_dir: Path, results_file: str | None) -> list[dict[str, Any]]:
+    if not results_file:
+        return []
+    path = (run_dir / results_file).resolve()
+    if run_dir.resolve() not in path.parents:
+        raise ValueError(f"results_file {results_file!r} points outside the run directory")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the supervising worker dies (no orphaned runs)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class RunSupervisor:
+    run_dir: Path
+    config_yaml: str
+    command_prefix: list[str]  # e.g. [python, "-m", "rl_core"]; `run CONFIG --out DIR` is appended
+    reporter: Reporter
+    cwd: Path
+    poll_s: float = 0.25
+    cancel_poll_s: float = 1.0
+    term_timeout_s: float = 20.0
+    drain_timeout_s: float = 120.0  # after exit: how long to keep retrying undelivered lines
+    env: dict[str, str] | None = None
+    process: subprocess.Popen | None = field(default=None, init=False)
+    metrics_tail: JsonlTail = field(init=False)
+    evals_tail: JsonlTail = field(init=False)
+    reported_running: bool = field(default=False, init=False)
+    cancel_sent_at: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+        self.metrics_tail = JsonlTail(self.run_dir / METRICS_FILE)
+        self.evals_tail = JsonlTail(self.run_dir / EVALS_FILE)
+
+    # -------------------------------------------------------------- 1. start
+
+    def start(self) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        config_path = self.run_dir / SUBMITTED_CONFIG_FILE
+        config_path.write_text(self.config_yaml)
+        command = [*self.command_prefix, "run", str(config_path), "--out", str(self.run_dir)]
+        log = open(self.run_dir / SUPERVISOR_LOG, "ab")
+        try:
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: one signal reaches all its children
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+        logger.info("run dir %s: started pid %d: %s", self.run_dir, self.process.pid, " ".join(command))
+        return self.process.pid
+
+    # -------------------------------------------------------------- 2. watch
+
+    def deliver(self) -> bool:
+        """Hand new lines to the reporter; True when everything written so far is delivered."""
+        delivered_all = True
+        try:
+            records, offset, line_no = self.metrics_tail.peek()
+            if records:
+                self.reporter.metrics(records)
+            self.metrics_tail.commit(offset, line_no)
+        except Exception:  # noqa: BLE001 - undelivered lines stay in the file; retried next poll
+            logger.warning("metrics delivery failed; will retry from line %d", self.metrics_tail.line_no, exc_info=True)
+            delivered_all = False
+        try:
+            # One evaluation at a time: a failure re-sends only the ones not yet stored.
+            while True:
+                records, offset, line_no = self.evals_tail.peek(max_lines=1)
+                for eval_line_no, record in records:
+                    try:
+                        rows = read_problem_rows(self.run_dir, record.get("results_file"))
+                        self.reporter.evaluation(eval_line_no, record, rows)
+                    except (ValueError, KeyError, TypeError, OSError) as exc:
+                        # Malformed for good (retrying cannot fix it): skip it, say which line.
+                        logger.error("evals.jsonl line %d skipped: %s", eval_line_no, exc)
+                self.evals_tail.commit(offset, line_no)
+                if not records:
+                    break
+        except Exception:  # noqa: BLE001
+            logger.warning("eval delivery failed; will retry from line %d", self.evals_tail.line_no, exc_info=True)
+            delivered_all = False
+        return delivered_all
+
+    def check_status(self) -> None:
+        if self.reported_running:
+            return
+        status = read_status(self.run_dir)
+        if status and status.get("state") == "running":
+            try:
+                self.reporter.running(int(status.get("pid") or self.process.pid))
+                self.reported_running = True
+            except Exception:  # noqa: BLE001
+                logger.warning("could not report running; will retry", exc_info=True)
+
+    def signal_group(self, sig: int) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def cancel(self) -> None:
+        if self.cancel_sent_at is None:
+            logger.info("run dir %s: cancel requested, SIGTERM to group %d", self.run_dir, self.process.pid)
+            self.cancel_sent_at = time.monotonic()
+            self.signal_group(signal.SIGTERM)
+        elif time.monotonic() - self.cancel_sent_at > self.term_timeout_s:
+            logger.warning("run dir %s: still alive %.0fs after SIGTERM; SIGKILL", self.run_dir, self.term_timeout_s)
+            self.signal_group(signal.SIGKILL)
+
+    def _cancel_requested(self) -> bool:
+        try:
+            return self.reporter.cancel_requested()
+        except Exception:  # noqa: BLE001 - cannot tell now; ask again on the next poll
+            logger.warning("could not read the cancel flag", exc_info=True)
+            return False
+
+    # -------------------------------------------------------------- 3. finish
+
+    def supervise(self) -> Outcome:
+        if self.process is None:
+            self.start()
+        assert self.process is not None
+        next_cancel_check = 0.0
+        while self.process.poll() is None:
+            self.deliver()
+            self.check_status()
+            now = time.monotonic()
+            if self.cancel_sent_at is not None or (now >= next_cancel_check and self._cancel_requested()):
+                self.cancel()
+            if now >= next_cancel_check:
+                next_cancel_check = now + self.cancel_poll_s
+            time.sleep(self.poll_s)
+        exit_code = self.process.returncode
+        # The launcher should have stopped its children; anything left in the group is an orphan.
+        self.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + self.drain_timeout_s
+        while not self.deliver() and time.monotonic() < deadline:
+            time.sleep(min(2.0, self.poll_s * 4))
+        return self.outcome(exit_code)
+
+    def outcome(self, exit_code: int | None) -> Outcome:
+        status = read_status(self.run_dir) or {}
+        state = status.get("state")
+        error = status.get("error") or ""
+        if self.cancel_sent_at is not None:
+            return Outcome("cancelled", "", exit_code)
+        if state in FINAL_STATES and not (state == "succeeded" and exit_code != 0):
+            return Outcome(state, error if state != "succeeded" else "", exit_code)
+        if exit_code == 0 and state is None:
+            return Outcome("failed", "the run exited without writing status.json", exit_code)
+        reason = f"exited with code {exit_code}" if exit_code is None or exit_code >= 0 else f"killed by signal {-exit_code}"
+        tail = self.log_tail()
+        return Outcome("failed", f"{error or 'the run ' + reason}" + (f"\n--- last log lines ---\n{tail}" if tail else ""), exit_code)
+
+    def log_tail(self, max_chars: int = 2000) -> str:
+        try:
+            data = (self.run_dir / SUPERVISOR_LOG).read_bytes()[-max_chars:]
+        except FileNotFoundError:
+            return ""
+        return data.decode(errors="replace").strip()
