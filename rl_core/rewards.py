@@ -11,10 +11,13 @@ A response without `\\boxed{}` scores 0 without ever reaching the worker.
 from __future__ import annotations
 
 import atexit
-import multiprocessing
-import multiprocessing.connection
+import json
 import os
+import select
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -85,95 +88,131 @@ def _normalise(text: str) -> str:
     return "".join(text.split()).replace("\\left", "").replace("\\right", "").replace("\\!", "").rstrip(".")
 
 
-def _worker_loop(connection: multiprocessing.connection.Connection) -> None:
-    # One thread: the parent (trainer/actor) owns the cores.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    while True:
+def _worker_main() -> None:
+    """The worker process: one JSON request per stdin line, one JSON verdict per stdout line."""
+    import json
+    import sys
+
+    import math_verify  # noqa: F401  (import before announcing readiness: checks are timed from here on)
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
         try:
-            request = connection.recv()
-        except (EOFError, OSError):
-            return
-        if request is None:
-            return
-        extracted, reference = request
-        try:
-            connection.send(_verify(extracted, reference))
+            extracted, reference = json.loads(line)
+            verdict = _verify(extracted, reference)
         except Exception:  # a parse failure is a wrong answer, never a crash
-            connection.send(False)
+            verdict = False
+        sys.stdout.write("1\n" if verdict else "0\n")
+        sys.stdout.flush()
+
+
+class _Worker:
+    """A `python -c` child (not multiprocessing: that would re-import the caller's __main__)."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from rl_core.rewards import _worker_main; _worker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            bufsize=0,
+        )
+        self.warm = False  # True once it has imported sympy/math-verify and said "ready"
+        self._buffer = b""
+
+    def _read_line(self, timeout_s: float) -> bytes | None:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.process.stdout], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 64)
+            if not chunk:
+                raise EOFError("verifier worker exited")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.strip()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        if not self.warm:
+            self.warm = self._read_line(timeout_s) == b"ready"
+        return self.warm
+
+    def ask(self, extracted: str, reference: str, timeout_s: float) -> bool | None:
+        """The verdict, or None if no answer came within `timeout_s` (the caller then kills us)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps([extracted, reference]) + "\n").encode())
+        self.process.stdin.flush()
+        line = self._read_line(timeout_s)
+        return None if line is None else line == b"1"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=5)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
 
 
 class VerifierPool:
     """Persistent verifier processes, one request at a time each, with a deadline per check."""
 
+    # Importing sympy + math-verify in a fresh worker takes seconds on a busy machine; that start-up
+    # is not a check's fault, so it has its own limit and a check's deadline starts after it.
+    STARTUP_GRACE_S = 60.0
+
     def __init__(self, num_workers: int = 1) -> None:
-        self._context = multiprocessing.get_context("spawn")  # fork is unsafe with torch threads
-        self._idle: list[tuple[Any, Any]] = []
+        self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._available = threading.Semaphore(num_workers)
         self.num_workers = num_workers
         self.timeouts = 0
-
-    def _start_worker(self) -> tuple[Any, Any]:
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=_worker_loop, args=(child,), daemon=True, name="inflight-verifier")
-        process.start()
-        child.close()
-        return process, parent
 
     def check(self, extracted: str, reference: str, timeout_s: float) -> tuple[bool, bool]:
         """(correct, timed_out)."""
         with self._available:
             with self._lock:
                 worker = self._idle.pop() if self._idle else None
-            if worker is None or not worker[0].is_alive():
-                worker = self._start_worker()
-            process, connection = worker
+            if worker is None or worker.process.poll() is not None:
+                worker = _Worker()
             try:
-                connection.send((extracted, reference))
-                # The first check of a fresh worker also imports sympy/math-verify (a few seconds):
-                # that start-up is not the check's fault, so it gets extra time once.
-                ready = connection.poll(timeout_s if getattr(process, "_warm", False) else timeout_s + 30.0)
-                if ready:
-                    correct = bool(connection.recv())
-                    process._warm = True  # type: ignore[attr-defined]
-                    with self._lock:
-                        self._idle.append(worker)
-                    return correct, False
-            except (EOFError, OSError, BrokenPipeError):
-                self._discard(worker)
+                if not worker.wait_ready(self.STARTUP_GRACE_S):
+                    raise OSError("verifier worker did not start")
+                verdict = worker.ask(extracted, reference, timeout_s)
+            except (EOFError, OSError):
+                worker.kill()
                 return False, False
-            self._discard(worker)
+            if verdict is None:
+                worker.kill()  # it may be stuck in sympy forever: replace it (importing starts now)
+                with self._lock:
+                    self.timeouts += 1
+                    self._idle.append(_Worker())
+                return False, True
             with self._lock:
-                self.timeouts += 1
-            return False, True
+                self._idle.append(worker)
+            return verdict, False
 
     def warm_up(self) -> None:
         """Start and import every worker now rather than on the first real check."""
-        threads = [threading.Thread(target=self.check, args=("1", "1", 60.0)) for _ in range(self.num_workers)]
+        threads = [threading.Thread(target=self.check, args=("x+1", "1+x", 5.0)) for _ in range(self.num_workers)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
 
-    @staticmethod
-    def _discard(worker: tuple[Any, Any]) -> None:
-        process, connection = worker
-        process.kill()
-        process.join(timeout=5)
-        connection.close()
-
     def close(self) -> None:
         with self._lock:
             workers, self._idle = self._idle, []
-        for process, connection in workers:
-            try:
-                connection.send(None)
-            except OSError:
-                pass
-            process.join(timeout=2)
-            if process.is_alive():
-                process.kill()
-            connection.close()
+        for worker in workers:
+            worker.kill()
 
 
 _default_pool: VerifierPool | None = None
@@ -191,8 +230,8 @@ def default_pool() -> VerifierPool:
 
 def _fast_path(extracted: str, reference: str) -> bool | None:
     """Plain integers/decimals compare exactly without sympy (most synthetic and AIME/GSM8K answers)."""
-    a = extracted.replace(",", "").replace("\\!", "").strip().strip("$").strip()
-    b = reference.replace(",", "").strip().strip("$").strip()
+    a = extracted.replace("\\!", "").replace(",", "").strip().strip("$").strip()
+    b = reference.replace("\\!", "").replace(",", "").strip().strip("$").strip()
     try:
         if a == b:
             return True
