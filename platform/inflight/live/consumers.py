@@ -1,0 +1,111 @@
+"""WebSocket `ws/runs/<id>/`: live metric batches, status and eval scores of one run.
+
+The consumer accepts first and then closes with an application code, so the
+browser can tell "sign in" (4401) from "not yours" (4403) and stops reconnecting.
+Ingest already batches points; the consumer additionally coalesces bursts so a
+client gets at most ~4 metric pushes a second (a slow tab is not flooded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from inflight.runs.models import Run
+from inflight.runs.selectors import get_run_for_user
+from inflight.runs.services import run_group
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+# Seconds between two metric pushes to one client.
+PUSH_INTERVAL_S = 0.25
+
+
+def coalesce_batches(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge pending `metrics.batch` events into as few pushes as possible without hiding a gap.
+
+    Only consecutive seqs are merged (`from_seq..seq`); a missing batch splits the
+    pushes so the client notices the gap and refetches its snapshot.
+    """
+    pushes: list[dict[str, Any]] = []
+    for batch in sorted(batches, key=lambda event: int(event["seq"])):
+        seq = int(batch["seq"])
+        first = int(batch.get("from_seq", seq))
+        last_push = pushes[-1] if pushes else None
+        if last_push is not None and first <= last_push["seq"] + 1:
+            last_push["points"].extend(batch["points"])
+            last_push["seq"] = max(last_push["seq"], seq)
+        else:
+            pushes.append({"type": "metrics.batch", "from_seq": first, "seq": seq, "points": list(batch["points"])})
+    return pushes
+
+
+def _visible_run_id(user: Any, run_id: int) -> int | None:
+    try:
+        return get_run_for_user(user, run_id).pk
+    except Run.DoesNotExist:
+        return None
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        self.group: str | None = None
+        self.pending: list[dict[str, Any]] = []
+        self.flush_task: asyncio.Task[None] | None = None
+        self.last_push = 0.0
+        user = self.scope.get("user")
+        await self.accept()
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if await database_sync_to_async(_visible_run_id)(user, run_id) is None:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        self.group = run_group(run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.send_json({"type": "hello", "run_id": run_id})
+
+    async def disconnect(self, code: int) -> None:
+        if self.flush_task is not None:
+            self.flush_task.cancel()
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        # The socket is push-only; a client message is answered, not acted on.
+        await self.send_json({"type": "error", "message": "this socket only pushes updates; nothing is accepted from clients"})
+
+    # ---- group events (type "metrics.batch" → method metrics_batch)
+
+    async def metrics_batch(self, event: dict[str, Any]) -> None:
+        self.pending.append(event)
+        if self.flush_task is None:
+            delay = max(0.0, self.last_push + PUSH_INTERVAL_S - asyncio.get_running_loop().time())
+            self.flush_task = asyncio.ensure_future(self._flush_after(delay))
+
+    async def _flush_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self.flush_task = None
+        await self._flush()
+
+    async def _flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for push in coalesce_batches(pending):
+            await self.send_json(push)
+        if pending:
+            self.last_push = asyncio.get_running_loop().time()
+
+    async def run_status(self, event: dict[str, Any]) -> None:
+        # Points logged before the status change go out first.
+        if self.flush_task is not None:
+            self.flush_task.cancel()
+            self.flush_task = None
+        await self._flush()
+        await self.send_json({key: event.get(key) for key in ("type", "run_id", "status", "error")})
+
+    async def eval_score(self, event: dict[str, Any]) -> None:
+        await self.send_json(dict(event))

@@ -1,0 +1,77 @@
+"""Small display filters of the pages: durations, figures, status badges."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django import template
+from django.utils import timezone
+
+register = template.Library()
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """`3725.0` → `1h 02m`; `42` → `42s`."""
+    if seconds is None:
+        return "—"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+@register.filter
+def figure(value: Any, digits: int = 3) -> str:
+    """A number with `digits` significant digits, or an em dash for missing."""
+    if value is None or value == "":
+        return "—"
+    try:
+        return f"{float(value):.{int(digits)}g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def percent(value: Any) -> str:
+    if value is None:
+        return "—"
+    return f"{100 * float(value):.1f}%"
+
+
+@register.filter
+def age(moment: datetime | None) -> str:
+    """Seconds/minutes since `moment`, e.g. `12s ago`."""
+    if moment is None:
+        return "—"
+    return duration((timezone.now() - moment).total_seconds()) + " ago"
+
+
+@register.filter
+def get_item(mapping: Any, key: Any) -> Any:
+    try:
+        return mapping[key]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+@register.filter
+def as_text(value: Any) -> str:
+    """Config values in the diff table: JSON-ish for lists/dicts, plain otherwise."""
+    import json
+
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    if value is None:
+        return "null"
+    return str(value)
+
+
+@register.inclusion_tag("inflight/_status.html")
+def status_badge(status: str, run_id: int | None = None) -> dict[str, Any]:
+    return {"status": status, "run_id": run_id}

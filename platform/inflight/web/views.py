@@ -1,0 +1,326 @@
+"""Pages and their JSON endpoints. Reads go through selectors, writes through services.
+
+Login is required everywhere. A run that the user may not see answers 404 (its
+existence is not revealed); JSON endpoints answer 401 with a message instead of
+redirecting to the login page.
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+from typing import Any, Callable
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from pydantic import ValidationError
+
+from inflight.live.selectors import run_snapshot
+from inflight.runs.models import Run
+from inflight.runs.selectors import get_run_for_user, leaderboard_rows, runs_visible_to, workers_with_liveness
+from inflight.runs.services import IllegalTransition, InvalidRunConfig, create_run, request_cancel
+from inflight.web.charts import CHART_GROUPS
+from inflight.web.config_form import (
+    available_presets,
+    build_sections,
+    config_from_post,
+    load_preset,
+    parse_yaml_config,
+    resolved_values,
+)
+from inflight.web.selectors import config_diff, latest_evaluations, status_rows
+
+from rl_core.config import RunConfig, config_to_yaml, field_errors
+
+MAX_COMPARED_RUNS = 8
+MAX_SHIFT = 40
+
+
+def _error_page(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    return render(request, "inflight/error.html", {"status": status, "message": message}, status=status)
+
+
+def _json_error(status: int, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"message": message}}, status=status)
+
+
+def json_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return _json_error(401, "sign in to read this run")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _visible_run(request: HttpRequest, run_id: int) -> Run | None:
+    try:
+        return get_run_for_user(request.user, run_id)
+    except Run.DoesNotExist:
+        return None
+
+
+# ---------------------------------------------------------------- runs list
+
+
+@login_required
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    runs = list(runs_visible_to(request.user)[:200])
+    return render(request, "inflight/run_list.html", {"runs": runs})
+
+
+@json_login_required
+@require_GET
+def runs_status_json(request: HttpRequest) -> HttpResponse:
+    """Status of the listed runs (`?ids=1,2,3`) the user may see; the runs list polls this."""
+    raw = request.GET.get("ids", "")
+    try:
+        ids = [int(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        return _json_error(400, f"ids: expected comma-separated run ids, got {raw[:80]!r}")
+    if len(ids) > 500:
+        return _json_error(400, "ids: at most 500 runs per request")
+    runs = runs_visible_to(request.user).filter(pk__in=ids)
+    return JsonResponse({"runs": status_rows(runs)})
+
+
+# ---------------------------------------------------------------- create
+
+
+def _create_context(values: dict[str, Any], errors: dict[str, list[str]], raw: dict[str, str], yaml_text: str, tab: str, preset: str) -> dict[str, Any]:
+    top_fields, sections, general_errors = build_sections(values, errors, raw)
+    return {
+        "general_errors": general_errors,
+        "top_fields": top_fields,
+        "sections": sections,
+        "presets": available_presets(),
+        "preset": preset,
+        "yaml_text": yaml_text,
+        "tab": tab,
+    }
+
+
+def _schema_errors(data: dict[str, Any]) -> dict[str, list[str]]:
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as exc:
+        return field_errors(exc)
+    return {}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_create(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        preset = request.GET.get("preset", "")
+        data: dict[str, Any] = {}
+        if preset:
+            try:
+                data = load_preset(preset)
+            except ValueError as exc:
+                return _error_page(request, 400, str(exc))
+        values = resolved_values(data)
+        context = _create_context(values, {}, {}, config_to_yaml(RunConfig.model_validate(values)), "form", preset)
+        return render(request, "inflight/run_create.html", context)
+
+    tab = "yaml" if request.POST.get("mode") == "yaml" else "form"
+    yaml_text = request.POST.get("config_yaml", "")
+    raw: dict[str, str] = {}
+    if tab == "yaml":
+        data, problem = parse_yaml_config(yaml_text)
+        errors: dict[str, list[str]] = {"config": [problem]} if problem else {}
+        data = data or {}
+    else:
+        data, errors, raw = config_from_post(request.POST)
+        yaml_text = ""
+    if not errors:
+        try:
+            run = create_run(request.user, "", data)
+        except InvalidRunConfig as exc:
+            errors = exc.errors
+        else:
+            messages.success(request, f"Run #{run.pk} “{run.name}” queued on the {run.queue} queue.")
+            return redirect("web:run_detail", run_id=run.pk)
+    else:
+        # Also show what the schema says about the fields that did parse.
+        for path, items in _schema_errors(data).items():
+            errors.setdefault(path, items)
+    values = resolved_values(data)
+    if tab == "form":
+        yaml_text = yaml.safe_dump(values, sort_keys=False)
+    context = _create_context(values, errors, raw, yaml_text, tab, request.POST.get("preset", ""))
+    context["yaml_errors"] = [f"{path}: {m}" if path != "config" else m for path, items in errors.items() for m in items] if tab == "yaml" else []
+    return render(request, "inflight/run_create.html", context, status=400)
+
+
+# ---------------------------------------------------------------- one run
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _visible_run(request, run_id)
+    if run is None:
+        return _error_page(request, 404, f"Run #{run_id} does not exist or is not yours.")
+    evaluations = latest_evaluations(run)
+    eval_points = [
+        {"benchmark": item["benchmark"], "step": score.step, "mean_at_k": score.mean_at_k, "pass_at_k": score.pass_at_k, "k": score.k}
+        for item in evaluations
+        for score in item["history"]
+    ]
+    page = {
+        "run_id": run.pk,
+        "status": run.status,
+        "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
+        "status_url": reverse("web:run_status", args=[run.pk]),
+        "ws_path": f"/ws/runs/{run.pk}/",
+        "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1),
+        "charts": CHART_GROUPS,
+        "evals": eval_points,
+    }
+    return render(
+        request,
+        "inflight/run_detail.html",
+        {
+            "run": run,
+            "page": page,
+            "config_yaml": json_to_yaml(run.config),
+            "evaluations": evaluations,
+            "can_stop": not run.is_terminal and run.status != "cancelling",
+        },
+    )
+
+
+def json_to_yaml(config: Any) -> str:
+    return yaml.safe_dump(config or {}, sort_keys=False)
+
+
+@json_login_required
+@require_GET
+def run_snapshot_json(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Downsampled series up to `seq` (`?names=a,b` to filter, `?min_shift=k` for a coarser grid)."""
+    run = _visible_run(request, run_id)
+    if run is None:
+        return _json_error(404, f"run {run_id} does not exist or is not yours")
+    names = None
+    if "names" in request.GET:
+        names = [name for name in request.GET["names"].split(",") if name]
+        if any(len(name) > 120 for name in names):
+            return _json_error(400, "names: a metric name is at most 120 characters")
+    try:
+        min_shift = int(request.GET.get("min_shift", "0"))
+    except ValueError:
+        return _json_error(400, f"min_shift: expected an integer, got {request.GET['min_shift'][:40]!r}")
+    if not 0 <= min_shift <= MAX_SHIFT:
+        return _json_error(400, f"min_shift: must be between 0 and {MAX_SHIFT}")
+    snapshot = run_snapshot(run, names=names, min_shift=min_shift)
+    snapshot["status"] = run.status
+    return JsonResponse(snapshot)
+
+
+@json_login_required
+@require_GET
+def run_status_json(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _visible_run(request, run_id)
+    if run is None:
+        return _json_error(404, f"run {run_id} does not exist or is not yours")
+    return JsonResponse(status_rows([run])[0])
+
+
+@login_required
+@require_POST
+def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _visible_run(request, run_id)
+    if run is None:
+        return _error_page(request, 404, f"Run #{run_id} does not exist or is not yours.")
+    try:
+        run = request_cancel(run, request.user)
+    except PermissionDenied as exc:
+        return _error_page(request, 403, str(exc))
+    except IllegalTransition as exc:
+        messages.error(request, f"Nothing to stop: {exc}.")
+        return redirect("web:run_detail", run_id=run_id)
+    messages.info(request, f"Stop requested; the run is {run.status}.")
+    return redirect("web:run_detail", run_id=run_id)
+
+
+# ---------------------------------------------------------------- compare, leaderboard, workers
+
+
+@login_required
+@require_GET
+def compare(request: HttpRequest) -> HttpResponse:
+    raw_ids = [part for value in request.GET.getlist("runs") for part in value.split(",") if part.strip()]
+    try:
+        ids = list(dict.fromkeys(int(part) for part in raw_ids))
+    except ValueError:
+        return _error_page(request, 400, f"runs: expected run ids, got {', '.join(raw_ids)[:80]!r}")
+    if len(ids) > MAX_COMPARED_RUNS:
+        return _error_page(request, 400, f"runs: compare at most {MAX_COMPARED_RUNS} runs at once")
+    visible = {run.pk: run for run in runs_visible_to(request.user).filter(pk__in=ids)}
+    unknown = [run_id for run_id in ids if run_id not in visible]
+    if unknown:
+        return _error_page(request, 404, f"Run(s) {', '.join(f'#{i}' for i in unknown)} do not exist or are not yours.")
+    runs = [visible[run_id] for run_id in ids]
+    page = {
+        "runs": [
+            {"id": run.pk, "name": run.name, "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
+             "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1)}
+            for run in runs
+        ],
+    }
+    return render(
+        request,
+        "inflight/compare.html",
+        {
+            "runs": runs,
+            "choices": list(runs_visible_to(request.user)[:200]),
+            "selected": set(ids),
+            "diff": config_diff(runs) if len(runs) > 1 else [],
+            "page": page,
+        },
+    )
+
+
+LEADERBOARD_COLUMNS = [
+    ("aime24_best", "AIME24 best"),
+    ("aime24_last", "AIME24 last"),
+    ("math500_best", "MATH-500 best"),
+    ("math500_last", "MATH-500 last"),
+    ("success_best", "Success best"),
+    ("success_last", "Success last"),
+    ("throughput", "Tokens/s"),
+    ("wall_time_s", "Wall time"),
+]
+
+
+@login_required
+@require_GET
+def leaderboard(request: HttpRequest) -> HttpResponse:
+    sort = request.GET.get("sort", "-aime24_best")
+    try:
+        rows = leaderboard_rows(request.user, sort)
+    except ValueError as exc:
+        return _error_page(request, 400, f"sort: {exc}")
+    key = sort.lstrip("-")
+    columns = [
+        {"key": column, "label": label, "active": column == key, "descending": sort.startswith("-"),
+         # Clicking the active column flips its direction; another column starts descending
+         # (wall time ascending: shorter is better).
+         "next": (column if sort.startswith("-") else f"-{column}") if column == key else (column if column == "wall_time_s" else f"-{column}")}
+        for column, label in LEADERBOARD_COLUMNS
+    ]
+    return render(request, "inflight/leaderboard.html", {"rows": rows, "columns": columns, "sort": sort})
+
+
+@login_required
+@require_GET
+def workers(request: HttpRequest) -> HttpResponse:
+    return render(request, "inflight/workers.html", {"workers": workers_with_liveness()})

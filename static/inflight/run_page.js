@@ -1,0 +1,207 @@
+// Run page: a downsampled snapshot, then live pushes over ws/runs/<id>/.
+// Pushes that arrive while the snapshot loads are buffered and applied after it;
+// those the snapshot already covers (seq <= snapshot seq) are ignored; a gap or a
+// reconnect refetches the snapshot.
+(function () {
+  "use strict";
+  var D = window.InflightDownsample;
+  var C = window.InflightCharts;
+  var page = JSON.parse(document.getElementById("page-data").textContent);
+  var TERMINAL = ["succeeded", "failed", "cancelled", "lost"];
+  var chartsEl = document.getElementById("charts");
+  var state = null;
+  var loading = false;
+  var buffered = [];
+  var renderTimer = null;
+  var plots = {}; // chart id -> plot div
+  var evals = page.evals.slice();
+  var status = page.status;
+  var socket = null;
+  var retryMs = 1000;
+  var controls = C.bindControls(scheduleRender);
+
+  // ---- snapshot + pushes
+
+  function refetch() {
+    loading = true;
+    return fetch(page.snapshot_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) throw new Error("snapshot: HTTP " + response.status);
+        return response.json();
+      })
+      .then(function (snapshot) {
+        state = D.State.fromSnapshot(snapshot);
+        loading = false;
+        var pending = buffered;
+        buffered = [];
+        pending.forEach(applyPush);
+        scheduleRender();
+      })
+      .catch(function (error) {
+        loading = false;
+        setLive("error", String(error));
+        setTimeout(refetch, 3000);
+      });
+  }
+
+  function applyPush(message) {
+    if (loading || state === null) {
+      buffered.push(message);
+      return;
+    }
+    var outcome = state.applyBatch(message);
+    if (outcome === "gap") refetch();
+    else if (outcome === "applied") scheduleRender();
+  }
+
+  function connect() {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    socket = new WebSocket(scheme + location.host + page.ws_path);
+    socket.onopen = function () {
+      retryMs = 1000;
+      setLive("live", "live");
+      refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
+    };
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.type === "metrics.batch") applyPush(message);
+      else if (message.type === "run.status") setStatus(message.status, message.error);
+      else if (message.type === "eval.score") { evals.push(message); scheduleRender(); }
+    };
+    socket.onclose = function (event) {
+      if (event.code === 4401 || event.code === 4403) { setLive("off", "not allowed"); return; }
+      if (TERMINAL.indexOf(status) >= 0) { setLive("off", "finished"); return; }
+      setLive("off", "reconnecting");
+      setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 15000);
+    };
+  }
+
+  // ---- status
+
+  function setLive(kind, text) {
+    var el = document.getElementById("live-indicator");
+    el.className = "live live-" + kind;
+    document.getElementById("live-text").textContent = text;
+  }
+
+  function setStatus(newStatus, error) {
+    status = newStatus;
+    var holder = document.getElementById("run-status");
+    holder.dataset.status = newStatus;
+    holder.innerHTML = '<span class="status status-' + newStatus + '">' + newStatus + "</span>";
+    var finished = TERMINAL.indexOf(newStatus) >= 0;
+    if (finished || newStatus === "cancelling") document.getElementById("stop-form").classList.add("hidden");
+    if (error) {
+      var box = document.getElementById("run-error");
+      box.classList.remove("hidden");
+      box.querySelector("pre").textContent = error;
+    }
+  }
+
+  function pollStatus() {
+    fetch(page.status_url, { credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (row) {
+        if (!row) return;
+        if (row.status !== status) setStatus(row.status, row.error);
+        var wall = document.getElementById("run-walltime");
+        if (row.wall_time_s !== null) wall.textContent = formatDuration(row.wall_time_s);
+      })
+      .finally(function () { if (TERMINAL.indexOf(status) < 0) setTimeout(pollStatus, 5000); });
+  }
+
+  function formatDuration(s) {
+    s = Math.floor(s);
+    if (s < 60) return s + "s";
+    var m = Math.floor(s / 60); s = s % 60;
+    if (m < 60) return m + "m " + String(s).padStart(2, "0") + "s";
+    return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
+  }
+
+  // ---- charts
+
+  function groupOf(name) {
+    for (var i = 0; i < page.charts.length; i++) {
+      var group = page.charts[i];
+      for (var j = 0; j < group.patterns.length; j++) {
+        if (new RegExp(group.patterns[j]).test(name)) return group;
+      }
+    }
+    var prefix = name.indexOf("/") > 0 ? name.slice(0, name.indexOf("/")) : name;
+    return { id: "more-" + prefix.replace(/[^a-z0-9_-]/gi, "_"), title: prefix, y: "value" };
+  }
+
+  function plotFor(group) {
+    if (!plots[group.id]) plots[group.id] = C.chartCard(chartsEl, group.id, group.title);
+    return plots[group.id];
+  }
+
+  function scheduleRender() {
+    if (renderTimer === null) renderTimer = setTimeout(render, 250);
+  }
+
+  function render() {
+    renderTimer = null;
+    if (state === null) return;
+    var ctx = { t0: C.firstTime(state), samplesPerStep: page.samples_per_step };
+    var byGroup = {};
+    var order = [];
+    var names = Array.from(state.series.keys()).sort();
+    var buckets = 0;
+    names.forEach(function (name) {
+      var group = groupOf(name);
+      if (!byGroup[group.id]) { byGroup[group.id] = { group: group, traces: [] }; order.push(group.id); }
+      var columns = state.columns(name);
+      buckets += columns.b.length;
+      var color = nextColor(byGroup[group.id]);
+      byGroup[group.id].traces = byGroup[group.id].traces.concat(C.seriesTraces(name, columns, controls.axis, controls.smoothing, color, ctx));
+    });
+    addEvalTraces(byGroup, order, ctx);
+    // Keep the configured chart order, extra prefixes after.
+    var configured = page.charts.map(function (g) { return g.id; });
+    order.sort(function (a, b) {
+      var ia = configured.indexOf(a), ib = configured.indexOf(b);
+      return (ia < 0 ? 1000 : ia) - (ib < 0 ? 1000 : ib) || (a < b ? -1 : 1);
+    });
+    var empty = document.getElementById("charts-empty");
+    if (empty && order.length) empty.remove();
+    order.forEach(function (id) {
+      var entry = byGroup[id];
+      var plot = plotFor(entry.group);
+      chartsEl.appendChild(plot.parentNode); // keeps DOM order = chart order
+      Plotly.react(plot, entry.traces, C.layout(controls.axis, entry.group.y), C.CONFIG);
+    });
+    var info = document.getElementById("points-info");
+    info.dataset.buckets = String(buckets);
+    info.dataset.seq = String(state.seq);
+    info.textContent = names.length + " series · " + buckets + " buckets · width " + Math.pow(2, state.shift) + " · seq " + state.seq;
+  }
+
+  function nextColor(entry) {
+    entry.count = (entry.count || 0) + 1;
+    return C.PALETTE[(entry.count - 1) % C.PALETTE.length];
+  }
+
+  // Benchmark scores from the evaluation table (mean@k per step), on the "eval" chart.
+  function addEvalTraces(byGroup, order, ctx) {
+    if (!evals.length || controls.axis === "time") return;
+    var group = page.charts.filter(function (g) { return g.id === "eval"; })[0];
+    if (!byGroup.eval) { byGroup.eval = { group: group, traces: [], count: 0 }; order.push("eval"); }
+    var benches = {};
+    evals.forEach(function (e) { (benches[e.benchmark] = benches[e.benchmark] || {})[e.step] = e.mean_at_k; });
+    Object.keys(benches).sort().forEach(function (bench) {
+      var steps = Object.keys(benches[bench]).map(Number).sort(function (a, b) { return a - b; });
+      var color = nextColor(byGroup.eval);
+      byGroup.eval.traces.push({
+        x: steps.map(function (s) { return controls.axis === "samples" ? s * ctx.samplesPerStep : s; }),
+        y: steps.map(function (s) { return benches[bench][s]; }),
+        mode: "lines+markers", name: bench + " mean@k", line: { color: color, width: 2 }, marker: { color: color },
+      });
+    });
+  }
+
+  window.inflightRunPage = { state: function () { return state; }, refetch: refetch };
+  connect();
+  if (TERMINAL.indexOf(status) < 0) setTimeout(pollStatus, 5000);
+})();
