@@ -1,0 +1,100 @@
+"""Token authentication and JSON plumbing shared by the API views."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import Any, Callable
+
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inflight.accounts.services import authenticate_token
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """Raised by a view to answer with `status` and `{"error": message, ...extra}`."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = extra
+
+
+def json_response(data: Any, status: int = 200) -> JsonResponse:
+    return JsonResponse(data, status=status, safe=False, encoder=DjangoJSONEncoder)
+
+
+def error_response(status: int, message: str, **extra: Any) -> JsonResponse:
+    return json_response({"error": message, **extra}, status=status)
+
+
+def read_json_body(request: HttpRequest) -> dict[str, Any]:
+    if not request.body:
+        return {}
+    if request.content_type not in ("application/json", ""):
+        raise ApiError(415, f"send JSON (Content-Type: application/json), not {request.content_type}")
+    try:
+        data = json.loads(request.body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return data
+
+
+def int_param(request: HttpRequest, name: str, default: int | None = None, minimum: int = 0) -> int | None:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"query parameter {name!r} must be an integer, got {raw!r}") from exc
+    if value < minimum:
+        raise ApiError(400, f"query parameter {name!r} must be >= {minimum}")
+    return value
+
+
+def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., JsonResponse]]:
+    """Token-authenticated JSON endpoint: `Authorization: Token <key>`.
+
+    401 without a valid token, 405 for other methods, ApiError → its status,
+    PermissionDenied → 403; an unexpected error is logged and answered 500 as JSON."""
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., JsonResponse]:
+        @csrf_exempt  # token auth, no cookies: CSRF cannot apply
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            if request.method not in methods:
+                response = error_response(405, f"method {request.method} not allowed; use {', '.join(methods)}")
+                response["Allow"] = ", ".join(methods)
+                return response
+            header = request.headers.get("Authorization", "")
+            scheme, _, key = header.partition(" ")
+            user = authenticate_token(key.strip()) if scheme.lower() == "token" else None
+            if user is None:
+                response = error_response(401, "authentication required: send the header 'Authorization: Token <key>'")
+                response["WWW-Authenticate"] = "Token"
+                return response
+            request.user = user
+            try:
+                result = view(request, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(exc.status, exc.message, **exc.extra)
+            except PermissionDenied as exc:
+                return error_response(403, str(exc) or "permission denied")
+            except Exception:
+                logger.exception("API error in %s %s", request.method, request.path)
+                return error_response(500, "internal error; the server log has the details")
+            return result if isinstance(result, JsonResponse) else json_response(result)
+
+        return wrapper
+
+    return decorate

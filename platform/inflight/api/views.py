@@ -1,0 +1,173 @@
+"""The JSON API: thin views over the runs services and selectors.
+
+    POST /api/runs/                  {"name": str, "config": {...RunConfig...}}  → 201 run
+    GET  /api/runs/                  ?status=running                             → {"runs": [...]}
+    GET  /api/runs/<id>/                                                         → run
+    POST /api/runs/<id>/cancel/                                                  → run
+    GET  /api/runs/<id>/metrics/     ?since_seq=N[&names=a,b][&limit=n]          → raw points after N
+    GET  /api/runs/<id>/metrics/     [?names=a,b]                                → downsampled snapshot
+    GET  /api/runs/<id>/evals/                                                   → {"evals": [...]}
+    GET  /api/evals/<id>/                                                        → eval + per-problem results
+    GET  /api/leaderboard/           ?sort=-aime24_best                          → {"rows": [...]}
+    GET  /api/workers/                                                           → {"workers": [...]}
+
+Other users' runs answer 404 (their existence is not revealed); staff see and cancel all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+
+from inflight.api.auth import ApiError, api_view, int_param, json_response, read_json_body
+from inflight.live.selectors import run_snapshot
+from inflight.runs import selectors, services
+from inflight.runs.models import EvalScore, Run, RunStatus
+
+MAX_RAW_POINTS = 50_000
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.pk,
+        "name": run.name,
+        "owner": run.owner.get_username(),
+        "status": run.status,
+        "queue": run.queue,
+        "error": run.error,
+        "config": run.config,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "wall_time_s": run.wall_time_s,
+        "worker": run.worker_name,
+        "metrics_seq": run.metrics_seq,
+    }
+
+
+def eval_json(score: EvalScore) -> dict[str, Any]:
+    return {
+        "id": score.pk,
+        "run": score.run_id,
+        "benchmark": score.benchmark,
+        "step": score.step,
+        "k": score.k,
+        "mean_at_k": score.mean_at_k,
+        "pass_at_k": score.pass_at_k,
+        "stderr": score.stderr,
+        "num_problems": score.num_problems,
+        "num_samples": score.num_samples,
+        "policy_versions": score.policy_versions,
+        "t": score.t,
+    }
+
+
+def _visible_run(request: HttpRequest, run_id: int) -> Run:
+    try:
+        return selectors.get_run_for_user(request.user, run_id)
+    except Run.DoesNotExist as exc:
+        raise ApiError(404, f"run {run_id} not found") from exc
+
+
+def _names_param(request: HttpRequest) -> list[str] | None:
+    raw = request.GET.get("names")
+    if raw is None:
+        return None
+    return [name for name in (part.strip() for part in raw.split(",")) if name]
+
+
+@api_view("GET", "POST")
+def runs(request: HttpRequest) -> Any:
+    if request.method == "POST":
+        body = read_json_body(request)
+        unknown = sorted(set(body) - {"name", "config"})
+        if unknown:
+            raise ApiError(400, f"unknown field(s): {', '.join(unknown)}; send 'name' and 'config'")
+        name = body.get("name", "")
+        if not isinstance(name, str):
+            raise ApiError(400, "'name' must be a string", fields={"name": ["must be a string"]})
+        config = body.get("config", {})
+        try:
+            run = services.create_run(request.user, name, config)
+        except services.InvalidRunConfig as exc:
+            raise ApiError(400, f"invalid config: {exc}", fields=exc.errors) from exc
+        return json_response(run_json(run), status=201)
+    queryset = selectors.runs_visible_to(request.user)
+    status = request.GET.get("status")
+    if status:
+        if status not in RunStatus.values:
+            raise ApiError(400, f"unknown status {status!r}; use one of {', '.join(RunStatus.values)}")
+        queryset = queryset.filter(status=status)
+    limit = int_param(request, "limit", default=200, minimum=1)
+    return {"runs": [run_json(run) for run in queryset[:limit]]}
+
+
+@api_view("GET")
+def run_detail(request: HttpRequest, run_id: int) -> Any:
+    return run_json(_visible_run(request, run_id))
+
+
+@api_view("POST")
+def run_cancel(request: HttpRequest, run_id: int) -> Any:
+    run = _visible_run(request, run_id)
+    try:
+        run = services.request_cancel(run, request.user)
+    except services.IllegalTransition as exc:
+        raise ApiError(409, f"cannot cancel: {exc}") from exc
+    return run_json(run)
+
+
+@api_view("GET")
+def run_metrics(request: HttpRequest, run_id: int) -> Any:
+    run = _visible_run(request, run_id)
+    names = _names_param(request)
+    since_seq = int_param(request, "since_seq")
+    if since_seq is None:
+        return run_snapshot(run, names=names)
+    limit = int_param(request, "limit", default=MAX_RAW_POINTS, minimum=1)
+    seq, points = selectors.metric_points_since(run, since_seq=since_seq, names=names, limit=min(limit, MAX_RAW_POINTS) + 1)
+    truncated = len(points) > min(limit, MAX_RAW_POINTS)
+    return {"run": run.pk, "since_seq": since_seq, "seq": seq, "points": points[: min(limit, MAX_RAW_POINTS)], "truncated": truncated}
+
+
+@api_view("GET")
+def run_evals(request: HttpRequest, run_id: int) -> Any:
+    run = _visible_run(request, run_id)
+    return {"run": run.pk, "evals": [eval_json(score) for score in selectors.eval_scores(run)]}
+
+
+@api_view("GET")
+def eval_detail(request: HttpRequest, eval_id: int) -> Any:
+    try:
+        score = selectors.eval_detail(request.user, eval_id)
+    except EvalScore.DoesNotExist as exc:
+        raise ApiError(404, f"evaluation {eval_id} not found") from exc
+    problems = [
+        {
+            "problem_id": row.problem_id,
+            "answer": row.answer,
+            "samples": row.samples,
+            "extracted": row.extracted,
+            "verdicts": row.verdicts,
+            "mean": row.mean,
+            "pass": row.passed,
+        }
+        for row in selectors.eval_problem_results(score)
+    ]
+    return {**eval_json(score), "problems": problems}
+
+
+@api_view("GET")
+def leaderboard(request: HttpRequest) -> Any:
+    sort = request.GET.get("sort", "-aime24_best")
+    try:
+        rows = selectors.leaderboard_rows(request.user, sort)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+    return {"sort": sort, "rows": rows}
+
+
+@api_view("GET")
+def workers(request: HttpRequest) -> Any:
+    return {"workers": selectors.workers_with_liveness()}
