@@ -213,6 +213,9 @@ class EvalConfig(_Section):
     )
     max_problems: int | None = Field(None, ge=1, description="Evaluate only the first N problems (smoke runs).")
     max_new_tokens: int | None = Field(None, ge=1, description="Token budget of eval samples (default: sampling.max_new_tokens).")
+    temperature: float | None = Field(
+        None, ge=0.0, description="Sampling temperature of eval samples (default: sampling.temperature)."
+    )
     data_dir: str = Field(DEFAULT_SHARED_DATA_DIR, description="Folder with the benchmark JSONL files.")
 
 
