@@ -1,0 +1,121 @@
+"""The run WebSocket over the real Redis channel layer and real session auth.
+
+The ASGI application under test is the project's own (`inflight.asgi.application`:
+origin check, session auth, URL router); pushes come from the real services after
+their transactions commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from inflight.asgi import application
+from inflight.live.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, coalesce_batches
+from inflight.runs import services
+from inflight.runs.models import RunStatus
+from inflight.runs.services import PointIn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+async def close_thread_connections() -> Any:
+    """The consumer's and our own database_sync_to_async calls run on a worker thread with its
+    own connection; close it so the test database can be dropped at the end of the session."""
+    yield
+    from django.db import connections
+
+    await database_sync_to_async(connections.close_all)()
+
+
+def _session_cookie(user: Any) -> str:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+async def _connect(run_id: int, user: Any | None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")]
+    if user is not None:
+        cookie = await database_sync_to_async(_session_cookie)(user)
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    return communicator
+
+
+def _points(first_line: int, count: int) -> list[PointIn]:
+    return [PointIn(line=first_line + i, name="reward/mean", step=first_line + i, t=1000.0 + first_line + i, value=float(i)) for i in range(count)]
+
+
+async def test_owner_receives_batches_status_and_evals(owner) -> None:
+    run = await database_sync_to_async(services.create_run)(owner, "live", {})
+    socket = await _connect(run.pk, owner)
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
+
+    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(0, 3))
+    first = await socket.receive_json_from(timeout=10)
+    assert first["type"] == "metrics.batch" and first["seq"] == 1 and first["from_seq"] == 1
+    assert [point[1] for point in first["points"]] == [0, 1, 2]
+
+    # A burst inside the push interval arrives as one coalesced push covering both batches.
+    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(3, 2))
+    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(5, 2))
+    burst = await socket.receive_json_from(timeout=10)
+    assert (burst["from_seq"], burst["seq"]) == (2, 3)
+    assert [point[1] for point in burst["points"]] == [3, 4, 5, 6]
+
+    await database_sync_to_async(services.request_cancel)(run, owner)  # queued → cancelled
+    status = await socket.receive_json_from(timeout=10)
+    assert status == {"type": "run.status", "run_id": run.pk, "status": RunStatus.CANCELLED, "error": ""}
+
+    line = {"benchmark": "math500", "step": 2, "k": 4, "mean_at_k": 0.25, "pass_at_k": 0.5, "num_problems": 1, "num_samples": 4}
+    await database_sync_to_async(services.ingest_eval)(run.pk, line, [])
+    score = await socket.receive_json_from(timeout=10)
+    assert score["type"] == "eval.score" and score["benchmark"] == "math500" and score["mean_at_k"] == 0.25
+
+    await socket.send_json_to({"type": "subscribe"})
+    assert (await socket.receive_json_from(timeout=10))["type"] == "error"
+    await socket.disconnect()
+
+
+async def test_staff_may_watch_any_run(owner, staff_user) -> None:
+    run = await database_sync_to_async(services.create_run)(owner, "live", {})
+    socket = await _connect(run.pk, staff_user)
+    assert (await socket.receive_json_from(timeout=10))["type"] == "hello"
+    await socket.disconnect()
+
+
+async def test_other_users_and_anonymous_are_refused(owner, other_user) -> None:
+    run = await database_sync_to_async(services.create_run)(owner, "live", {})
+    for user, code in ((other_user, CLOSE_FORBIDDEN), (None, CLOSE_UNAUTHENTICATED)):
+        socket = await _connect(run.pk, user)
+        closed = await socket.receive_output(timeout=10)
+        assert closed == {"type": "websocket.close", "code": code}
+        # and it is not in the group: a push for the run reaches nobody on this socket
+        await database_sync_to_async(services.ingest_metrics)(run.pk, _points(100 + code, 1))
+        await asyncio.sleep(0.5)
+        assert await socket.receive_nothing(timeout=0.5)
+        await socket.disconnect()
+    missing = await _connect(987_654, owner)
+    assert await missing.receive_output(timeout=10) == {"type": "websocket.close", "code": CLOSE_FORBIDDEN}
+
+
+def test_coalescing_never_hides_a_gap() -> None:
+    batches = [
+        {"type": "metrics.batch", "seq": 7, "points": [["a", 7, 7.0, 1.0]]},
+        {"type": "metrics.batch", "seq": 5, "points": [["a", 5, 5.0, 1.0]]},
+        {"type": "metrics.batch", "seq": 6, "points": [["a", 6, 6.0, 1.0]]},
+        {"type": "metrics.batch", "seq": 9, "points": [["a", 9, 9.0, 1.0]]},
+    ]
+    pushes = coalesce_batches(batches)
+    assert [(push["from_seq"], push["seq"]) for push in pushes] == [(5, 7), (9, 9)]
+    assert [point[1] for point in pushes[0]["points"]] == [5, 6, 7]
