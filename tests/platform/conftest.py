@@ -65,9 +65,9 @@ def django_db_modify_db_settings(platform_settings: Services) -> None:
     """pytest-django hook: the test database is created on the session's embedded PostgreSQL."""
 
 
-@pytest.fixture
-def database_url(transactional_db: None) -> str:
-    """URL of the *test* database (test_inflight), for processes started by a test."""
+@pytest.fixture(scope="session")
+def live_database_url(django_db_setup: None) -> str:
+    """URL of the *test* database (test_inflight), for processes the tests start."""
     from django.db import connection
 
     settings_dict = connection.settings_dict
@@ -97,33 +97,42 @@ class WorkerProcess:
             self.process.wait(10)
 
 
+def launch_worker(database_url: str, log_dir: Path, queues: str = "cpu", extra_env: dict[str, str] | None = None) -> WorkerProcess:
+    """A real `celery -A workers.celery_app worker` against `database_url`; returns once it is ready."""
+    name = f"test-{uuid.uuid4().hex[:8]}@127.0.0.1"
+    log_path = log_dir / f"{name.split('@')[0]}.log"
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "INFLIGHT_HEARTBEAT_INTERVAL_S": "0.5",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    command = [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", queues, "-P", "threads", "-c", "2",
+        "-n", name, "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = WorkerProcess(process, name, log_path)
+    deadline = time.monotonic() + 120
+    while " ready." not in worker.log():
+        if process.poll() is not None or time.monotonic() > deadline:
+            worker.stop(signal.SIGKILL)
+            raise RuntimeError(f"celery worker did not start:\n{worker.log()[-4000:]}")
+        time.sleep(0.2)
+    return worker
+
+
 @pytest.fixture
-def start_worker(database_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start real `celery -A workers.celery_app worker` processes against the test database."""
+def start_worker(live_database_url: str, transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start workers for one test (e.g. to kill them); all are stopped when it ends."""
     started: list[WorkerProcess] = []
 
-    def start(queues: str = "cpu", extra_env: dict[str, str] | None = None, wait_ready: bool = True) -> WorkerProcess:
-        name = f"test-{uuid.uuid4().hex[:8]}@127.0.0.1"
-        log_path = tmp_path / f"{name.split('@')[0]}.log"
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "INFLIGHT_HEARTBEAT_INTERVAL_S": "0.5",
-            "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            **(extra_env or {}),
-        }
-        command = [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", queues, "-P", "threads", "-c", "2", "-n", name, "--without-gossip", "--without-mingle", "-l", "INFO"]
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        worker = WorkerProcess(process, name, log_path)
+    def start(queues: str = "cpu", extra_env: dict[str, str] | None = None) -> WorkerProcess:
+        worker = launch_worker(live_database_url, tmp_path, queues, extra_env)
         started.append(worker)
-        if wait_ready:
-            deadline = time.monotonic() + 90
-            while "ready." not in worker.log():
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"celery worker did not start:\n{worker.log()[-4000:]}")
-                time.sleep(0.2)
         return worker
 
     yield start
