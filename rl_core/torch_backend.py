@@ -1,0 +1,165 @@
+"""Plain-torch `TrainerBackend`: one HF causal LM, AdamW, warm-up + constant/cosine LR.
+
+Checkpoints are HF directories (`model.safetensors` + config + tokenizer files), so a
+checkpoint can be served by `python -m rl_core serve --model` as is, plus
+`optimizer.pt` (optimizer + LR schedule state + version) for exact resumption.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from rl_core.loss import token_logprobs_from_logits
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Files of an HF model directory that are not weights: copied into every checkpoint
+# so that it is a complete, servable model directory.
+_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+               "merges.txt", "chat_template.jinja", "generation_config.json", "added_tokens.json")
+
+
+def lr_multiplier(step: int, warmup_steps: int, schedule: str, total_steps: int) -> float:
+    """LR factor for the optimizer step about to be taken (0-based `step`): linear
+    warm-up from 1/(warmup+1) to 1, then constant or cosine decay to 0 at `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"trainer.schedule: unknown schedule {schedule!r}")
+
+
+class TorchBackend:
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "cpu",
+        dtype: str = "float32",
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        schedule: str = "constant",
+        total_steps: int = 1,
+        grad_clip: float = 1.0,
+        reference_model: bool = False,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model_path = Path(model_path)
+        if not (self.model_path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path: {self.model_path} is not an HF model directory (no config.json)")
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=DTYPES[dtype]).to(self.device)
+        self.model.train()
+        self.model.config.use_cache = False
+        # Frozen copy for the k3 KL penalty; only loaded when the penalty is on.
+        self.reference = None
+        if reference_model:
+            self.reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=DTYPES[dtype]).to(self.device)
+            self.reference.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+        )
+        self.base_lr = lr
+        self.warmup_steps = warmup_steps
+        self.schedule = schedule
+        self.total_steps = total_steps
+        self.grad_clip = grad_clip
+        self.version = 0
+        self._set_lr()
+
+    def _set_lr(self) -> float:
+        lr = self.base_lr * lr_multiplier(self.version, self.warmup_steps, self.schedule, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    # --- forward / backward / step -----------------------------------------------
+
+    def token_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] log p(token t | < t) and entropies, aligned with input_ids (see loss.py).
+        For packed rows pass `attention_mask=None` and restarting `position_ids`."""
+        input_ids = input_ids.to(self.device)
+        output = self.model(
+            input_ids=input_ids,
+            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+            position_ids=None if position_ids is None else position_ids.to(self.device),
+            use_cache=False,
+        )
+        return token_logprobs_from_logits(output.logits, input_ids)
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        if self.reference is None:
+            raise RuntimeError("reference_logprobs: the backend was built without a reference model")
+        input_ids = input_ids.to(self.device)
+        output = self.reference(
+            input_ids=input_ids,
+            position_ids=None if position_ids is None else position_ids.to(self.device),
+            use_cache=False,
+        )
+        return token_logprobs_from_logits(output.logits, input_ids)[0]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def optimizer_step(self) -> dict[str, float]:
+        lr = self._set_lr()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return {"grad_norm": float(grad_norm), "lr": lr}
+
+    # --- weights out -------------------------------------------------------------
+
+    def parameters_for_broadcast(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF parameter names in `named_parameters` order (tied weights appear once,
+        under their first name — the receiver's model ties them the same way)."""
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+    # --- checkpoints -------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str) -> None:
+        directory_path = Path(directory)
+        directory_path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(directory_path), safe_serialization=True)
+        for name in _SIDE_FILES:
+            source = self.model_path / name
+            if source.is_file() and not (directory_path / name).exists():
+                shutil.copy2(source, directory_path / name)
+        torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, directory_path / "optimizer.pt")
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Weights, optimizer state and version from a directory `save_checkpoint` wrote."""
+        from safetensors.torch import load_file
+
+        directory_path = Path(directory)
+        weights = directory_path / "model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"checkpoint {directory_path}: model.safetensors missing")
+        state = load_file(str(weights), device=str(self.device))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        # Tied weights are saved once; anything else missing means a different model.
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
+        really_missing = [key for key in missing if key not in tied and "lm_head" not in key]
+        if really_missing or unexpected:
+            raise ValueError(f"checkpoint {directory_path} does not match the model: missing {really_missing[:5]}, unexpected {unexpected[:5]}")
+        if "lm_head.weight" in missing and getattr(self.model.config, "tie_word_embeddings", False):
+            self.model.tie_weights()
+        extra = torch.load(directory_path / "optimizer.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.version = int(extra["version"])
+        self._set_lr()

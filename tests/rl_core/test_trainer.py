@@ -1,0 +1,169 @@
+"""The trainer on the real (untrained) tiny model, a real file stream and real
+checkpoints. No inference servers here (test_run_e2e.py has them): the broadcaster
+is left out, which the trainer supports for exactly this purpose."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_core.config import RunConfig, config_to_yaml
+from rl_core.contracts import RolloutSample
+from rl_core.metrics import read_metrics
+from rl_core.stream import FileStreamWriter, open_reader
+from rl_core.torch_backend import TorchBackend, lr_multiplier
+from rl_core.trainer import Trainer, make_backend, read_progress, train_step
+
+
+def make_config(model: Path, **trainer: object) -> RunConfig:
+    settings = {"samples_per_step": 4, "micro_batch_tokens": 64, "max_steps": 2, "lr": 1e-2, "warmup_steps": 0}
+    settings.update(trainer)
+    return RunConfig.model_validate({"model": {"path": str(model)}, "trainer": settings, "actor": {"max_lag": 3}})
+
+
+def make_samples(count: int, seed: int, advantage_sign: int | None = None, start: int = 0) -> list[RolloutSample]:
+    rng = random.Random(seed)
+    samples = []
+    for i in range(count):
+        completion = [rng.randrange(10, 200) for _ in range(rng.randrange(3, 9))]
+        advantage = float(advantage_sign) if advantage_sign is not None else (1.0 if i % 2 == 0 else -1.0)
+        samples.append(RolloutSample(
+            sample_id=f"s{start + i}", group_id=f"g{(start + i) // 2}", prompt_id="p",
+            prompt_token_ids=[rng.randrange(10, 200) for _ in range(5)], completion_token_ids=completion,
+            behaviour_logprobs=[-5.0] * len(completion), token_versions=[0] * len(completion),
+            reward=max(0.0, advantage), success=advantage > 0, advantage=advantage,
+        ))
+    return samples
+
+
+def sequence_logprob(backend: TorchBackend, sample: RolloutSample) -> float:
+    ids = torch.tensor([sample.prompt_token_ids + sample.completion_token_ids])
+    with torch.no_grad():
+        logp, _ = backend.token_logprobs(ids, None, None)
+    return float(logp[0, len(sample.prompt_token_ids):].sum())
+
+
+def test_lr_schedule() -> None:
+    assert [lr_multiplier(s, 2, "constant", 10) for s in range(4)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])
+    assert lr_multiplier(2, 2, "cosine", 10) == pytest.approx(1.0)
+    assert lr_multiplier(6, 2, "cosine", 10) == pytest.approx(0.5)
+    assert lr_multiplier(10, 2, "cosine", 10) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_step_moves_logprobs_by_advantage_sign(untrained_tiny_model: Path) -> None:
+    config = make_config(untrained_tiny_model)
+    backend = make_backend(config, untrained_tiny_model)
+    good, bad = make_samples(1, 1, +1)[0], make_samples(1, 2, -1)[0]
+    before = sequence_logprob(backend, good), sequence_logprob(backend, bad)
+    stats, info = train_step(backend, [good, bad], config)
+    after = sequence_logprob(backend, good), sequence_logprob(backend, bad)
+    assert backend.version == 1 and info["grad_norm"] > 0
+    assert after[0] > before[0] and after[1] < before[1]
+    assert stats.num_tokens == len(good.completion_token_ids) + len(bad.completion_token_ids)
+    assert stats.lag_max == 0 and 0 < stats.ess <= 1
+
+
+def test_gradient_does_not_depend_on_micro_batching(untrained_tiny_model: Path) -> None:
+    samples = make_samples(6, 3)
+    grads = []
+    for budget in (16, 4096):  # one sequence per micro-batch vs everything in one row
+        config = make_config(untrained_tiny_model, micro_batch_tokens=budget)
+        backend = TorchBackend(untrained_tiny_model)
+        backend.optimizer_step = lambda: {}  # stop before the step to read the accumulated gradient
+        train_step(backend, samples, config)
+        grads.append(torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def run_trainer(config: RunConfig, run_dir: Path, resume: bool = False) -> Trainer:
+    from rl_core.metrics import JsonlSink
+    from rl_core.trainer import latest_checkpoint
+
+    backend = make_backend(config, config.model.path)
+    trainer = Trainer(config, run_dir, backend, open_reader("file", run_dir), JsonlSink(run_dir / "metrics.jsonl"))
+    if resume:
+        trainer.resume(latest_checkpoint(run_dir))
+    trainer.run()
+    return trainer
+
+
+@pytest.mark.timeout(180)
+def test_loop_checkpoints_and_resumes_without_loss_or_repeats(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    config = make_config(untrained_tiny_model)
+    (tmp_path / "config.yaml").write_text(config_to_yaml(config))
+    writer = FileStreamWriter(tmp_path)
+    writer.append(make_samples(8, 4))  # exactly two steps' worth
+    trainer = run_trainer(config, tmp_path)
+    assert trainer.backend.version == 2
+
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("train/loss", "train/grad_norm", "train/entropy", "train/ess", "train/samples_per_s",
+                "train/tokens_per_s", "policy_lag/mean", "policy_lag/max", "weights/version", "weights/update_pause_s"):
+        assert key in records[-1], key
+    latest = tmp_path / "checkpoints" / "latest"
+    assert latest.is_symlink() and latest.resolve().name == "step_000002"
+    for name in ("model.safetensors", "config.json", "optimizer.pt", "trainer_state.json", "tokenizer.json"):
+        assert (latest / name).is_file(), name
+    state = json.loads((latest / "trainer_state.json").read_text())
+    assert state["consumed"] == 8 and state["version"] == 2
+    assert read_progress(tmp_path) | {"t": 0} == {"version": 2, "consumed": 8, "done": True, "max_steps": 2, "t": 0}
+
+    # More rollouts arrive; a resumed trainer picks up exactly after the 8 it trained on.
+    writer.append(make_samples(8, 5, start=8))
+    resumed_config = make_config(untrained_tiny_model, max_steps=4)
+    (tmp_path / "config.yaml").write_text(config_to_yaml(resumed_config))
+    resumed = run_trainer(resumed_config, tmp_path, resume=True)
+    assert resumed.backend.version == 4 and resumed.consumed == 16
+    assert resumed.reader.read(1, timeout_s=0.1) == []  # every sample consumed exactly once
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+    # Trained tokens were sampled by version 0: lag = trainer version at train time.
+    assert [r["policy_lag/max"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(180)
+def test_samples_too_stale_for_max_lag_are_dropped(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    config = make_config(untrained_tiny_model, max_steps=1)
+    writer = FileStreamWriter(tmp_path)
+    stale = make_samples(2, 8)
+    for sample in stale:  # written by version 0 while the trainer is already at 5 (a resumed run)
+        sample.token_versions = [0] * len(sample.completion_token_ids)
+    fresh = make_samples(4, 9, start=2)
+    for sample in fresh:
+        sample.token_versions = [4] * len(sample.completion_token_ids)
+    writer.append(stale + fresh)
+    backend = make_backend(config, untrained_tiny_model)
+    backend.version = 5
+    from rl_core.metrics import JsonlSink
+
+    trainer = Trainer(config, tmp_path, backend, open_reader("file", tmp_path), JsonlSink(tmp_path / "metrics.jsonl"))
+    batch = trainer.next_batch()
+    assert [s.sample_id for s in batch] == ["s2", "s3", "s4", "s5"]
+    assert trainer.consumed == 6 and trainer.dropped_stale == 2
+
+
+def test_checkpoint_roundtrip_restores_weights_and_optimizer(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    config = make_config(untrained_tiny_model)
+    backend = make_backend(config, untrained_tiny_model)
+    train_step(backend, make_samples(4, 6), config)
+    backend.save_checkpoint(str(tmp_path / "ck"))
+    restored = make_backend(config, untrained_tiny_model)
+    restored.load_checkpoint(str(tmp_path / "ck"))
+    assert restored.version == 1
+    for (name, a), (_, b) in zip(backend.parameters_for_broadcast(), restored.parameters_for_broadcast()):
+        assert torch.equal(a, b), name
+    # Same optimizer state → the next step is identical too.
+    batch = make_samples(4, 7)
+    train_step(backend, batch, config)
+    train_step(restored, batch, config)
+    for (name, a), (_, b) in zip(backend.parameters_for_broadcast(), restored.parameters_for_broadcast()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="model.path.*no config.json"):
+        TorchBackend(tmp_path / "nope")
