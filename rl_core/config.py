@@ -217,6 +217,14 @@ class EvalConfig(_Section):
         None, ge=0.0, description="Sampling temperature of eval samples (default: sampling.temperature)."
     )
     data_dir: str = Field(DEFAULT_SHARED_DATA_DIR, description="Folder with the benchmark JSONL files.")
+    heldout_every_n_steps: int = Field(
+        5, ge=0, description="`success/heldout` (the task's held-out set) every N trainer steps, plus at step 0 "
+        "and the final step (0 = only at step 0 and the final step)."
+    )
+    heldout_k: int = Field(4, ge=1, description="Samples per held-out problem for `success/heldout` (mean over them).")
+    heldout_temperature: float | None = Field(
+        None, ge=0.0, description="Sampling temperature of the held-out eval (default: sampling.temperature; 0 = greedy)."
+    )
 
 
 class RunConfig(_Section):
