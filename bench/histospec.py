@@ -1,0 +1,176 @@
+"""HistoSpec speed-up: decode tokens/s with history drafting over without, same prompts, same engine.
+
+Epoch 1 decodes every prompt (with `--samples` responses each) on the reference engine to fill
+the drafter's history. Epoch 2 then decodes the same prompts twice — once on an engine without
+a drafter, once with the HistoSpec drafter — both on the same model object, one after the other,
+repeated `--reps` times in alternating order; the best time of each is compared.
+
+Two settings are measured:
+- greedy (temperature 0): the outputs must be identical token for token (lossless check);
+- sampled (temperature 1, the RL setting): the speed-up and acceptance rate of real rollouts.
+
+`--perturb S` adds Gaussian noise of relative size S to the weights between epoch 1 and 2, a
+stand-in for the policy moving by one RL step (0 = the same policy).
+
+    .venv/bin/python bench/histospec.py            # ~2-4 min on the 2-core CPU sandbox
+
+Ends with `RESULT histospec_speedup`, `RESULT histospec_acceptance` (sampled setting),
+`RESULT histospec_speedup_greedy`, `RESULT greedy_identical`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from rl_core.config import DEFAULT_TINY_MODEL_DIR, HistoSpecConfig, TaskConfig  # noqa: E402
+from rl_core.contracts import GenerationResult, SamplingParams  # noqa: E402
+from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.speculation import HistoryDrafter  # noqa: E402
+from rl_core.tasks import load_task  # noqa: E402
+from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
+
+
+def encode_prompts(tokenizer, task: TaskConfig, count: int) -> tuple[list[str], list[list[int]]]:
+    data = load_task(task)
+    problems = data.train[:count]
+    prompts = [
+        list(tokenizer.apply_chat_template(data.messages(problem), add_generation_prompt=True, tokenize=True, return_dict=False))
+        for problem in problems
+    ]
+    return [problem.id for problem in problems], prompts
+
+
+def decode_all(
+    engine: ReferenceEngine, keys: list[str], prompts: list[list[int]], samples: int, params: SamplingParams, seed: int
+) -> tuple[list[GenerationResult], float]:
+    """Submit every (prompt, sample) at once — a full continuous batch — and wait for all."""
+    started = time.perf_counter()
+    futures = []
+    for key, prompt in zip(keys, prompts):
+        for sample in range(samples):
+            request_params = SamplingParams(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_new_tokens=params.max_new_tokens,
+                seed=None if params.temperature <= 0 else (seed * 1_000_003 + zlib.crc32(key.encode()) * 17 + sample) % 2**32,
+            )
+            futures.append(engine.submit(prompt, request_params, history_key=key))
+    results = [future.result(timeout=1200) for future in futures]
+    return results, time.perf_counter() - started
+
+
+def perturb_(model: torch.nn.Module, scale: float, seed: int) -> None:
+    if scale <= 0:
+        return
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+            parameter.add_(noise * parameter.abs().mean() * scale)
+
+
+def measure(model, tokenizer, keys, prompts, args, temperature: float) -> dict[str, float]:
+    params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    engine_config = EngineConfig(max_batch_size=max(1, len(prompts) * args.samples), seed=args.seed)
+    spec_config = HistoSpecConfig(enabled=True, history_responses=max(args.samples, 1) * 2)
+    drafter = HistoryDrafter(spec_config)
+    engine_config.initial_draft_len = spec_config.initial_draft_len
+    engine_config.max_draft_len = spec_config.max_draft_len
+
+    # Epoch 1: the history. The drafter starts empty, so this engine decodes without drafts.
+    with ReferenceEngine(model, tokenizer, config=engine_config, drafter=drafter) as engine:
+        epoch1, _ = decode_all(engine, keys, prompts, args.samples, params, seed=1)
+        assert engine.counters["spec_drafted_tokens"] == 0
+    perturb_(model, args.perturb, seed=args.seed)
+
+    best = {"plain": float("inf"), "spec": float("inf")}
+    outputs: dict[str, list[list[int]]] = {}
+    tokens: dict[str, int] = {}
+    drafted = accepted = 0
+    for rep in range(args.reps):
+        for name in (("plain", "spec") if rep % 2 == 0 else ("spec", "plain")):
+            # A fresh drafter each time, holding exactly epoch 1, so every rep drafts from the same history.
+            rep_drafter = None
+            if name == "spec":
+                rep_drafter = HistoryDrafter(spec_config)
+                for result, key in zip(epoch1, [k for k in keys for _ in range(args.samples)]):
+                    rep_drafter.add_response(key, result.token_ids)
+            with ReferenceEngine(model, tokenizer, config=engine_config, drafter=rep_drafter) as engine:
+                results, seconds = decode_all(engine, keys, prompts, args.samples, params, seed=2)
+                if name == "spec":
+                    drafted += engine.counters["spec_drafted_tokens"]
+                    accepted += engine.counters["spec_accepted_tokens"]
+            best[name] = min(best[name], seconds)
+            outputs.setdefault(name, [r.token_ids for r in results])
+            tokens[name] = sum(len(r.token_ids) for r in results)
+    return {
+        "plain_tok_s": tokens["plain"] / best["plain"],
+        "spec_tok_s": tokens["spec"] / best["spec"],
+        "plain_tokens": tokens["plain"],
+        "spec_tokens": tokens["spec"],
+        "speedup": (tokens["spec"] / best["spec"]) / (tokens["plain"] / best["plain"]),
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "identical": float(outputs["plain"] == outputs["spec"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR), help="HF model dir (tiny model built if missing).")
+    parser.add_argument("--prompts", type=int, default=16, help="Distinct prompts (history keys).")
+    parser.add_argument("--samples", type=int, default=4, help="Responses per prompt in the sampled setting.")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="Token budget per response.")
+    parser.add_argument("--num-terms", type=int, default=4, help="Operands per synthetic problem (longer answers with more).")
+    parser.add_argument("--reps", type=int, default=2, help="Timed repetitions of each engine (best is kept).")
+    parser.add_argument("--perturb", type=float, default=0.0, help="Relative weight noise between epochs (policy drift).")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads.")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(args.model)
+    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
+        ensure_tiny_model(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    task = TaskConfig(seed=args.seed, num_terms=args.num_terms, operators=["+", "-", "*"])
+    keys, prompts = encode_prompts(tokenizer, task, args.prompts)
+
+    started = time.time()
+    original = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    greedy_args = argparse.Namespace(**{**vars(args), "samples": 1})
+    greedy = measure(model, tokenizer, keys, prompts, greedy_args, temperature=0.0)
+    model.load_state_dict(original)
+    sampled = measure(model, tokenizer, keys, prompts, args, temperature=1.0)
+
+    print(f"\nHistoSpec on {model_dir.name}: {len(prompts)} prompts, max_new_tokens={args.max_new_tokens}, "
+          f"perturb={args.perturb}, threads={args.threads}, {time.time() - started:.0f}s total")
+    print(f"{'setting':<22}{'responses':>10}{'plain tok/s':>13}{'spec tok/s':>12}{'speedup':>9}{'accept':>8}{'identical':>10}")
+    for name, figures, count in (("greedy (T=0)", greedy, len(prompts)), (f"sampled (T=1, n={args.samples})", sampled, len(prompts) * args.samples)):
+        print(
+            f"{name:<22}{count:>10}{figures['plain_tok_s']:>13.1f}{figures['spec_tok_s']:>12.1f}"
+            f"{figures['speedup']:>8.2f}x{figures['acceptance']:>8.2f}{'yes' if figures['identical'] else 'no':>10}"
+        )
+    print(f"RESULT histospec_speedup {sampled['speedup']:.3f}")
+    print(f"RESULT histospec_acceptance {sampled['acceptance']:.3f}")
+    print(f"RESULT histospec_speedup_greedy {greedy['speedup']:.3f}")
+    print(f"RESULT greedy_identical {int(greedy['identical'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""RollPacker tail batching: sync-mode rollout time per trained prompt, with the switch over without.
+
+Real parts: the reference engine decodes every request on the tiny model (continuous
+batching, real per-step cost that grows with the batch), the `TailBatchPlanner` plans the
+rounds and real aborts stop the requests a short round does not keep.
+
+Synthesised part, said in the output: response *lengths*. The tiny model answers arithmetic in
+a few dozen tokens, so there is no long tail to cut. Each response's length is drawn instead
+from a long-tailed profile (most prompts short, some long; per-response noise with an occasional
+runaway) and enforced by the request's `max_new_tokens` with end-of-sequence disabled, so the
+engine really decodes exactly that many tokens. A prompt's length is a property of the prompt,
+so a deferred prompt is long again in its long round — the case tail batching is built for.
+
+    .venv/bin/python bench/tail_batching.py      # ~3-5 min on the 2-core CPU sandbox
+
+Ends with `RESULT tail_batching_speedup <baseline CPU time per trained prompt / tail-batched>` (CPU time: see
+the note the script prints), plus the wall-clock and decode-step ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import queue
+import random
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from rl_core.config import DEFAULT_TINY_MODEL_DIR, TailBatchingConfig  # noqa: E402
+from rl_core.contracts import SamplingParams  # noqa: E402
+from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.scheduling import TailBatchPlanner, TailRound  # noqa: E402
+from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
+
+PROMPT_LEN = 24  # tokens per synthetic prompt; their content does not matter with EOS disabled
+
+
+@dataclass
+class LengthProfile:
+    """Long-tailed response lengths. A prompt is long with probability `long_fraction`; each
+    response is its prompt's base length × log-normal noise, and with probability
+    `runaway_fraction` a response runs `runaway_factor` times longer (the per-response tail)."""
+
+    short_range: tuple[int, int] = (12, 40)
+    long_range: tuple[int, int] = (120, 240)
+    long_fraction: float = 0.15
+    noise_sigma: float = 0.3
+    runaway_fraction: float = 0.04
+    runaway_factor: float = 4.0
+    max_len: int = 320
+    seed: int = 0
+
+    def base(self, prompt_id: str) -> float:
+        rng = random.Random(f"{self.seed}:base:{prompt_id}")
+        low, high = self.long_range if rng.random() < self.long_fraction else self.short_range
+        return rng.uniform(low, high)
+
+    def length(self, prompt_id: str, response_key: int, attempt: int) -> int:
+        rng = random.Random(f"{self.seed}:resp:{prompt_id}:{response_key}:{attempt}")
+        value = self.base(prompt_id) * math.exp(rng.gauss(0.0, self.noise_sigma))
+        if rng.random() < self.runaway_fraction:
+            value *= self.runaway_factor
+        return int(min(self.max_len, max(4, round(value))))
+
+
+def load_model_without_eos(model_dir: Path) -> torch.nn.Module:
+    """The tiny model with every end-of-sequence id removed, so a request decodes exactly
+    `max_new_tokens` tokens (the engine reads stop ids from the model's configs)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model.config.eos_token_id = None
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+    return model
+
+
+def prompt_tokens(prompt_id: str, vocab_size: int) -> list[int]:
+    rng = random.Random(zlib.crc32(prompt_id.encode()))
+    return [rng.randrange(3, vocab_size) for _ in range(PROMPT_LEN)]
+
+
+def prepare_model(args: argparse.Namespace) -> torch.nn.Module:
+    torch.set_num_threads(args.threads)
+    model_dir = Path(args.model)
+    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
+        ensure_tiny_model(model_dir)
+    return load_model_without_eos(model_dir)
+
+
+def run_round(engine: ReferenceEngine, round_: TailRound, profile: LengthProfile, attempts: dict[str, int]) -> tuple[float, float]:
+    """Launch the round on the engine, feed finish events to it in finish order, abort what is
+    left once it is done; returns (wall seconds, process CPU seconds) until every request has resolved."""
+    events: queue.Queue = queue.Queue()
+    futures = {}
+    vocab = engine.vocab_size
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    for prompt_id in round_.prompt_ids:
+        attempt = attempts.get(prompt_id, 0)
+        attempts[prompt_id] = attempt + 1
+        for key in range(round_.responses_per_prompt):
+            request_id = f"r{round_.index}:{prompt_id}:{key}"
+            params = SamplingParams(temperature=1.0, max_new_tokens=profile.length(prompt_id, key, attempt), seed=key)
+            future = engine.submit(prompt_tokens(prompt_id, vocab), params, request_id=request_id)
+            future.add_done_callback(lambda f, p=prompt_id, k=key: events.put((p, k, f)))
+            futures[request_id] = future
+    resolved = 0
+    aborted = False
+    while resolved < len(futures):
+        prompt_id, key, future = events.get(timeout=600)
+        resolved += 1
+        if future.result().finish_reason == "abort":
+            continue
+        round_.on_response(prompt_id, key)
+        if round_.done and not aborted:
+            aborted = True
+            for request_id, other in futures.items():
+                if not other.done():
+                    engine.abort(request_id)
+    return time.perf_counter() - started, time.process_time() - cpu_started
+
+
+class ModeRunner:
+    """One mode (tail batching on or off): its own planner and engine, run round by round so
+    the two modes can be interleaved — a busy shared machine then slows both alike."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool, args: argparse.Namespace, profile: LengthProfile) -> None:
+        config = TailBatchingConfig(
+            enabled=enabled, prompt_overprovision=args.prompt_overprovision, response_overprovision=args.response_overprovision
+        )
+        self.planner = TailBatchPlanner(args.batch_prompts, args.group_size, config)
+        self.profile = profile
+        self.steps = args.steps
+        self.counter = itertools.count()
+        slots = math.ceil(args.batch_prompts * args.prompt_overprovision) * math.ceil(args.group_size * args.response_overprovision)
+        self.engine = ReferenceEngine(model, None, config=EngineConfig(max_batch_size=max(slots, 1), seed=args.seed)).start()
+        self.attempts: dict[str, int] = {}
+        self.trained: list[str] = []
+        self.rows: list[tuple] = []
+        self.total_s = 0.0
+        self.total_cpu_s = 0.0
+        self.decode_steps = 0
+        self.finished = False
+
+    def draw(self, count: int) -> list[str]:
+        return [f"p{next(self.counter)}" for _ in range(count)]
+
+    def warm_up(self) -> None:
+        """One untimed round of short requests: first-call costs must not land on round 0."""
+        futures = [self.engine.submit(prompt_tokens(f"w{i}", self.engine.vocab_size), SamplingParams(max_new_tokens=300)) for i in range(8)]
+        for future in futures:
+            future.result(timeout=600)
+
+    def next_round(self) -> bool:
+        """Run one round; False once this mode has drawn `steps` batches and drained its queue."""
+        if self.finished:
+            return False
+        index = self.planner.rounds_planned
+        # After `steps` rounds no fresh prompts are drawn and the long-tail queue is drained, so
+        # both modes are charged for every prompt they started.
+        round_ = self.planner.plan_round(self.draw) if index < self.steps else self.planner.plan_flush_round()
+        if round_ is None:
+            self.finished = True
+            self.engine.stop()
+            return False
+        steps_before = self.engine.counters["steps"]
+        seconds, cpu_seconds = run_round(self.engine, round_, self.profile, self.attempts)
+        steps = int(self.engine.counters["steps"] - steps_before)
+        outcome = self.planner.close_round(round_)
+        self.trained.extend(outcome.kept)
+        assert len(self.trained) == len(set(self.trained)), "a prompt was trained twice"
+        self.total_s += seconds
+        self.total_cpu_s += cpu_seconds
+        self.decode_steps += steps
+        self.rows.append((round_.index, round_.kind, len(round_.prompt_ids), len(outcome.kept), outcome.aborted, len(self.planner.long_tail), steps, seconds, cpu_seconds))
+        return True
+
+    def summary(self) -> dict:
+        prompts = max(1, len(self.trained))
+        return {
+            "prompts": len(self.trained),
+            "total_s": self.total_s,
+            "total_cpu_s": self.total_cpu_s,
+            "s_per_prompt": self.total_s / prompts,
+            "cpu_s_per_prompt": self.total_cpu_s / prompts,
+            "steps_per_prompt": self.decode_steps / prompts,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR), help="HF model dir (tiny model built if missing).")
+    parser.add_argument("--batch-prompts", type=int, default=8, help="Prompts per trained batch (B).")
+    parser.add_argument("--group-size", type=int, default=4, help="Responses per prompt (G).")
+    parser.add_argument("--steps", type=int, default=12, help="Rounds per mode (tail batching then drains its queue).")
+    parser.add_argument("--prompt-overprovision", type=float, default=1.25)
+    parser.add_argument("--response-overprovision", type=float, default=1.25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    model = prepare_model(args)
+    profile = LengthProfile(seed=args.seed)
+
+    started = time.time()
+    runners = {False: ModeRunner(model, False, args, profile), True: ModeRunner(model, True, args, profile)}
+    for runner in runners.values():
+        runner.warm_up()
+    while any([runner.next_round() for runner in runners.values()]):
+        pass
+    print(
+        "\nTail batching (RollPacker), sync rounds on the reference engine. Decoding is real; response lengths are "
+        "synthesised\n(long-tailed profile, enforced via max_new_tokens with EOS disabled) because the tiny model's "
+        f"answers have no long tail.\nB={args.batch_prompts} prompts x G={args.group_size} responses, "
+        f"over-provision {args.prompt_overprovision}x prompts / {args.response_overprovision}x responses, "
+        f"modes interleaved round by round, {time.time() - started:.0f}s total"
+    )
+    for enabled, label in ((False, "without"), (True, "with tail batching")):
+        print(f"\n{label}:")
+        print(f"{'round':>6}{'kind':>7}{'launched':>9}{'kept':>6}{'aborted':>9}{'queue':>7}{'steps':>7}{'wall s':>8}{'cpu s':>8}")
+        for index, kind, launched, kept, aborted, queued, steps, seconds, cpu_seconds in runners[enabled].rows:
+            print(f"{index:>6}{kind:>7}{launched:>9}{kept:>6}{aborted:>9}{queued:>7}{steps:>7}{seconds:>8.2f}{cpu_seconds:>8.2f}")
+    base, tail = runners[False].summary(), runners[True].summary()
+    print(f"\n{'mode':<20}{'prompts':>8}{'wall s':>9}{'cpu s':>8}{'wall s/prompt':>15}{'cpu s/prompt':>14}{'steps/prompt':>14}")
+    for label, figures in (("without", base), ("with tail batching", tail)):
+        print(
+            f"{label:<20}{figures['prompts']:>8}{figures['total_s']:>9.2f}{figures['total_cpu_s']:>8.2f}"
+            f"{figures['s_per_prompt']:>15.3f}{figures['cpu_s_per_prompt']:>14.3f}{figures['steps_per_prompt']:>14.1f}"
+        )
+    print(
+        "Rollout time is taken as process CPU seconds: with one torch thread, CPU time equals wall time on an idle\n"
+        "machine, while on the 2 shared cores wall time mostly measures the neighbours' load (wall ratio shown too)."
+    )
+    print(f"RESULT tail_batching_wall_speedup {base['s_per_prompt'] / tail['s_per_prompt']:.3f}")
+    print(f"RESULT tail_batching_step_ratio {base['steps_per_prompt'] / tail['steps_per_prompt']:.3f}")
+    print(f"RESULT tail_batching_speedup {base['cpu_s_per_prompt'] / tail['cpu_s_per_prompt']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
