@@ -1,0 +1,48 @@
+# Inflight: `make demo` (command 1) and `make test` (command 2) on a machine with only Python 3.11+.
+#
+# Both create .venv/ on first use: torch first (pinned; vllm pins the same version), then
+# the project with its test extras, editable. Re-run after pyproject.toml changes and the
+# install is refreshed. The embedded PostgreSQL/Redis need no root and no Docker.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+TORCH_PIP_ARGS ?=
+
+# DeepSpeed: never JIT-build ops at install time; cache JIT builds outside the checkout.
+export DS_BUILD_OPS := 0
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/inflight/torch_extensions
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test venv services services-stop
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip show torch 2>/dev/null | grep -q "^Version: $(TORCH_VERSION)" || $(PY) -m pip install torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -e '.[test]'
+	@mkdir -p $(TORCH_EXTENSIONS_DIR)
+	@touch $@
+
+# Services + migrations + demo user + tiny model + Daphne + Celery worker + the demo run.
+# Ctrl-C stops everything it started; a second `make demo` reuses what exists.
+demo: venv
+	$(PY) manage.py demo
+
+# The whole test suite; the platform tests start their own PostgreSQL/Redis/workers.
+# pytest exit code 5 means "no tests collected" (e.g. a filtered run): not a failure.
+test: venv
+	@$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+
+# Just the embedded services (prints DATABASE_URL / REDIS_URL), and stopping them.
+services: venv
+	$(PY) -m inflight.devservices start
+
+services-stop: venv
+	$(PY) -m inflight.devservices stop
