@@ -262,6 +262,10 @@ class ReferenceEngine:
         self._resolve(finished)
         return True
 
+    def in_flight_ids(self) -> list[str]:
+        with self._cond:
+            return list(self._by_id)
+
     @contextmanager
     def paused(self) -> Iterator[PauseHandle]:
         """Hold the decode loop at a step boundary for the duration of the block.

@@ -1,0 +1,115 @@
+"""Async client of the inference HTTP contract (actor, evaluation, tests).
+
+`InferenceClient(url).generate(messages, sampling, n=...)` returns one
+`GenerationResult` per completion with token ids, sampling logprobs and the
+policy version of every token. Any failure to get a valid answer — server
+unreachable, died mid-request, refused the request — raises `ServerError`
+naming the server, so the caller can tell which of several servers failed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+
+from rl_core.contracts import GenerationResult, SamplingParams
+
+
+class ServerError(RuntimeError):
+    def __init__(self, url: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"inference server {url}: {message}")
+        self.url = url
+        self.status = status
+
+
+class InferenceClient:
+    def __init__(self, base_url: str, timeout_s: float = 600.0, model: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1.
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+        self._model = model
+
+    async def _request(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            response = await self._http.request(method, route, json=body)
+        except httpx.HTTPError as exc:
+            raise ServerError(self.base_url, f"{method} {route} failed: {exc!r}") from exc
+        if response.status_code != 200:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:500]
+            raise ServerError(self.base_url, f"{method} {route} -> {response.status_code}: {message}", response.status_code)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ServerError(self.base_url, f"{method} {route} returned invalid JSON") from exc
+
+    async def model_name(self) -> str:
+        if self._model is None:
+            listing = await self._request("GET", "/v1/models")
+            self._model = str(listing["data"][0]["id"])
+        return self._model
+
+    async def health(self) -> dict[str, Any]:
+        return await self._request("GET", "/health")
+
+    async def abort(self, request_ids: list[str]) -> list[str]:
+        """Abort requests by id or by the `request_id_prefix` given to `generate`."""
+        return list((await self._request("POST", "/abort", {"request_ids": list(request_ids)}))["aborted"])
+
+    async def generate(
+        self,
+        messages: list[dict[str, str]],
+        sampling: SamplingParams,
+        n: int = 1,
+        prompt_id: str | None = None,
+        request_id_prefix: str | None = None,
+    ) -> list[GenerationResult]:
+        body: dict[str, Any] = {
+            "model": await self.model_name(),
+            "messages": messages,
+            "n": n,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_new_tokens,
+            "logprobs": True,
+            "request_id": request_id_prefix or f"req-{uuid.uuid4().hex}",
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop_token_ids:
+            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        if prompt_id is not None:
+            body["prompt_id"] = prompt_id
+        data = await self._request("POST", "/v1/chat/completions", body)
+        try:
+            prompt_token_ids = [int(token) for token in data["prompt_token_ids"]]
+            results = []
+            for choice in sorted(data["choices"], key=lambda choice: choice["index"]):
+                content = (choice.get("logprobs") or {}).get("content") or []
+                results.append(
+                    GenerationResult(
+                        request_id=str(choice.get("request_id", f"{body['request_id']}-{choice['index']}")),
+                        prompt_token_ids=prompt_token_ids,
+                        token_ids=[int(token) for token in choice["token_ids"]],
+                        logprobs=[float(item["logprob"]) for item in content],
+                        token_versions=[int(version) for version in choice["token_versions"]],
+                        finish_reason=str(choice["finish_reason"]),
+                        text=choice["message"]["content"] or "",
+                    )
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServerError(self.base_url, f"malformed completion response: {exc!r}") from exc
+        return results
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,365 @@
+"""HTTP server around one ReferenceEngine: the inference contract of docs/ARCHITECTURE.md.
+
+`python -m rl_core serve --model DIR --port 0` starts it on 127.0.0.1 and
+prints `INFLIGHT_SERVER_READY <url>` once it accepts connections. Requests are
+validated here (400 with `{"error": {"message": ...}}` naming the field) before
+anything reaches the engine; the engine runs in its own thread and the event
+loop only waits on its futures, so weight updates and aborts are served while
+generation runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rl_core.contracts import GenerationResult, SamplingParams
+from rl_core.engine import EngineConfig, ReferenceEngine
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightReceiver
+
+READY_PREFIX = "INFLIGHT_SERVER_READY"
+
+
+class _Body(BaseModel):
+    # Unknown fields are refused by name instead of silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant"] = Field(description="Who speaks.")
+    content: str = Field(description="The message text.")
+    name: str | None = Field(None, description="Optional speaker name (ignored by the template).")
+
+
+class ChatCompletionRequest(_Body):
+    model: str = Field(description="Served model name (GET /v1/models).")
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation, rendered by the tokenizer's chat template.")
+    n: int = Field(1, ge=1, le=256, description="Completions for this prompt.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass.")
+    max_tokens: int | None = Field(None, ge=1, description="Most generated tokens per completion.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens.")
+    seed: int | None = Field(None, ge=0, description="Seed; completion i uses seed + i.")
+    logprobs: bool = Field(False, description="Return logprobs.content per completion.")
+    top_logprobs: int | None = Field(None, ge=0, le=0, description="Only 0 is supported (no alternatives are kept).")
+    stream: bool = Field(False, description="Streaming is not supported; must be false.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Extra token ids that end a completion.")
+    prompt_id: str | None = Field(None, description="History key (HistoSpec / HistoPipe): the same problem shares it across epochs.")
+    request_id: str | None = Field(None, description="Prefix of the engine request ids (`<request_id>-<i>`), for POST /abort.")
+    user: str | None = Field(None, description="Ignored (OpenAI compatibility).")
+
+
+class InitProcessGroupRequest(_Body):
+    master_address: str = Field(description="Host of the trainer's TCPStore.")
+    master_port: int = Field(ge=1, le=65535, description="Port of the trainer's TCPStore.")
+    rank: int = Field(ge=1, description="This server's rank (the trainer is 0).")
+    world_size: int = Field(ge=2, description="Trainer + all servers.")
+    backend: Literal["gloo", "nccl"] = Field("gloo", description="gloo on CPU, nccl on GPU.")
+    group_name: str = Field("inflight-weights", description="Label of the group.")
+
+
+class WeightUpdateRequest(_Body):
+    version: int = Field(ge=0, description="Policy version the new weights are.")
+    params: list[dict[str, Any]] = Field(min_length=1, description="[{name, dtype, shape}] in broadcast order.")
+    bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, description="Bucket size the trainer packs with.")
+
+
+class AbortRequest(_Body):
+    request_ids: list[str] = Field(description="Request ids, or prefixes given as `request_id` (aborts all `<prefix>-<i>`).")
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error", "code": status}})
+
+
+def validation_message(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}" for item in error.errors()
+    )
+
+
+async def parse_body(request: Request, model: type[_Body]) -> _Body | JSONResponse:
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return error_response(400, f"request body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return error_response(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        return error_response(400, validation_message(exc))
+
+
+class EngineCollector:
+    """Prometheus view of `engine.stats()`, read at scrape time."""
+
+    COUNTERS = {
+        "generated_tokens": ("inflight_tokens_generated", "Tokens sampled."),
+        "prompt_tokens": ("inflight_prompt_tokens", "Prompt tokens prefilled."),
+        "requests_finished": ("inflight_requests_finished", "Requests finished (any reason)."),
+        "requests_aborted": ("inflight_requests_aborted", "Requests aborted."),
+        "steps": ("inflight_engine_steps", "Decode loop steps."),
+        "spec_drafted_tokens": ("inflight_spec_drafted_tokens", "Speculative tokens drafted."),
+        "spec_accepted_tokens": ("inflight_spec_accepted_tokens", "Speculative tokens accepted."),
+        "weight_updates": ("inflight_weight_updates", "In-flight weight updates applied."),
+    }
+    GAUGES = {
+        "running": ("inflight_requests_running", "Sequences in the running batch."),
+        "waiting": ("inflight_requests_waiting", "Requests waiting for a slot."),
+        "version": ("inflight_policy_version", "Policy version of the current weights."),
+        "last_update_pause_s": ("inflight_weight_update_pause_seconds", "Decode pause of the last weight update."),
+    }
+
+    def __init__(self, engine: ReferenceEngine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        stats = self.engine.stats()
+        for key, (name, help_text) in self.COUNTERS.items():
+            yield CounterMetricFamily(name, help_text, value=float(stats[key]))
+        for key, (name, help_text) in self.GAUGES.items():
+            yield GaugeMetricFamily(name, help_text, value=float(stats[key]))
+
+
+def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceiver | None = None) -> FastAPI:
+    app = FastAPI(title="Inflight inference server")
+    receiver = receiver or WeightReceiver(engine)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+    tokenizer = engine.tokenizer
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(500, f"internal error: {exc!r}")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        stats = engine.stats()
+        return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"], "engine": "reference"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "inflight"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse_body(request, ChatCompletionRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        if body.model != model_name:
+            return error_response(404, f"model {body.model!r} not found; this server serves {model_name!r}")
+        if body.stream:
+            return error_response(400, "stream: streaming responses are not supported")
+        max_tokens = body.max_completion_tokens or body.max_tokens or 256
+        messages = [{"role": message.role, "content": message.content} for message in body.messages]
+        try:
+            encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # a template that cannot render these messages
+            return error_response(400, f"messages: the chat template failed: {exc}")
+        prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        prefix = body.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        futures = []
+        try:
+            for index in range(body.n):
+                params = SamplingParams(
+                    temperature=body.temperature,
+                    top_p=body.top_p,
+                    max_new_tokens=max_tokens,
+                    stop_token_ids=list(body.stop_token_ids),
+                    seed=None if body.seed is None else body.seed + index,
+                )
+                futures.append(engine.submit(prompt, params, request_id=f"{prefix}-{index}", history_key=body.prompt_id))
+        except ValueError as exc:
+            for future_index in range(len(futures)):
+                engine.abort(f"{prefix}-{future_index}")
+            return error_response(400, str(exc))
+        results = await _wait_or_abort(engine, request, futures, [f"{prefix}-{i}" for i in range(body.n)])
+        if results is None:
+            return error_response(499, "client disconnected; requests aborted")
+        return _completion_json(prefix, model_name, prompt, results, body.logprobs, tokenizer)
+
+    @app.post("/abort")
+    async def abort(request: Request):
+        body = await parse_body(request, AbortRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        aborted = []
+        in_flight = engine.in_flight_ids()
+        for request_id in body.request_ids:
+            for candidate in [request_id] + [rid for rid in in_flight if rid.startswith(request_id + "-")]:
+                if engine.abort(candidate):
+                    aborted.append(candidate)
+        return {"aborted": aborted}
+
+    @app.post("/init_process_group")
+    async def init_process_group(request: Request):
+        body = await parse_body(request, InitProcessGroupRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        try:
+            await asyncio.to_thread(
+                receiver.init_process_group, body.master_address, body.master_port, body.rank, body.world_size, body.backend
+            )
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        except RuntimeError as exc:  # rendezvous timeout / connection refused
+            return error_response(503, f"could not join the process group: {exc}")
+        return {"status": "ok", "rank": body.rank, "world_size": body.world_size}
+
+    @app.post("/request_weight_update")
+    async def request_weight_update(request: Request):
+        body = await parse_body(request, WeightUpdateRequest)
+        if isinstance(body, JSONResponse):
+            return body
+        if receiver.group is None:
+            return error_response(409, "no process group: POST /init_process_group first")
+        try:
+            # Validation happens inside: a refusal is agreed with the trainer in the group.
+            pause_s = await asyncio.to_thread(receiver.receive, body.version, body.params, body.bucket_bytes)
+        except ValueError as exc:
+            return error_response(400, str(exc))
+        except RuntimeError as exc:
+            return error_response(503, f"weight broadcast failed: {exc}")
+        return {"version": engine.version, "pause_s": pause_s}
+
+    return app
+
+
+async def _wait_or_abort(
+    engine: ReferenceEngine, request: Request, futures: list, request_ids: list[str]
+) -> list[GenerationResult] | None:
+    """Wait for the engine; if the client goes away first, abort its requests (tail batching
+    relies on this) and return None."""
+    gathered = asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+    while True:
+        done, _ = await asyncio.wait({gathered}, timeout=0.2)
+        if done:
+            return gathered.result()
+        if await request.is_disconnected():
+            for request_id in request_ids:
+                engine.abort(request_id)
+            return None
+
+
+def _completion_json(
+    prefix: str, model_name: str, prompt: list[int], results: list[GenerationResult], with_logprobs: bool, tokenizer: Any
+) -> dict[str, Any]:
+    choices = []
+    for index, result in enumerate(results):
+        logprobs = None
+        if with_logprobs:
+            content = []
+            for token, logprob in zip(result.token_ids, result.logprobs):
+                text = tokenizer.decode([token])
+                content.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+            logprobs = {"content": content}
+        choices.append(
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": result.text},
+                "finish_reason": result.finish_reason,
+                "logprobs": logprobs,
+                "token_ids": result.token_ids,
+                "token_versions": result.token_versions,
+                "request_id": result.request_id,
+            }
+        )
+    completion_tokens = sum(len(result.token_ids) for result in results)
+    return {
+        "id": prefix,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": choices,
+        "prompt_token_ids": prompt,
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens, "total_tokens": len(prompt) + completion_tokens},
+    }
+
+
+def main(argv: list[str]) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m rl_core serve", description="Serve one reference engine over HTTP.")
+    parser.add_argument("--model", required=True, help="Local HF model directory.")
+    parser.add_argument("--served-model-name", default=None, help="Name clients pass as `model` (default: the directory name).")
+    parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on.")
+    parser.add_argument("--port", type=int, default=0, help="Port (0 = pick a free one).")
+    parser.add_argument("--device", default="cpu", help="Torch device: cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="Parameter dtype.")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="Most sequences decoded together.")
+    parser.add_argument("--max-seq-len", type=int, default=None, help="Longest prompt+response (default: model limit, at most 4096).")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed for requests without one.")
+    parser.add_argument("--histospec", action="store_true", help="Speculative decoding drafted from each prompt's earlier responses.")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    drafter = None
+    engine_config = EngineConfig(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, seed=args.seed)
+    if args.histospec:
+        from rl_core.config import HistoSpecConfig
+        from rl_core.speculation import make_drafter
+
+        spec_config = HistoSpecConfig(enabled=True)
+        drafter = make_drafter(spec_config)
+        engine_config.initial_draft_len = spec_config.initial_draft_len
+        engine_config.max_draft_len = spec_config.max_draft_len
+    try:
+        engine = ReferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, config=engine_config, drafter=drafter)
+    except (OSError, ValueError) as exc:
+        print(f"cannot load model {args.model}: {exc}", file=sys.stderr)
+        return 2
+    model_name = args.served_model_name or Path(args.model).resolve().name
+    app = create_app(engine, model_name)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+
+    async def serve() -> None:
+        async def announce() -> None:
+            while not server.started:
+                await asyncio.sleep(0.02)
+            print(f"{READY_PREFIX} http://{host}:{port}", flush=True)
+
+        announcer = asyncio.create_task(announce())
+        await server.serve(sockets=[sock])
+        announcer.cancel()
+
+    engine.start()
+    try:
+        asyncio.run(serve())
+    finally:
+        engine.stop()
+    return 0

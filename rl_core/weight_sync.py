@@ -1,0 +1,389 @@
+"""In-flight weight updates: trainer (rank 0) -> inference servers (ranks 1..N).
+
+Protocol (docs/ARCHITECTURE.md): the trainer POSTs `/init_process_group` to
+every server once, then per update POSTs `/request_weight_update` with the
+ordered parameter list to all servers concurrently and broadcasts the tensors
+over a torch.distributed group. Both sides cut the list into the same buckets
+(`plan_buckets`: consecutive parameters of one dtype, about `bucket_bytes`
+each), so one collective moves many parameters and the receiver knows where
+every slice belongs.
+
+The group is built directly on a TCPStore (gloo on CPU, NCCL on GPU, same
+code) rather than through `init_process_group`, so it never touches the
+default group a DeepSpeed trainer uses for its own data parallelism.
+
+Per-server calls sit behind `WeightSyncEndpoint`; `HttpWeightSyncEndpoint`
+speaks the HTTP contract (reference engine, vLLM with the same routes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
+
+import httpx
+import torch
+import torch.distributed as dist
+
+DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPE_NAMES[name.removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(DTYPE_NAMES)}") from None
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ParamSpec:
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise ValueError(f"params entries need name/dtype/shape, got {data!r}")
+        shape = data.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(size, int) and size >= 0 for size in shape):
+            raise ValueError(f"param {data['name']!r}: shape must be a list of non-negative ints")
+        parse_dtype(str(data.get("dtype")))
+        return cls(data["name"], str(data["dtype"]).removeprefix("torch."), tuple(shape))
+
+
+@dataclass
+class Bucket:
+    dtype: str
+    members: list[tuple[int, int, int]]  # (index into the param list, offset, numel)
+    numel: int
+
+
+def plan_buckets(specs: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+    """Consecutive same-dtype parameters packed into flat buckets of about `bucket_bytes`
+    (a larger parameter gets a bucket of its own). Deterministic: sender and receiver
+    compute it from the same list."""
+    buckets: list[Bucket] = []
+    for index, spec in enumerate(specs):
+        item_bytes = torch.empty((), dtype=parse_dtype(spec.dtype)).element_size()
+        current = buckets[-1] if buckets else None
+        if current is None or current.dtype != spec.dtype or (current.numel + spec.numel) * item_bytes > bucket_bytes:
+            current = Bucket(spec.dtype, [], 0)
+            buckets.append(current)
+        current.members.append((index, current.numel, spec.numel))
+        current.numel += spec.numel
+    return buckets
+
+
+@dataclass
+class SyncGroup:
+    """The process group and the TCPStore it rendezvoused through (kept alive together)."""
+
+    group: dist.ProcessGroup
+    store: dist.TCPStore
+
+    def agree(self, refuse: bool, device: torch.device) -> Any:
+        """Start the go/no-go handshake of an update: every rank adds 1 if it refuses.
+        Returns (work, flag); after `work.wait()`, `flag.item() > 0` means someone refused."""
+        flag = torch.tensor([1 if refuse else 0], dtype=torch.int32, device=device)
+        return self.group.allreduce([flag]), flag
+
+    def broadcast(self, tensor: torch.Tensor) -> Any:
+        """Start a broadcast from rank 0; returns the collective's work handle."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        return self.group.broadcast([tensor], options)
+
+
+def create_group(
+    backend: str, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float = 300.0
+) -> SyncGroup:
+    """A process group of its own on a TCPStore hosted by rank 0 (the trainer)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
+    if backend == "gloo":
+        group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    elif backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(store, rank, world_size, options)
+    else:
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    return SyncGroup(group, store)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# ------------------------------------------------------------------ trainer side
+
+
+class WeightSyncEndpoint(Protocol):
+    """One inference server as the broadcaster sees it."""
+
+    name: str
+
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str) -> None: ...
+
+    def request_weight_update(self, version: int, params: list[ParamSpec], bucket_bytes: int) -> dict[str, Any]:
+        """Blocks until the server has received and swapped in the weights."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+class HttpWeightSyncEndpoint:
+    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+        self.name = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.name, timeout=timeout_s, trust_env=False)
+
+    def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = self._http.post(route, json=body)
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"server {self.name}{route} unreachable: {exc!r}") from exc
+        if response.status_code != 200:
+            raise WeightSyncError(f"server {self.name}{route} answered {response.status_code}: {response.text[:500]}")
+        return response.json()
+
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str) -> None:
+        self._post(
+            "/init_process_group",
+            {"master_address": master_address, "master_port": master_port, "rank": rank,
+             "world_size": world_size, "backend": backend, "group_name": group_name},
+        )
+
+    def request_weight_update(self, version: int, params: list[ParamSpec], bucket_bytes: int) -> dict[str, Any]:
+        return self._post(
+            "/request_weight_update",
+            {"version": version, "params": [spec.to_json() for spec in params], "bucket_bytes": bucket_bytes},
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _run_all(calls: list[tuple[str, Any]]) -> tuple[list[threading.Thread], list[Any], list[BaseException | None]]:
+    """Start one thread per (name, callable); results/errors are filled in as they finish."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def runner(index: int, call: Any) -> None:
+        try:
+            results[index] = call()
+        except BaseException as exc:  # reported by the caller with the server named
+            errors[index] = exc
+
+    threads = [threading.Thread(target=runner, args=(i, call), daemon=True) for i, (_, call) in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    return threads, results, errors
+
+
+def _raise_first(names: list[str], errors: list[BaseException | None]) -> None:
+    for name, error in zip(names, errors):
+        if error is not None:
+            raise WeightSyncError(f"weight sync with {name} failed: {error}") from error
+
+
+class WeightBroadcaster:
+    """Trainer side: `connect()` once, `broadcast(named_tensors, version)` per update, `close()`."""
+
+    def __init__(
+        self,
+        server_urls: list[str] | None = None,
+        backend: str = "gloo",
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        endpoints: list[WeightSyncEndpoint] | None = None,
+        timeout_s: float = 300.0,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.endpoints: list[WeightSyncEndpoint] = list(endpoints or []) + [HttpWeightSyncEndpoint(url) for url in server_urls or []]
+        if not self.endpoints:
+            raise ValueError("WeightBroadcaster needs at least one server")
+        self.backend = backend
+        self.master_address = master_address
+        self.master_port = master_port
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        # Where buckets are assembled: None = where the tensors already are (CUDA for nccl).
+        self.device = None if device is None else torch.device(device)
+        self.group: SyncGroup | None = None
+
+    def connect(self) -> None:
+        port = self.master_port or free_port(self.master_address)
+        world_size = len(self.endpoints) + 1
+        names = [endpoint.name for endpoint in self.endpoints]
+        calls = [
+            (endpoint.name, lambda endpoint=endpoint, rank=rank: endpoint.init_process_group(
+                self.master_address, port, rank, world_size, self.backend, "inflight-weights"))
+            for rank, endpoint in enumerate(self.endpoints, start=1)
+        ]
+        threads, _, errors = _run_all(calls)
+        # Rendezvous in a thread of its own: it blocks until every server has joined, and a
+        # server that refused must surface as its error now, not as a store timeout later.
+        own = _run_all([("trainer", lambda: create_group(self.backend, self.master_address, port, 0, world_size, self.timeout_s))])
+        deadline = time.monotonic() + self.timeout_s
+        while own[0][0].is_alive():
+            _raise_first(names, errors)
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"process group rendezvous on {self.master_address}:{port} timed out")
+            own[0][0].join(0.05)
+        _raise_first(["trainer"], own[2])
+        for thread in threads:
+            thread.join(self.timeout_s)
+        _raise_first(names, errors)
+        self.group = own[1][0]
+        self.master_port = port
+
+    def broadcast(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        if self.group is None:
+            raise WeightSyncError("connect() first")
+        items = [(name, tensor.detach()) for name, tensor in named_tensors]
+        specs = [ParamSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)) for name, tensor in items]
+        names = [endpoint.name for endpoint in self.endpoints]
+        started = time.perf_counter()
+        calls = [
+            (endpoint.name, lambda endpoint=endpoint: endpoint.request_weight_update(version, specs, self.bucket_bytes))
+            for endpoint in self.endpoints
+        ]
+        threads, results, errors = _run_all(calls)
+        # Handshake first: a server that refuses the update (unknown name, wrong shape)
+        # says so inside the group, so nobody is left waiting in a half-matched broadcast
+        # and the group stays usable for the next update.
+        device = self.device or (items[0][1].device if items else torch.device("cpu"))
+        work, refusals = self.group.agree(False, device)
+        self._wait(work, names, errors)
+        if int(refusals.item()) > 0:
+            for thread in threads:
+                thread.join(self.timeout_s)
+            _raise_first(names, errors)
+            raise WeightSyncError(f"{int(refusals.item())} server(s) refused the update to version {version}")
+        broadcast_started = time.perf_counter()
+        for bucket in plan_buckets(specs, self.bucket_bytes):
+            flat = torch.cat([items[index][1].reshape(-1) for index, _, _ in bucket.members])
+            if self.device is not None:
+                flat = flat.to(self.device)
+            self._wait(self.group.broadcast(flat), names, errors)
+        broadcast_s = time.perf_counter() - broadcast_started
+        for thread in threads:
+            thread.join(self.timeout_s)
+        _raise_first(names, errors)
+        pauses = [float(result.get("pause_s", 0.0)) for result in results]
+        return {
+            "weights/update_pause_s": max(pauses),
+            "weights/broadcast_s": broadcast_s,
+            "weights/update_total_s": time.perf_counter() - started,
+            "weights/version": float(version),
+        }
+
+    @staticmethod
+    def _wait(work: Any, names: list[str], errors: list[BaseException | None]) -> None:
+        # Poll rather than block: a server that died or failed never joins the collective,
+        # and its HTTP error should surface now, not after the group timeout.
+        while not work.is_completed():
+            _raise_first(names, errors)
+            time.sleep(0.0005)
+        work.wait()
+
+    def close(self) -> None:
+        for endpoint in self.endpoints:
+            endpoint.close()
+        if self.group is not None:
+            group, self.group = self.group, None
+            shutdown = getattr(group.group, "shutdown", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except RuntimeError:
+                    pass
+
+
+# ------------------------------------------------------------------ server side
+
+
+class WeightReceiver:
+    """Server side: joins the group on /init_process_group, and on /request_weight_update
+    pauses the engine at a step boundary, receives the buckets and copies each slice
+    into the engine's tensors in place."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.group: SyncGroup | None = None
+        self._lock = threading.Lock()
+
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
+        if not 1 <= rank < world_size:
+            raise ValueError(f"rank must be in 1..world_size-1 (the trainer is rank 0), got rank={rank} world_size={world_size}")
+        if backend == "nccl" and self.engine.device.type != "cuda":
+            raise ValueError("backend 'nccl' needs an engine on a CUDA device; use 'gloo' on CPU")
+        with self._lock:
+            self.group = create_group(backend, master_address, master_port, rank, world_size, timeout_s)
+
+    def receive(self, version: int, raw_params: list[dict[str, Any]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> float:
+        """Receive one update; returns the engine pause in seconds. Raises ValueError (and
+        changes nothing) if this or another server refuses the parameter list."""
+        if self.group is None:
+            raise RuntimeError("no process group: POST /init_process_group first")
+        with self._lock:  # one update at a time: collectives must not interleave
+            return self._receive_locked(version, raw_params, bucket_bytes)
+
+    def _receive_locked(self, version: int, raw_params: list[dict[str, Any]], bucket_bytes: int) -> float:
+        assert self.group is not None
+        problem: str | None = None
+        specs: list[ParamSpec] = []
+        try:
+            specs = [ParamSpec.from_json(item) for item in raw_params]
+            self.engine.check_update((spec.name, spec.shape) for spec in specs)
+        except (ValueError, KeyError) as exc:
+            problem = str(exc.args[0] if exc.args else exc)
+        work, refusals = self.group.agree(problem is not None, self.engine.device)
+        work.wait()
+        if problem is not None:
+            raise ValueError(f"params: {problem}")
+        if int(refusals.item()) > 0:
+            raise ValueError("another server refused this update; nothing was changed")
+        targets = [self.engine.tensor_by_name(spec.name) for spec in specs]
+        buckets = plan_buckets(specs, bucket_bytes)
+        # One staging buffer per dtype, sized for the largest bucket, reused bucket after bucket.
+        staging: dict[str, torch.Tensor] = {}
+        for bucket in buckets:
+            if staging.get(bucket.dtype) is None or staging[bucket.dtype].numel() < bucket.numel:
+                staging[bucket.dtype] = torch.empty(bucket.numel, dtype=parse_dtype(bucket.dtype), device=self.engine.device)
+        with self.engine.paused() as pause:
+            with torch.no_grad():
+                for bucket in buckets:
+                    flat = staging[bucket.dtype][: bucket.numel]
+                    self.group.broadcast(flat).wait()
+                    for index, offset, numel in bucket.members:
+                        targets[index].copy_(flat[offset : offset + numel].view(specs[index].shape))
+            self.engine.set_version(version)
+        return self.engine.record_update(pause.pause_s)

@@ -1,0 +1,76 @@
+"""Engine kinds the server-level contract suite runs against.
+
+`start_server(kind, model_dir, **kw)` starts a real server process on
+127.0.0.1 and returns a handle with `.url` and `.stop()`. The GPU-path engineer
+adds "vllm" here (a launcher for a vLLM server with the same routes); the
+contract tests then run once per kind with ids `[reference]` / `[vllm]`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENGINE_KINDS = ["reference"]
+
+READY_PREFIX = "INFLIGHT_SERVER_READY"
+
+
+@dataclass
+class ServerHandle:
+    url: str
+    process: subprocess.Popen
+    output: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def _reference_command(model_dir: Path, **kw: object) -> list[str]:
+    command = [sys.executable, "-m", "rl_core", "serve", "--model", str(model_dir), "--port", "0", "--threads", "1"]
+    for key, value in kw.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            command.append(flag)
+        elif value not in (None, False):
+            command += [flag, str(value)]
+    return command
+
+
+def start_server(kind: str, model_dir: Path, timeout_s: float = 120.0, **kw: object) -> ServerHandle:
+    if kind != "reference":
+        raise ValueError(f"unknown engine kind {kind!r}; known: {ENGINE_KINDS}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        _reference_command(model_dir, **kw), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    output: list[str] = []
+    ready: list[str] = []
+
+    def pump() -> None:
+        # Keep draining the pipe for the server's whole life so it never blocks on a full pipe.
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith(READY_PREFIX) and not ready:
+                ready.append(line.split()[1])
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not ready:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"{kind} server did not start:\n{''.join(output)[-3000:]}")
+        time.sleep(0.05)
+    return ServerHandle(url=ready[0], process=process, output=output)

@@ -1,0 +1,102 @@
+"""Trainer -> server weight broadcast over a real gloo group and a real server process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rl_core.client import InferenceClient
+from rl_core.contracts import SamplingParams
+from rl_core.weight_sync import ParamSpec, WeightBroadcaster, WeightSyncError, plan_buckets
+from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
+
+
+def test_plan_buckets_packs_same_dtype_neighbours() -> None:
+    specs = [
+        ParamSpec("a", "float32", (10,)),
+        ParamSpec("b", "float32", (5, 2)),
+        ParamSpec("c", "bfloat16", (4,)),
+        ParamSpec("d", "float32", (100,)),  # larger than a bucket: a bucket of its own
+        ParamSpec("e", "float32", (3,)),
+    ]
+    buckets = plan_buckets(specs, bucket_bytes=100)
+    assert [(b.dtype, [m[0] for m in b.members]) for b in buckets] == [
+        ("float32", [0, 1]),
+        ("bfloat16", [2]),
+        ("float32", [3]),
+        ("float32", [4]),
+    ]
+    assert buckets[0].members == [(0, 0, 10), (1, 10, 10)] and buckets[0].numel == 20
+
+
+def test_param_spec_rejects_malformed_entries() -> None:
+    with pytest.raises(ValueError, match="shape"):
+        ParamSpec.from_json({"name": "w", "dtype": "float32", "shape": "3"})
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        ParamSpec.from_json({"name": "w", "dtype": "int7", "shape": [3]})
+
+
+@pytest.fixture(scope="module")
+def server(untrained_tiny_model: Path):
+    handle = start_server("reference", untrained_tiny_model, max_batch_size=8)
+    yield handle
+    handle.stop()
+
+
+def test_broadcast_updates_the_server_in_flight(server, untrained_tiny_model: Path) -> None:
+    trainer_model = AutoModelForCausalLM.from_pretrained(untrained_tiny_model, dtype=torch.float32).eval()
+    broadcaster = WeightBroadcaster([server.url], backend="gloo", bucket_bytes=256 * 1024)
+    broadcaster.connect()
+    messages = [{"role": "user", "content": "What is 7 + 8?"}]
+
+    async def scenario() -> tuple[list, dict, list, dict]:
+        async with InferenceClient(server.url) as client:
+            long_request = asyncio.create_task(
+                client.generate(messages, SamplingParams(temperature=0.0, max_new_tokens=200), request_id_prefix="spanning")
+            )
+            # Let it decode a while under version 0, then update underneath it.
+            while (await client.health())["running"] == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            with torch.no_grad():
+                generator = torch.Generator().manual_seed(5)
+                for parameter in trainer_model.parameters():
+                    parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+            figures = await asyncio.to_thread(broadcaster.broadcast, trainer_model.named_parameters(), 1)
+            spanning = await long_request
+            after = await client.generate(messages, SamplingParams(temperature=0.0, max_new_tokens=16))
+            return spanning, figures, after, await client.health()
+
+    spanning, figures, after, health = asyncio.run(scenario())
+    assert health["version"] == 1
+    assert figures["weights/update_pause_s"] > 0 and figures["weights/broadcast_s"] > 0
+    assert set(spanning[0].token_versions) == {0, 1}
+    assert spanning[0].token_versions == sorted(spanning[0].token_versions)
+    # The server's weights now equal the trainer's: same greedy continuation as HF on them.
+    prompt = after[0].prompt_token_ids
+    with torch.no_grad():
+        expected = trainer_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt) :].tolist()
+    assert after[0].token_ids == expected
+    assert set(after[0].token_versions) == {1}
+
+    # A second update keeps working over the same group.
+    figures = broadcaster.broadcast(trainer_model.named_parameters(), 2)
+    assert figures["weights/version"] == 2
+
+    # A refused update (unknown parameter) fails fast, names the server, changes nothing.
+    with pytest.raises(WeightSyncError, match=server.url):
+        broadcaster.broadcast([("no.such.weight", torch.zeros(3))], 3)
+    assert asyncio.run(_health(server.url))["version"] == 2
+    # ... and the refusal was agreed inside the group, so the group still works.
+    assert broadcaster.broadcast(trainer_model.named_parameters(), 3)["weights/version"] == 3
+    assert asyncio.run(_health(server.url))["version"] == 3
+    broadcaster.close()
+
+
+async def _health(url: str) -> dict:
+    async with InferenceClient(url) as client:
+        return await client.health()
