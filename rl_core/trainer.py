@@ -38,6 +38,7 @@ from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink
 from rl_core.stream import StreamReader, open_reader
 
 PROGRESS_FILE = "trainer_progress.json"
+STOP_FILE = "STOP"  # written by the launcher (max_wall_time_s): finish at the next step boundary
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_STATE_FILE = "trainer_state.json"
 
@@ -193,13 +194,24 @@ class Trainer:
             return {}
         return dict(self.broadcaster.broadcast(self.backend.parameters_for_broadcast(), self.backend.version) or {})
 
-    def next_batch(self) -> list[RolloutSample]:
-        """`samples_per_step` samples in stream order. A sample whose tokens would be
-        trained more than `max_lag` versions late is dropped (only a resumed run can
-        see one: samples written before the crash by weights the checkpoint lacks)."""
+    def stop_requested(self) -> bool:
+        return (self.run_dir / STOP_FILE).exists()
+
+    def next_batch(self) -> list[RolloutSample] | None:
+        """`samples_per_step` samples in stream order, or None if a stop was requested
+        while waiting. A sample whose tokens would be trained more than `max_lag`
+        versions late is dropped (only a resumed run can see one: samples written
+        before the crash by weights the checkpoint lacks)."""
         wanted = self.config.trainer.samples_per_step
         batch: list[RolloutSample] = []
+        start = (self.reader.position(), self.consumed, self.dropped_stale)
         while len(batch) < wanted:
+            if self.stop_requested():
+                # A partial batch is not trained: rewind, so the checkpoint's position is
+                # before these samples and a resumed run trains them.
+                self.reader.seek(start[0])
+                self.consumed, self.dropped_stale = start[1], start[2]
+                return None
             for sample in self.reader.read(wanted - len(batch), timeout_s=1.0):
                 self.consumed += 1
                 if self.backend.version - min(sample.token_versions, default=self.backend.version) > self.config.actor.max_lag:
@@ -246,8 +258,10 @@ class Trainer:
             self.broadcast()
         self.publish()
         last_end = time.monotonic()
-        while self.backend.version < t.max_steps:
+        while self.backend.version < t.max_steps and not self.stop_requested():
             samples = self.next_batch()
+            if samples is None:
+                break
             started = time.monotonic()
             stats, step_info = train_step(self.backend, samples, self.config)
             train_s = time.monotonic() - started

@@ -1,0 +1,357 @@
+"""The rollout actor: keeps prompt groups in flight, scores them, writes the stream.
+
+`python -m rl_core actor --run-dir DIR --servers URL[,URL]` (started by `run`).
+
+Async mode (PipelineRL): up to `actor.groups_in_flight` groups (one request with
+n=`actor.group_size` each) are generating at any time, routed to the least-loaded
+server (or HistoPipe). Servers swap weights between decode steps, so a sequence may
+span several policy versions. The `max_lag` throttle: the trainer publishes
+(version v, consumed c) after each step *and* its broadcast; a sample at stream index
+p is trained at version v + (p - c) // S, and its tokens are at least version v, so
+submitting only while `unconsumed + in_flight + group <= (max_lag + 1) * S` keeps
+every trained token's lag <= max_lag.
+
+Sync mode (baseline): generate `sync_steps_per_batch * S` samples with frozen weights,
+write them all at once, wait until the trainer consumed them (and broadcast the new
+weights), repeat. Same code path, one switch.
+
+Evaluation runs on the same servers without stopping training: `success/heldout`
+(the task's held-out set) at step 0, every `eval.heldout_every_n_steps` and at the
+end; the benchmarks of `eval.benchmarks` every `eval.every_n_steps` and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_core.config import RunConfig, load_config
+from rl_core.contracts import GenerationResult, RolloutSample, SamplingParams
+from rl_core.loss import group_advantages
+from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink
+from rl_core.stream import StreamWriter, open_writer
+from rl_core.tasks import Problem, TaskData, load_task
+from rl_core.trainer import read_progress, stream_redis_url
+
+METRICS_EVERY_S = 2.0
+
+
+@dataclass
+class Window:
+    """Rollout figures accumulated between two metric lines."""
+
+    rewards: list[float] = field(default_factory=list)
+    successes: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    versions_per_sequence: list[int] = field(default_factory=list)
+    tokens: int = 0
+    groups: int = 0
+    dropped_groups: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Actor:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        clients: list[Any],
+        writer: StreamWriter,
+        sink: MetricsSink,
+        task: TaskData | None = None,
+        router: Any = None,
+    ) -> None:
+        from rl_core.scheduling import make_router
+
+        if not clients:
+            raise ValueError("the actor needs at least one inference server")
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.clients = clients
+        self.writer = writer
+        self.sink = sink
+        self.task = task or load_task(config.task)
+        self.router = router or make_router(config)
+        self.server_loads = [0.0] * len(clients)  # sequences in flight per server (rollouts + evals)
+        self.in_flight: set[asyncio.Task] = set()
+        self.evals: set[asyncio.Task] = set()
+        self.window = Window()
+        self.version = 0
+        self.consumed = 0
+        self.groups_started = 0
+        self.samples_total = 0
+        self.sync_buffer: list[RolloutSample] = []
+        self.sync_launched = 0  # samples launched in the current sync batch
+        self.next_heldout = 0
+        self.next_benchmark = config.eval.every_n_steps if config.eval.every_n_steps else None
+        self.group_size = config.actor.group_size
+        self.samples_per_step = config.trainer.samples_per_step
+        self.sampling = SamplingParams(
+            temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+            max_new_tokens=config.sampling.max_new_tokens,
+        )
+        self.rng = random.Random(config.seed)
+
+    # --- generation through the servers -------------------------------------------
+
+    async def generate_on(self, server: int, messages: list[dict[str, str]], sampling: SamplingParams, n: int,
+                          prompt_id: str | None) -> list[GenerationResult]:
+        self.server_loads[server] += n
+        try:
+            return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id)
+        finally:
+            self.server_loads[server] -= n
+
+    async def generate_least_loaded(self, messages: list[dict[str, str]], sampling: SamplingParams, n: int) -> list[GenerationResult]:
+        """Evaluation traffic: least-loaded, and kept out of the HistoPipe/HistoSpec history."""
+        server = min(range(len(self.clients)), key=lambda i: (self.server_loads[i], i))
+        return await self.generate_on(server, messages, sampling, n, prompt_id=None)
+
+    # --- one group ------------------------------------------------------------------
+
+    async def run_group(self, problem: Problem, epoch: int, group_index: int) -> list[RolloutSample]:
+        from rl_core.rewards import score_many
+
+        server = self.router.pick(problem.id, self.group_size, self.server_loads)
+        try:
+            results = await self.generate_on(server, self.task.messages(problem), self.sampling, self.group_size, problem.id)
+        except BaseException:
+            self.router.observe(problem.id, [])
+            raise
+        self.router.observe(problem.id, [len(r.token_ids) for r in results])
+        scores = await asyncio.to_thread(
+            score_many, [(r.text, problem.answer) for r in results], self.config.task.reward_timeout_s
+        )
+        rewards = [score.reward for score in scores]
+        advantages = group_advantages(rewards, normalize_std=self.config.actor.advantage == "group_mean_std")
+        group_id = f"g{group_index:08d}"
+        samples = []
+        for i, (result, score, advantage) in enumerate(zip(results, scores, advantages)):
+            self.window.rewards.append(score.reward)
+            self.window.successes.append(float(score.success))
+            self.window.lengths.append(len(result.token_ids))
+            self.window.versions_per_sequence.append(result.num_versions)
+            self.window.tokens += len(result.token_ids)
+            if not result.token_ids or result.finish_reason == "abort":
+                continue  # nothing to learn from (an aborted or empty response)
+            samples.append(RolloutSample(
+                sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.id,
+                prompt_token_ids=list(result.prompt_token_ids), completion_token_ids=list(result.token_ids),
+                behaviour_logprobs=list(result.logprobs), token_versions=list(result.token_versions),
+                reward=score.reward, success=score.success, advantage=advantage, finish_reason=result.finish_reason,
+                metadata={"epoch": epoch, "server": server, "extracted": score.extracted},
+            ))
+        self.window.groups += 1
+        if self.config.actor.drop_zero_advantage_groups and all(a == 0.0 for a in advantages):
+            self.window.dropped_groups += 1
+            return []
+        return samples
+
+    # --- the max_lag / sync throttle ------------------------------------------------
+
+    def in_flight_samples(self) -> int:
+        return len(self.in_flight) * self.group_size
+
+    def may_submit(self) -> bool:
+        if len(self.in_flight) >= self.config.actor.groups_in_flight:
+            return False
+        if self.config.mode == "sync":
+            batch = self.config.sync_steps_per_batch * self.samples_per_step
+            if self.sync_launched == 0:
+                # A new batch starts only once the trainer has taken every full step of the
+                # last one (it publishes after broadcasting, so the weights are updated).
+                if self.samples_total - self.consumed >= self.samples_per_step or self.sync_buffer:
+                    return False
+            return self.sync_launched < batch
+        unconsumed = self.samples_total - self.consumed
+        budget = (self.config.actor.max_lag + 1) * self.samples_per_step
+        return unconsumed + self.in_flight_samples() + self.group_size <= budget
+
+    def on_group_done(self, samples: list[RolloutSample]) -> None:
+        if self.config.mode == "sync":
+            self.sync_buffer.extend(samples)
+            batch = self.config.sync_steps_per_batch * self.samples_per_step
+            if self.sync_launched >= batch and not self.in_flight:
+                self.write(self.sync_buffer)
+                self.sync_buffer = []
+                self.sync_launched = 0
+            return
+        self.write(samples)
+
+    def write(self, samples: list[RolloutSample]) -> None:
+        self.writer.append(samples)
+        self.samples_total = self.writer.count()
+
+    # --- evaluation -----------------------------------------------------------------
+
+    async def heldout_eval(self, step: int) -> None:
+        from rl_core.evaluation import PromptTemplate, evaluate
+
+        e = self.config.eval
+        temperature = self.config.sampling.temperature if e.heldout_temperature is None else e.heldout_temperature
+        report = await evaluate(
+            "heldout", self.generate_least_loaded, k=e.heldout_k, problems=self.task.heldout,
+            sampling=SamplingParams(temperature=temperature, top_p=self.config.sampling.top_p,
+                                    max_new_tokens=self.config.sampling.max_new_tokens),
+            template=PromptTemplate(system=self.config.task.system_prompt),
+            reward_timeout_s=self.config.task.reward_timeout_s, concurrency=16, seed=self.config.seed,
+        )
+        versions = report.policy_versions
+        self.sink.log(step, {
+            "success/heldout": report.mean_at_k, "success/heldout_pass_at_k": report.pass_at_k,
+            "success/heldout_version_min": float(min(versions)) if versions else float(step),
+            "success/heldout_version_max": float(max(versions)) if versions else float(step),
+        })
+
+    async def benchmark_eval(self, step: int) -> None:
+        from rl_core.evaluation import run_benchmarks
+
+        await run_benchmarks(
+            self.config.eval, self.generate_least_loaded, step=step, run_dir=self.run_dir, sampling=self.sampling,
+            seed=self.config.seed, reward_timeout_s=self.config.task.reward_timeout_s, metrics_sink=self.sink,
+        )
+
+    def start_periodic_evals(self) -> None:
+        e = self.config.eval
+        if self.version >= self.next_heldout:
+            self.evals.add(asyncio.create_task(self.heldout_eval(self.version)))
+            self.next_heldout = self.version + e.heldout_every_n_steps if e.heldout_every_n_steps else 10**12
+        if e.benchmarks and self.next_benchmark is not None and self.version >= self.next_benchmark:
+            self.evals.add(asyncio.create_task(self.benchmark_eval(self.version)))
+            self.next_benchmark = self.version + e.every_n_steps
+
+    # --- metrics --------------------------------------------------------------------
+
+    def log_window(self, force: bool = False) -> None:
+        w = self.window
+        now = time.monotonic()
+        if not force and now - w.started < METRICS_EVERY_S:
+            return
+        elapsed = max(1e-9, now - w.started)
+        metrics: dict[str, float] = {
+            "rollout/tokens_per_s": w.tokens / elapsed,
+            "rollout/in_flight": float(len(self.in_flight)),
+            "rollout/samples_written": float(self.samples_total),
+            "rollout/unconsumed": float(self.samples_total - self.consumed),
+        }
+        if w.rewards:
+            metrics.update({
+                "reward/mean": sum(w.rewards) / len(w.rewards),
+                "success/mean": sum(w.successes) / len(w.successes),
+                "rollout/response_len/mean": sum(w.lengths) / len(w.lengths),
+                "rollout/versions_per_sequence/max": float(max(w.versions_per_sequence)),
+                "rollout/versions_per_sequence/mean": sum(w.versions_per_sequence) / len(w.versions_per_sequence),
+                "rollout/groups": float(w.groups),
+            })
+        if w.dropped_groups:
+            metrics["rollout/dropped_zero_advantage_groups"] = float(w.dropped_groups)
+        metrics.update(self.router.metrics())
+        self.sink.log(self.version, metrics)
+        self.window = Window()
+
+    # --- the loop -------------------------------------------------------------------
+
+    def refresh_progress(self) -> dict[str, Any] | None:
+        progress = read_progress(self.run_dir)
+        if progress is not None:
+            self.version = int(progress["version"])
+            self.consumed = int(progress["consumed"])
+        return progress
+
+    async def wait_for_trainer(self, poll_s: float = 0.1) -> None:
+        """Generate nothing before the trainer is ready (and, on resume, has pushed its
+        checkpoint's version to the servers)."""
+        while self.refresh_progress() is None:
+            await asyncio.sleep(poll_s)
+
+    async def run(self) -> None:
+        await self.wait_for_trainer()
+        self.samples_total = self.writer.count()
+        # A restarted actor continues the prompt order where the stream ends.
+        skip = self.samples_total // self.group_size
+        problems = self.task.train_stream()
+        for _ in range(skip):
+            next(problems)
+        self.groups_started = skip
+        done = False
+        while not done:
+            progress = self.refresh_progress()
+            done = bool(progress and progress.get("done"))
+            if done:
+                break
+            self.start_periodic_evals()
+            while self.may_submit():
+                epoch, problem = next(problems)
+                task = asyncio.create_task(self.run_group(problem, epoch, self.groups_started))
+                self.groups_started += 1
+                self.sync_launched += self.group_size if self.config.mode == "sync" else 0
+                self.in_flight.add(task)
+            waiting = self.in_flight | self.evals
+            if waiting:
+                finished, _ = await asyncio.wait(waiting, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                finished = set()
+                await asyncio.sleep(0.05)
+            for task in finished:
+                if task in self.evals:
+                    self.evals.discard(task)
+                    task.result()  # an eval error fails the actor with its message
+                    continue
+                self.in_flight.discard(task)
+                self.on_group_done(task.result())
+            self.log_window()
+        await self.finish()
+
+    async def finish(self) -> None:
+        """Training is over: drop the rollouts still in flight, then the final evaluations."""
+        for task in self.in_flight:
+            task.cancel()
+        await asyncio.gather(*self.in_flight, return_exceptions=True)
+        self.in_flight.clear()
+        self.log_window(force=True)
+        if self.evals:
+            await asyncio.gather(*self.evals)
+        final = [self.heldout_eval(self.version)]
+        if self.config.eval.benchmarks:
+            final.append(self.benchmark_eval(self.version))
+        await asyncio.gather(*final)
+
+
+async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) -> None:
+    from rl_core.client import InferenceClient
+
+    clients = [InferenceClient(url) for url in server_urls]
+    writer = open_writer(config.stream.kind, run_dir, stream_redis_url(config, run_dir))
+    sink = JsonlSink(run_dir / METRICS_FILE)
+    try:
+        await Actor(config, run_dir, clients, writer, sink).run()
+    finally:
+        writer.close()
+        sink.close()
+        for client in clients:
+            await client.aclose()
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m rl_core actor", description="Rollout actor of a run (started by `run`).")
+    parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
+    parser.add_argument("--servers", required=True, help="Comma-separated inference server base URLs.")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the actor only parses, scores and routes
+    run_dir = Path(args.run_dir)
+    config = load_config(run_dir / "config.yaml")
+    servers = [url for url in args.servers.split(",") if url]
+    if not servers:
+        print("actor: --servers is empty", file=sys.stderr)
+        return 2
+    asyncio.run(run_actor(config, run_dir, servers))
+    print("actor: finished", flush=True)
+    return 0

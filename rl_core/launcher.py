@@ -1,0 +1,372 @@
+"""`python -m rl_core run CONFIG.yaml --out DIR [--set key=value ...] [--resume]`.
+
+Runs a whole RL run standalone, in this order:
+
+1. validate everything that can be checked without starting anything (config fields,
+   model path, task data, benchmark files) — a bad input exits 2 with a message naming
+   the field, and nothing is written;
+2. build the tiny model if the config points at its default place and it is missing;
+3. write `config.yaml` and `status.json` (`starting`);
+4. start the children, each `python -m rl_core <role>` with its log in `DIR/logs/`:
+   [redis-server], the inference server(s), the trainer, the actor;
+5. supervise: a child that dies unexpectedly fails the run with an error naming it and
+   its exit code; everything else is stopped and the metrics so far stay on disk.
+   SIGTERM / Ctrl-C → graceful stop of all children → `cancelled`. The trainer reaching
+   `trainer.max_steps`, or `max_wall_time_s` passing (the trainer then stops at the next
+   step boundary and checkpoints), ends the run `succeeded` once the actor's final
+   evaluation is written.
+
+No orphans: children stay in the launcher's process group (one signal to the group
+reaches all of them), and each child gets PR_SET_PDEATHSIG=SIGTERM so that even a
+SIGKILLed launcher takes its children with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
+from rl_core.metrics import METRICS_FILE, ConsoleSink, JsonlSink
+from rl_core.trainer import PROGRESS_FILE, latest_checkpoint, read_progress, write_json_atomic
+
+STATUS_FILE = "status.json"
+STOP_FILE = "STOP"  # asks the trainer to finish at the next step boundary
+SERVER_READY_PREFIX = "INFLIGHT_SERVER_READY"
+SERVER_START_TIMEOUT_S = 300.0
+FINAL_EVAL_TIMEOUT_S = 1800.0  # the actor's final evaluation after the trainer finished
+STOP_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
+SYSTEM_METRICS_EVERY_S = 5.0
+
+
+class LaunchError(RuntimeError):
+    """A run that cannot start or must stop; the message is what status.json shows."""
+
+
+# --- 1. validation before anything starts ------------------------------------------
+
+
+def resolve_model_path(config: RunConfig) -> Path:
+    """The model directory, built first if it is the default tiny model and missing."""
+    path = Path(config.model.path).expanduser()
+    if not path.exists():
+        is_default = path.resolve() == Path(DEFAULT_TINY_MODEL_DIR).resolve()
+        if is_default and config.model.build_tiny_if_missing:
+            from rl_core.tiny_model import ensure_tiny_model
+
+            print(f"building the tiny model at {path} (first run only)", flush=True)
+            return Path(ensure_tiny_model(path)).resolve()
+        raise LaunchError(f"model.path: {config.model.path} does not exist")
+    if not (path / "config.json").is_file():
+        raise LaunchError(f"model.path: {config.model.path} is not an HF model directory (no config.json)")
+    return path.resolve()
+
+
+def validate_inputs(config: RunConfig) -> None:
+    """Task data and benchmarks: a missing file or a bad row fails now, not mid-run."""
+    from rl_core.evaluation import get_benchmark, load_benchmark
+    from rl_core.tasks import load_task
+
+    if config.inference.engine != "reference":
+        raise LaunchError("inference.engine: the standalone launcher starts reference servers only; "
+                          "use engine: reference (vLLM servers are started by a GPU deployment)")
+    try:
+        load_task(config.task)
+    except (ValueError, OSError) as exc:
+        raise LaunchError(f"task: {exc}") from exc
+    for name in config.eval.benchmarks:
+        try:
+            get_benchmark(name)
+            load_benchmark(name, config.eval.data_dir, config.eval.max_problems)
+        except (ValueError, OSError) as exc:
+            raise LaunchError(f"eval.benchmarks: {exc}") from exc
+
+
+# --- 2. children -------------------------------------------------------------------
+
+
+def _child_setup(parent_pid: int) -> None:
+    """Runs in the child between fork and exec."""
+    # Ctrl-C reaches the whole foreground group; the launcher alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the launcher dies
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+
+def start_child(name: str, command: list[str], run_dir: Path) -> Child:
+    log_path = run_dir / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log: IO[bytes] = open(log_path, "ab")
+    parent = os.getpid()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env=env, preexec_fn=lambda: _child_setup(parent))
+    finally:
+        log.close()
+    return Child(name, process, log_path)
+
+
+def wait_for_server(child: Child, timeout_s: float, should_stop: Any) -> str:
+    """The server's URL from its `INFLIGHT_SERVER_READY <url>` log line."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise LaunchError("cancelled while starting servers")
+        for line in child.log_path.read_text(errors="replace").splitlines():
+            if line.startswith(SERVER_READY_PREFIX):
+                return line.split()[1]
+        if child.process.poll() is not None:
+            raise LaunchError(f"{child.name} exited with code {child.process.returncode} while starting; "
+                              f"last log lines:\n{log_tail(child.log_path)}")
+        time.sleep(0.1)
+    raise LaunchError(f"{child.name} did not become ready within {timeout_s:.0f} s; see {child.log_path}")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_children(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM to every live child, SIGKILL to any still alive after `timeout_s`."""
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def exit_description(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    return f"exited with code {code}" if code >= 0 else f"was killed by signal {signal.Signals(-code).name}"
+
+
+# --- 3. the run --------------------------------------------------------------------
+
+
+class Launcher:
+    def __init__(self, config: RunConfig, run_dir: Path, model_path: Path, resume: bool, console: bool = True) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.model_path = model_path
+        self.resume = resume
+        self.children: list[Child] = []
+        self.stop_signal: int | None = None
+        self.started = time.monotonic()
+        self.console = ConsoleSink(config.trainer.max_steps) if console else None
+        self._metrics_offset = 0
+        self._console_step = 0
+
+    def set_status(self, state: str, error: str | None = None) -> None:
+        write_json_atomic(self.run_dir / STATUS_FILE, {"state": state, "error": error, "pid": os.getpid(), "updated": time.time()})
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+
+    def python_child(self, name: str, *args: str) -> Child:
+        child = start_child(name, [sys.executable, "-m", "rl_core", *args], self.run_dir)
+        self.children.append(child)
+        return child
+
+    def start_all(self) -> None:
+        c = self.config
+        if c.stream.kind == "redis" and c.stream.redis_embedded:
+            from rl_core.stream import start_redis_server
+
+            parent = os.getpid()
+            process, _url = start_redis_server(self.run_dir / "redis", preexec_fn=lambda: _child_setup(parent))
+            self.children.append(Child("redis", process, self.run_dir / "redis" / "redis.log"))
+        serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
+        servers = []
+        for index in range(c.inference.num_servers):
+            port = c.inference.base_port + index if c.inference.base_port else 0
+            args = ["serve", "--model", str(serve_model), "--port", str(port), "--device", c.inference.device,
+                    "--dtype", c.model.dtype, "--max-batch-size", str(c.inference.max_batch_size),
+                    "--threads", str(c.inference.threads_per_server), "--seed", str(c.seed + index)]
+            if c.accelerations.histospec.enabled:
+                args.append("--histospec")
+            servers.append(self.python_child(f"server{index}", *args))
+        urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
+        joined = ",".join(urls)
+        trainer_args = ["trainer", "--run-dir", str(self.run_dir), "--servers", joined, "--model", str(self.model_path)]
+        if self.resume:
+            trainer_args.append("--resume")
+        self.python_child("trainer", *trainer_args)
+        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--servers", joined)
+
+    def child(self, name: str) -> Child:
+        return next(child for child in self.children if child.name == name)
+
+    def echo_metrics(self) -> None:
+        """Feed new metric lines to the console progress bar."""
+        if self.console is None:
+            return
+        path = self.run_dir / METRICS_FILE
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._metrics_offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        complete = data.rfind(b"\n") + 1
+        self._metrics_offset += complete
+        import json
+
+        for line in data[:complete].splitlines():
+            record = json.loads(line)
+            # Evaluations log at the step they started: the bar shows the newest step.
+            self._console_step = max(self._console_step, int(record.pop("step", 0)))
+            step = self._console_step
+            record.pop("t", None)
+            self.console.log(step, record)
+
+    def supervise(self) -> str:
+        """Returns the final state; raises LaunchError naming the child that failed."""
+        from rl_core.system_metrics import SystemSampler
+
+        sink = JsonlSink(self.run_dir / METRICS_FILE)
+        sampler = SystemSampler()
+        next_sample = 0.0
+        trainer_done_at: float | None = None
+        try:
+            while True:
+                if self.stop_signal is not None:
+                    return "cancelled"
+                now = time.monotonic()
+                if now >= next_sample:
+                    progress = read_progress(self.run_dir) or {}
+                    sink.log(int(progress.get("version", 0)), sampler.sample())
+                    next_sample = now + SYSTEM_METRICS_EVERY_S
+                wall = self.config.max_wall_time_s
+                if wall is not None and now - self.started > wall and not (self.run_dir / STOP_FILE).exists():
+                    (self.run_dir / STOP_FILE).write_text("max_wall_time_s reached\n")
+                self.check_children()
+                trainer = self.child("trainer")
+                if trainer_done_at is None and trainer.process.poll() == 0:
+                    trainer_done_at = now
+                if trainer_done_at is not None:
+                    if self.child("actor").process.poll() == 0:
+                        return "succeeded"
+                    if now - trainer_done_at > FINAL_EVAL_TIMEOUT_S:
+                        raise LaunchError(f"actor did not finish its final evaluation within {FINAL_EVAL_TIMEOUT_S:.0f} s")
+                self.echo_metrics()
+                time.sleep(0.2)
+        finally:
+            self.echo_metrics()
+            sink.close()
+
+    def check_children(self) -> None:
+        # The actor may exit a moment before the trainer process does: trust the published flag.
+        trainer_finished = self.child("trainer").process.poll() == 0 or bool((read_progress(self.run_dir) or {}).get("done"))
+
+        def finished_ok(child: Child) -> bool:
+            # The trainer ends by itself; the actor only after it (final evaluation done).
+            return child.process.returncode == 0 and (child.name == "trainer" or (child.name == "actor" and trainer_finished))
+
+        failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
+        if not failed or self.stop_signal is not None:
+            return  # (a group-wide SIGTERM that reached the children first is a cancel)
+        # A dying server makes the actor/trainer fail a moment later: name the root cause.
+        time.sleep(0.5)
+        failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
+        order = {"redis": 0, "server": 1, "trainer": 2, "actor": 3}
+        failed.sort(key=lambda child: order.get(child.name.rstrip("0123456789"), 9))
+        first = failed[0]
+        code = first.process.returncode
+        if first.name == "actor" and code == 0:
+            message = "actor exited before the trainer finished"
+        else:
+            message = f"{first.name} (pid {first.process.pid}) {exit_description(code)}"
+        raise LaunchError(f"{message}; last log lines of {first.log_path}:\n{log_tail(first.log_path)}")
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+        self.set_status("starting")
+        state, error = "failed", None
+        try:
+            self.start_all()
+            if self.stop_signal is None:
+                self.set_status("running")
+            state = self.supervise()
+        except LaunchError as exc:
+            state, error = ("cancelled", None) if self.stop_signal is not None else ("failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - any launcher bug still stops the children and says why
+            state, error = "failed", f"launcher error: {exc!r}"
+        finally:
+            # Actor first (stop new traffic), then trainer, servers, redis last.
+            stop_children(list(reversed(self.children)))
+        if self.console is not None:
+            self.console.close()
+        self.set_status(state, error)
+        if error:
+            print(f"run failed: {error}", file=sys.stderr, flush=True)
+        else:
+            print(f"run {state}: {self.run_dir}", flush=True)
+        return {"succeeded": 0, "cancelled": 130}.get(state, 1)
+
+
+def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        if latest_checkpoint(run_dir) is None:
+            raise LaunchError(f"--resume: {run_dir}/checkpoints/latest does not exist")
+    elif (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists():
+        raise LaunchError(f"--out {run_dir} already holds a run; use --resume to continue it or a new directory")
+    # Left over from the previous attempt: the actor must wait for the new trainer.
+    for name in (PROGRESS_FILE, STOP_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+    (run_dir / "config.yaml").write_text(config_to_yaml(config))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_core run", description="Run a whole RL run standalone.")
+    parser.add_argument("config", help="Run config YAML.")
+    parser.add_argument("--out", required=True, help="Run directory (created if missing).")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Override a field: key.path=value.")
+    parser.add_argument("--resume", action="store_true", help="Continue the run in --out from checkpoints/latest.")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar on the console.")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"invalid config:\n{exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.out).resolve()
+    try:
+        model_path = resolve_model_path(config)
+        validate_inputs(config)
+        # Children read config.yaml; they get the model as an absolute path.
+        config.model.path = str(model_path)
+        prepare_run_dir(run_dir, config, args.resume)
+    except LaunchError as exc:
+        print(f"cannot start the run: {exc}", file=sys.stderr)
+        return 2
+    return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet).run()
