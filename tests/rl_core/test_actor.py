@@ -1,0 +1,141 @@
+"""The actor against a real inference server (the tiny model, `python -m rl_core serve`)
+and a real file stream. The trainer is played by the test: it writes the progress
+file the real trainer publishes, so the max_lag throttle can be checked step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from rl_core.actor import Actor
+from rl_core.config import RunConfig
+from rl_core.metrics import JsonlSink, read_metrics
+from rl_core.stream import FileStreamReader, FileStreamWriter
+from rl_core.trainer import write_json_atomic
+
+
+def actor_config(model: Path, **overrides: object) -> RunConfig:
+    data = {
+        "model": {"path": str(model)},
+        "task": {"heldout_size": 4},
+        "sampling": {"max_new_tokens": 24},
+        "actor": {"group_size": 2, "groups_in_flight": 2, "max_lag": 1},
+        "trainer": {"samples_per_step": 2},
+        "eval": {"heldout_every_n_steps": 0, "heldout_k": 1},
+    }
+    data.update(overrides)
+    return RunConfig.model_validate(data)
+
+
+def publish(run_dir: Path, version: int, consumed: int, done: bool = False) -> None:
+    write_json_atomic(run_dir / "trainer_progress.json", {"version": version, "consumed": consumed, "done": done})
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_model: Path) -> Iterator[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rl_core", "serve", "--model", str(tiny_model), "--port", "0", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        for line in process.stdout:  # type: ignore[union-attr]
+            if line.startswith("INFLIGHT_SERVER_READY"):
+                yield line.split()[1]
+                break
+        else:
+            raise RuntimeError(f"server exited with {process.wait()} before it was ready")
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
+class NoClient:
+    """The throttle tests never generate; they only need a server slot."""
+
+
+def test_max_lag_budget_and_sync_batches(tiny_model: Path, tmp_path: Path) -> None:
+    config = actor_config(tiny_model, actor={"group_size": 2, "groups_in_flight": 8, "max_lag": 1},
+                          trainer={"samples_per_step": 4})
+    actor = Actor(config, tmp_path, [NoClient()], FileStreamWriter(tmp_path), JsonlSink(tmp_path / "m.jsonl"))
+    # budget (max_lag + 1) * S = 8 samples unconsumed + in flight
+    actor.samples_total, actor.consumed = 6, 0
+    assert actor.may_submit()  # 6 + 0 + 2 <= 8
+    actor.samples_total = 7
+    assert not actor.may_submit()  # 7 + 2 > 8
+    actor.consumed = 4  # the trainer took a step's worth
+    assert actor.may_submit()
+
+    sync = actor_config(tiny_model, mode="sync", sync_steps_per_batch=2,
+                        actor={"group_size": 2, "groups_in_flight": 8}, trainer={"samples_per_step": 4})
+    actor = Actor(sync, tmp_path, [NoClient()], FileStreamWriter(tmp_path / "s"), JsonlSink(tmp_path / "m2.jsonl"))
+    actor.samples_total = actor.consumed = 0
+    assert actor.may_submit()
+    actor.sync_launched = 8  # the whole batch (2 steps x 4) is launched
+    assert not actor.may_submit()
+    actor.sync_launched = 0
+    actor.samples_total = 8  # written, not yet trained: no new batch with stale weights
+    assert not actor.may_submit()
+    actor.consumed = 4
+    assert not actor.may_submit()
+    actor.consumed = 8
+    assert actor.may_submit()
+
+
+async def wait_until(predicate, timeout_s: float = 120.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(300)
+async def test_actor_generates_throttles_and_finishes_with_eval(tiny_model: Path, server_url: str, tmp_path: Path) -> None:
+    from rl_core.client import InferenceClient
+
+    config = actor_config(tiny_model)
+    writer = FileStreamWriter(tmp_path)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    client = InferenceClient(server_url)
+    actor = Actor(config, tmp_path, [client], writer, sink)
+    runner = asyncio.create_task(actor.run())
+    await asyncio.sleep(0.5)
+    assert writer.count() == 0  # no trainer yet: nothing generated
+    publish(tmp_path, version=0, consumed=0)
+
+    # Budget (max_lag + 1) * S = 4: the actor stalls at 4 samples until the trainer consumes.
+    await wait_until(lambda: writer.count() == 4 and not actor.in_flight)
+    await asyncio.sleep(0.5)
+    assert writer.count() == 4 and not actor.may_submit()
+    publish(tmp_path, version=1, consumed=2)
+    await wait_until(lambda: writer.count() == 6 and not actor.in_flight)
+
+    publish(tmp_path, version=1, consumed=6, done=True)
+    await asyncio.wait_for(runner, 120)
+    await client.aclose()
+    sink.close()
+
+    samples = FileStreamReader(tmp_path).read(100, 0.1)
+    assert len(samples) == 6
+    for group_start in range(0, 6, 2):
+        group = samples[group_start:group_start + 2]
+        assert group[0].group_id == group[1].group_id
+        mean = sum(s.reward for s in group) / 2
+        assert [s.advantage for s in group] == pytest.approx([s.reward - mean for s in group])
+    for sample in samples:
+        assert len(sample.completion_token_ids) == len(sample.behaviour_logprobs) == len(sample.token_versions) > 0
+        assert set(sample.token_versions) == {0}  # nobody updated the server's weights
+        assert all(logprob <= 0 for logprob in sample.behaviour_logprobs)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    keys = set().union(*records)
+    for key in ("reward/mean", "success/mean", "rollout/tokens_per_s", "rollout/in_flight",
+                "rollout/versions_per_sequence/max", "success/heldout"):
+        assert key in keys, key
+    heldout = [r for r in records if "success/heldout" in r]
+    assert [r["step"] for r in heldout] == [0, 1]  # at the start and at the final version
