@@ -1,0 +1,177 @@
+"""How fast the run page's downsampled snapshot is served for a 1,000,000-point run.
+
+Starts a private embedded PostgreSQL (fsync off: a throwaway database), migrates,
+COPYs 1M metric points of one run (20 metrics x 50,000 steps, in ingest batches of
+1,000 lines), then times, side by side in this one run:
+
+  cold       the first snapshot: all 1M points folded into the stored buckets (GROUP BY bucket)
+  warm       inflight.live.selectors.run_snapshot_json once the buckets are up to date
+  live       the same right after a new 20k-point ingest batch (folds only that batch)
+  endpoint   GET /runs/<id>/snapshot.json through Django (auth, query, JSON)
+  naive      every point to Python (inflight.runs.selectors.metric_points_since) and
+             downsampled there with the reference algorithm — what the SQL replaces
+
+Prints a table and `RESULT` lines; goal: snapshot_1m_ms <= 300.
+
+    .venv/bin/python bench/snapshot.py [--points 1000000] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "platform"))
+
+
+def _timed(fn, repeats: int) -> tuple[float, list[float], object]:
+    times = []
+    result = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), times, result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, default=1_000_000, help="Metric points to insert (20 metrics per step).")
+    parser.add_argument("--repeats", type=int, default=7, help="Timed repetitions (median reported).")
+    parser.add_argument("--naive-repeats", type=int, default=2, help="Repetitions of the slow all-points baseline.")
+    args = parser.parse_args()
+
+    from inflight.devservices import free_port, start_postgres, stop_postgres
+
+    folder = REPO_ROOT / "var" / "bench-snapshot" / str(os.getpid())
+    database_url, _ = start_postgres(folder, free_port(), fast_unsafe=True)
+    try:
+        os.environ["DATABASE_URL"] = database_url
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
+        import django
+
+        django.setup()
+        return run_bench(args)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        stop_postgres(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+
+    from inflight.live.downsample import snapshot_from_points
+    from inflight.live.selectors import run_snapshot, run_snapshot_json
+    from inflight.runs.models import MetricPoint, Run
+    from inflight.runs.selectors import metric_points_since
+
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("bench", password="bench-password-1")
+    run = Run.objects.create(owner=user, name="bench-1m", config={"trainer": {"samples_per_step": 32}}, status="running")
+
+    names = [f"metric/{i:02d}" for i in range(20)]
+    steps = args.points // len(names)
+    load_start = time.perf_counter()
+    buffer = io.StringIO()
+    for step in range(steps):
+        seq = step // 1_000 + 1  # one ingest batch per 1,000 metrics.jsonl lines
+        t = 1_700_000_000.0 + step * 0.8
+        for index, name in enumerate(names):
+            value = ((step * 7919 + index * 104729) % 1000) / 1000.0
+            buffer.write(f"{run.pk}\t{name}\t{step}\t{t!r}\t{value!r}\t{step}\t{seq}\n")
+    buffer.seek(0)
+    with connection.cursor() as cursor:
+        with cursor.copy(f"COPY {MetricPoint._meta.db_table} (run_id, name, step, t, value, line, seq) FROM STDIN") as copy:
+            while chunk := buffer.read(1 << 20):
+                copy.write(chunk)
+        cursor.execute(f"UPDATE {Run._meta.db_table} SET metrics_seq = %s WHERE id = %s", [(steps - 1) // 1_000 + 1, run.pk])
+        cursor.execute(f"VACUUM ANALYZE {MetricPoint._meta.db_table}")
+    load_s = time.perf_counter() - load_start
+    total = MetricPoint.objects.filter(run=run).count()
+
+    # Cold: the first snapshot of the run folds all 1M points into the stored buckets.
+    cold_start = time.perf_counter()
+    run_snapshot(run)
+    cold_ms = (time.perf_counter() - cold_start) * 1000
+    # Warm: what every later page load of the finished run costs.
+    selector_ms, selector_all, _ = _timed(lambda: run_snapshot_json(run), args.repeats)
+    snapshot = run_snapshot(run)
+    client = Client()
+    client.force_login(user)
+    url = f"/runs/{run.pk}/snapshot.json"
+
+    def fetch() -> int:
+        response = client.get(url)
+        assert response.status_code == 200, response.status_code
+        return len(response.content)
+
+    endpoint_ms, endpoint_all, body_bytes = _timed(fetch, args.repeats)
+
+    def naive() -> dict:
+        seq, points = metric_points_since(run, 0)
+        return snapshot_from_points(points, seq=seq)
+
+    naive_ms, naive_all, naive_snapshot = _timed(naive, args.naive_repeats)
+    same = {key: snapshot[key] for key in naive_snapshot} == naive_snapshot
+
+    # Live: a new ingest batch (1,000 lines x 20 metrics, through the real service) lands
+    # before each page load; the snapshot folds just that batch in.
+    from inflight.runs.services import PointIn, ingest_metrics
+
+    live_all = []
+    next_step = steps
+    for _ in range(args.repeats):
+        batch = [
+            PointIn(line=step, name=name, step=step, t=1_700_000_000.0 + step * 0.8, value=(step % 97) / 97)
+            for step in range(next_step, next_step + 1_000)
+            for name in names
+        ]
+        next_step += 1_000
+        ingest_metrics(run.pk, batch)
+        start = time.perf_counter()
+        run_snapshot_json(run)
+        live_all.append((time.perf_counter() - start) * 1000)
+    live_snapshot = run_snapshot(run)
+    live_ms = statistics.median(live_all)
+    _, all_points = metric_points_since(run, 0)
+    live_same = {key: live_snapshot[key] for key in ("series", "shift", "max_step")} == {
+        key: value for key, value in snapshot_from_points(all_points).items() if key in ("series", "shift", "max_step")
+    }
+    buckets = sum(len(series["b"]) for series in snapshot["series"].values())
+    print(f"points: {total:,} ({len(names)} metrics x {steps:,} steps), loaded in {load_s:.1f}s")
+    print(f"grid: width {snapshot['width']} steps, {buckets:,} buckets in {len(snapshot['series'])} series, JSON {body_bytes:,} bytes")
+    print(f"{'what':<34} {'median ms':>10}   all runs (ms)")
+    rows = (
+        ("cold: first snapshot (fold 1M)", cold_ms, [cold_ms]),
+        ("warm: selector", selector_ms, selector_all),
+        ("warm: endpoint (Django + JSON)", endpoint_ms, endpoint_all),
+        ("live: selector after +20k points", live_ms, live_all),
+        ("naive: all points to Python", naive_ms, naive_all),
+    )
+    for label, median, runs in rows:
+        print(f"{label:<34} {median:>10.1f}   {' '.join(f'{ms:.0f}' for ms in runs)}")
+    print(f"SQL snapshot identical to the Python reference over all points: {same} (warm), {live_same} (live)")
+    print(f"RESULT snapshot_1m_ms {selector_ms:.1f}")
+    print(f"RESULT snapshot_1m_endpoint_ms {endpoint_ms:.1f}")
+    print(f"RESULT snapshot_1m_live_after_20k_points_ms {live_ms:.1f}")
+    print(f"RESULT snapshot_1m_cold_ms {cold_ms:.1f}")
+    print(f"RESULT snapshot_1m_naive_python_ms {naive_ms:.1f}")
+    print(f"RESULT snapshot_1m_speedup_vs_naive {naive_ms / selector_ms:.1f}")
+    return 0 if same and live_same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
