@@ -155,3 +155,118 @@ def test_speculation_stats_metrics() -> None:
     assert stats.metrics() == {}
     with pytest.raises(ValueError, match="accepted"):
         stats.record(2, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# With the real reference engine: lossless under greedy decoding and under sampling
+# ---------------------------------------------------------------------------------------------
+
+
+def _chat_prompt(tokenizer, text: str) -> list[int]:
+    messages = [{"role": "system", "content": "Solve the problem. Put the final answer in \\boxed{}."}, {"role": "user", "content": text}]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def test_greedy_outputs_identical_with_drafts_from_history(tiny_model) -> None:
+    from rl_core.contracts import SamplingParams
+    from rl_core.engine import EngineConfig, ReferenceEngine
+
+    engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=8))
+    prompts = [_chat_prompt(engine.tokenizer, f"Compute {a} + {b}.") for a, b in ((3, 4), (12, 7), (9, 15), (20, 1))]
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    with engine:
+        plain = [result.token_ids for result in engine.generate(prompts, params)]
+    drafter = HistoryDrafter(HistoSpecConfig(enabled=True))
+    for index, tokens in enumerate(plain):
+        drafter.add_response(f"q{index}", tokens)
+    engine.drafter = drafter
+    with engine:
+        futures = [engine.submit(prompt, params, history_key=f"q{i}") for i, prompt in enumerate(prompts)]
+        drafted = [future.result(timeout=120).token_ids for future in futures]
+    assert drafted == plain
+    assert engine.counters["spec_drafted_tokens"] > 0
+    assert engine.counters["spec_accepted_tokens"] == engine.counters["spec_drafted_tokens"]
+
+
+def test_sampled_tokens_keep_the_model_distribution_when_drafts_are_often_wrong(tiny_model) -> None:
+    """Chi-square of the drafted position's token frequencies against the model's exact
+    next-token probabilities. The draft is the *second* most likely token, so both the accept
+    and the reject-and-resample paths are taken many times."""
+    from rl_core.contracts import SamplingParams
+    from rl_core.engine import EngineConfig, ReferenceEngine
+
+    torch = pytest.importorskip("torch")
+    # The engine drafts already at prefill (from the empty response), so a 2-token draft covers
+    # the certain token and then the uncertain one.
+    engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=64, initial_draft_len=2, max_draft_len=2))
+    model, tokenizer = engine.model, engine.tokenizer
+
+    # Find a position whose token is nearly certain, followed by one that is genuinely uncertain
+    # (an answer digit): the engine prompt ends just before the certain token, which the prefill
+    # samples; the uncertain one is the drafted position.
+    base = _chat_prompt(tokenizer, "Compute 13 + 11.")
+    context = list(base)
+    found = None
+    with torch.no_grad():
+        for _ in range(16):
+            probs = torch.softmax(model(torch.tensor([context])).logits[0, -1].float(), dim=-1)
+            top = probs.topk(2)
+            if found is not None and 0.2 <= float(top.values[0]) <= 0.85 and float(top.values[1]) >= 0.05:
+                found = (found[0], found[1], probs)
+                break
+            found = (list(context), int(top.indices[0])) if float(top.values[0]) > 0.95 else None
+            context.append(int(top.indices[0]))
+    assert found is not None and len(found) == 3, "no certain-then-uncertain position in the greedy answer"
+    prompt, certain_token, exact = found
+    second_best = int(exact.topk(2).indices[1])
+    best = int(exact.topk(2).indices[0])
+
+    drafter = HistoryDrafter(HistoSpecConfig(enabled=True))
+    for tokens in ([certain_token, second_best], [certain_token, second_best], [certain_token, best]):
+        drafter.add_response("q", tokens)
+    assert drafter.draft("q", [], 2) == [certain_token, second_best]
+    engine.drafter = drafter
+    # Keep the history fixed: finished samples must not change what later ones are drafted from.
+    drafter.add_response = lambda history_key, token_ids: None  # type: ignore[method-assign]
+
+    samples = 1500
+    params = [SamplingParams(temperature=1.0, max_new_tokens=3, seed=seed) for seed in range(samples)]
+    with engine:
+        futures = [engine.submit(prompt, p, history_key="q") for p in params]
+        results = [future.result(timeout=600) for future in futures]
+    drafted_positions = [r.token_ids[1] for r in results if r.token_ids[0] == certain_token and len(r.token_ids) > 1]
+    assert len(drafted_positions) > 0.9 * samples
+    accepted_second = sum(token == second_best for token in drafted_positions)
+    # Drafted tokens = 2 per request; rejections happen (almost only) at the uncertain position.
+    assert engine.counters["spec_drafted_tokens"] == 2 * samples
+    rejected = engine.counters["spec_drafted_tokens"] - engine.counters["spec_accepted_tokens"]
+    assert 0.3 * samples < rejected < 0.9 * samples, "both accept and reject paths must be exercised"
+    assert accepted_second > 0.2 * samples
+
+    observed: dict[int, int] = {}
+    for token in drafted_positions:
+        observed[token] = observed.get(token, 0) + 1
+    count = len(drafted_positions)
+    expected = exact.double() * count
+    # Bins with at least 5 expected draws, the rest pooled into one bin.
+    big = [token for token in range(expected.numel()) if float(expected[token]) >= 5.0]
+    big_set = set(big)
+    stat = 0.0
+    for token in big:
+        stat += (observed.get(token, 0) - float(expected[token])) ** 2 / float(expected[token])
+    rest_expected = count - sum(float(expected[token]) for token in big)
+    rest_observed = count - sum(observed.get(token, 0) for token in big)
+    bins = len(big)
+    if rest_expected >= 5.0:
+        stat += (rest_observed - rest_expected) ** 2 / rest_expected
+        bins += 1
+    else:
+        assert rest_observed <= max(5, 3 * rest_expected), f"{rest_observed} draws outside the likely tokens"
+    assert bins >= 2 and second_best in big_set
+    degrees = bins - 1
+    p_value = float(torch.special.gammaincc(torch.tensor(degrees / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+    # Seeded requests make this deterministic; 1e-3 would flag a biased sampler at this sample size
+    # (e.g. always keeping the draft moves its frequency from p to ~1).
+    assert p_value > 1e-3, f"chi-square {stat:.1f} on {degrees} dof, p={p_value:.2e}: drafted tokens are not distributed as the model"
+    frequency = observed.get(second_best, 0) / count
+    assert abs(frequency - float(exact[second_best])) < 0.06
