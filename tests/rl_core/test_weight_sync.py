@@ -71,7 +71,7 @@ def test_broadcast_updates_the_server_in_flight(server, untrained_tiny_model: Pa
             after = await client.generate(messages, SamplingParams(temperature=0.0, max_new_tokens=16))
             return spanning, figures, after, await client.health()
 
-    spanning, figures, after, health = asyncio.run(scenario())
+    spanning, figures, after, health = asyncio.run(asyncio.wait_for(scenario(), 300))
     assert health["version"] == 1
     assert figures["weights/update_pause_s"] > 0 and figures["weights/broadcast_s"] > 0
     assert set(spanning[0].token_versions) == {0, 1}
