@@ -175,6 +175,7 @@
     var info = document.getElementById("points-info");
     info.dataset.buckets = String(buckets);
     info.dataset.seq = String(state.seq);
+    info.dataset.maxStep = String(state.maxStep === null ? -1 : state.maxStep);
     info.textContent = names.length + " series · " + buckets + " buckets · width " + Math.pow(2, state.shift) + " · seq " + state.seq;
   }
 
