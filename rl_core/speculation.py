@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from rl_core.config import HistoSpecConfig
 
@@ -194,6 +195,25 @@ class SpeculationStats:
         if reset:
             self.drafted_tokens = self.accepted_tokens = self.verify_steps = 0
         return out
+
+
+def spec_metrics_from_counters(
+    current: Mapping[str, float], previous: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """`spec/*` metrics between two readings of an engine's cumulative counters
+    (`spec_drafted_tokens`, `spec_accepted_tokens`, `spec_verify_steps` — `ReferenceEngine.stats()`
+    or a server's `/metrics`), so whoever polls a server can log them; empty when nothing was drafted."""
+    previous = previous or {}
+    stats = SpeculationStats()
+
+    def delta(key: str) -> int:
+        return int(current.get(key, 0)) - int(previous.get(key, 0))
+
+    drafted, accepted, steps = delta("spec_drafted_tokens"), delta("spec_accepted_tokens"), delta("spec_verify_steps")
+    if drafted <= 0:
+        return {}
+    stats.drafted_tokens, stats.accepted_tokens, stats.verify_steps = drafted, accepted, max(steps, 1)
+    return stats.metrics()
 
 
 def make_drafter(config: HistoSpecConfig) -> HistoryDrafter | None:

@@ -10,7 +10,13 @@ import random
 import pytest
 
 from rl_core.config import HistoSpecConfig
-from rl_core.speculation import DraftLengthController, HistoryDrafter, SpeculationStats, make_drafter
+from rl_core.speculation import (
+    DraftLengthController,
+    HistoryDrafter,
+    SpeculationStats,
+    make_drafter,
+    spec_metrics_from_counters,
+)
 
 
 def _drafter(**overrides) -> HistoryDrafter:
@@ -139,6 +145,22 @@ def test_draft_length_controller_doubles_and_halves() -> None:
     assert controller.update(8, 0) == 4
     assert controller.update(0, 0) == 4  # nothing drafted: no change
     assert controller.update(4, 1) == 2 and controller.update(2, 1) == 1 and controller.update(1, 0) == 1
+
+
+def test_spec_metrics_from_engine_counters() -> None:
+    first = {"spec_drafted_tokens": 10, "spec_accepted_tokens": 6, "spec_verify_steps": 4}
+    second = {"spec_drafted_tokens": 30, "spec_accepted_tokens": 21, "spec_verify_steps": 9}
+    assert spec_metrics_from_counters(first) == {
+        "spec/acceptance_rate": 0.6,
+        "spec/mean_accepted_len": 1.5,
+        "spec/drafted_tokens": 10.0,
+    }
+    assert spec_metrics_from_counters(second, first) == {
+        "spec/acceptance_rate": 15 / 20,
+        "spec/mean_accepted_len": 3.0,
+        "spec/drafted_tokens": 20.0,
+    }
+    assert spec_metrics_from_counters(second, second) == {}
 
 
 def test_speculation_stats_metrics() -> None:
