@@ -142,3 +142,40 @@ def test_cli_prints_the_score_and_writes_per_problem_jsonl(untrained_tiny_model:
     bad = subprocess.run([sys.executable, "-m", "rl_core", "eval", "--model", str(untrained_tiny_model), "--benchmark", "nope"],
                          capture_output=True, text=True, cwd=repo_root, timeout=120)
     assert bad.returncode == 2 and "unknown 'nope'" in bad.stderr
+
+
+def test_evaluate_through_a_real_inference_server(untrained_tiny_model: Path, shared_data_dir: Path, tmp_path: Path, repo_root: Path) -> None:
+    from rl_core.client import InferenceClient
+    from rl_core.server import READY_PREFIX
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rl_core", "serve", "--model", str(untrained_tiny_model), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=repo_root,
+    )
+    try:
+        url = None
+        assert server.stdout is not None
+        for line in server.stdout:  # the server prints its URL once it listens
+            if line.startswith(READY_PREFIX):
+                url = line[len(READY_PREFIX):].strip()
+                break
+        assert url and url.startswith("http://127.0.0.1:")
+
+        async def run() -> object:
+            async with InferenceClient(url) as client:
+                return await evaluate("aime24", client.generate, k=3, max_problems=2, data_dir=shared_data_dir,
+                                      sampling=SamplingParams(temperature=1.0, max_new_tokens=5, seed=1))
+
+        report = asyncio.run(run())
+        assert report.num_problems == 2 and report.num_samples == 6
+        assert report.results[0].problem_id == "2024-I-1" and report.policy_versions == [0]
+        # The CLI's --server path writes the same per-problem file.
+        out = tmp_path / "aime.jsonl"
+        done = subprocess.run([sys.executable, "-m", "rl_core", "eval", "--server", url, "--benchmark", "aime24", "--k", "2",
+                               "--max-problems", "1", "--max-new-tokens", "4", "--out", str(out), "--data-dir", str(shared_data_dir)],
+                              capture_output=True, text=True, cwd=repo_root, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(out.read_text())["problem_id"] == "2024-I-1"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

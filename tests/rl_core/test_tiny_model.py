@@ -58,7 +58,7 @@ def test_same_seed_same_model_other_seed_other_weights(untrained_tiny_model: Pat
 
 
 def test_short_warm_start_is_reproducible_and_recorded(tmp_path: Path) -> None:
-    recipe = WarmStartSpec(steps=3, batch_size=4, eval_samples_per_problem=1, eval_problems=8)
+    recipe = WarmStartSpec(max_steps=3, check_every=2, validation_problems=8, batch_size=4, eval_samples_per_problem=1, eval_problems=8)
     paths = [build_tiny_model(tmp_path / name, seed=0, warm=recipe, log=lambda _: None) for name in ("a", "b")]
     weights = [load_file(str(p / "model.safetensors")) for p in paths]
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
