@@ -121,6 +121,20 @@ def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_wo
             page.wait_for_url(re.compile(rf".*/runs/{run_id}/$"))
             wait_for(lambda: page.get_attribute("#run-status", "data-status") == "cancelled", timeout=120, interval=0.5, message="cancelled on the page")
             assert page.locator("#run-status .status").inner_text() == "cancelled"
+
+            # The other pages render what the run logged (screenshots for a human look).
+            page.goto(f"{daphne_server}/")
+            assert page.locator(f'[data-status-of="{run_id}"]').inner_text() == "cancelled"
+            page.screenshot(path="/tmp/runs_list.png", full_page=True)
+            page.goto(f"{daphne_server}/compare/?runs={run_id}")
+            page.wait_for_selector(".chart-card .main-svg")
+            assert page.locator("#metric-select option").count() > 5
+            page.screenshot(path="/tmp/compare_page.png", full_page=True)
+            page.goto(f"{daphne_server}/runs/new/?preset=tiny-cpu")
+            page.fill('input[name="trainer.lr"]', "fast")
+            page.click("#launch-form")
+            assert "valid number" in page.locator('[data-error-for="trainer.lr"]').inner_text()
+            page.screenshot(path="/tmp/create_page.png", full_page=False)
         finally:
             browser.close()
     # (The ORM is used only here: Playwright's sync API runs an event loop in this thread.)
