@@ -224,7 +224,6 @@ _INSERT_POINTS_SQL = f"""
 INSERT INTO {MetricPoint._meta.db_table} (run_id, seq, line, name, step, t, value)
 SELECT %s, %s, * FROM unnest(%s::bigint[], %s::varchar[], %s::bigint[], %s::float8[], %s::float8[])
 ON CONFLICT (run_id, line, name) DO NOTHING
-RETURNING name, step, t, value
 """
 
 
@@ -260,7 +259,15 @@ def ingest_metrics(run_id: int, points: Sequence[PointIn]) -> int | None:
                     [p.value for p in clean],
                 ],
             )
-            stored = [[name, step, t, value] for name, step, t, value in cursor.fetchall()]
+            inserted = cursor.rowcount
+            if inserted == len(clean):
+                stored = [[p.name[:120], p.step, p.t, p.value] for p in clean]  # the common case: all new
+            elif inserted > 0:
+                # Part of the batch was stored before (a re-send overlapping new lines): push only the new part.
+                cursor.execute(f"SELECT name, step, t, value FROM {MetricPoint._meta.db_table} WHERE run_id = %s AND seq = %s ORDER BY line, name", [run_id, seq])
+                stored = [list(row) for row in cursor.fetchall()]
+            else:
+                stored = []
         if not stored:
             transaction.set_rollback(True)
             return None
