@@ -109,12 +109,14 @@ class Child:
     name: str
     process: subprocess.Popen
     log_path: Path
+    log_offset: int = 0  # the log is appended to across resumes: this launch's part starts here
 
 
 def start_child(name: str, command: list[str], run_dir: Path) -> Child:
     log_path = run_dir / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log: IO[bytes] = open(log_path, "ab")
+    offset = log.tell()
     parent = os.getpid()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -122,7 +124,7 @@ def start_child(name: str, command: list[str], run_dir: Path) -> Child:
                                    env=env, preexec_fn=lambda: _child_setup(parent))
     finally:
         log.close()
-    return Child(name, process, log_path)
+    return Child(name, process, log_path, offset)
 
 
 def wait_for_server(child: Child, timeout_s: float, should_stop: Any) -> str:
@@ -131,7 +133,10 @@ def wait_for_server(child: Child, timeout_s: float, should_stop: Any) -> str:
     while time.monotonic() < deadline:
         if should_stop():
             raise LaunchError("cancelled while starting servers")
-        for line in child.log_path.read_text(errors="replace").splitlines():
+        with open(child.log_path, "rb") as handle:
+            handle.seek(child.log_offset)
+            text = handle.read().decode(errors="replace")
+        for line in text.splitlines():
             if line.startswith(SERVER_READY_PREFIX):
                 return line.split()[1]
         if child.process.poll() is not None:
