@@ -105,8 +105,9 @@ async def test_other_users_and_anonymous_are_refused(owner, other_user) -> None:
         await asyncio.sleep(0.5)
         assert await socket.receive_nothing(timeout=0.5)
         await socket.disconnect()
-    missing = await _connect(987_654, owner)
-    assert await missing.receive_output(timeout=10) == {"type": "websocket.close", "code": CLOSE_FORBIDDEN}
+    for missing_id in (987_654, 10**30):
+        missing = await _connect(missing_id, owner)
+        assert await missing.receive_output(timeout=10) == {"type": "websocket.close", "code": CLOSE_FORBIDDEN}
 
 
 def test_coalescing_never_hides_a_gap() -> None:

@@ -251,3 +251,13 @@ def test_snapshot_endpoint_refuses_bad_parameters(owner_client: Client, owner) -
     coarse = owner_client.get(url + "?min_shift=2").json()
     assert coarse["width"] == 4 and coarse["series"]["reward/mean"]["b"] == [0, 1]
     assert owner_client.get(url + "?names=nothing").json()["series"] == {}
+
+
+def test_out_of_range_ids_are_not_found_rather_than_errors(owner_client: Client) -> None:
+    huge = "9" * 25
+    assert owner_client.get(f"/runs/{huge}/").status_code == 404
+    assert owner_client.get(f"/runs/{huge}/snapshot.json").status_code == 404
+    assert owner_client.post(f"/runs/{huge}/stop/").status_code == 404
+    assert owner_client.get(reverse("web:runs_status") + f"?ids={huge}").status_code == 400
+    assert owner_client.get(reverse("web:compare") + f"?runs={huge}").status_code == 400
+    assert owner_client.get(reverse("web:compare") + "?runs=-3").status_code == 400

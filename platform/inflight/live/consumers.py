@@ -44,6 +44,8 @@ def coalesce_batches(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _visible_run_id(user: Any, run_id: int) -> int | None:
+    if run_id > 2**63 - 1:  # not a bigint primary key: no such run
+        return None
     try:
         return get_run_for_user(user, run_id).pk
     except Run.DoesNotExist:

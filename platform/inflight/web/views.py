@@ -59,7 +59,25 @@ def json_login_required(view: Callable[..., HttpResponse]) -> Callable[..., Http
     return wrapper
 
 
+# Primary keys are PostgreSQL bigints: a larger id in a URL is simply not a run (and must
+# not reach the database, which would refuse it with an error).
+MAX_ID = 2**63 - 1
+
+
+def _parse_ids(parts: list[str]) -> list[int]:
+    """Run ids from text; ValueError naming the first bad one."""
+    ids = []
+    for part in parts:
+        part = part.strip()
+        if not part.isdigit() or int(part) > MAX_ID:
+            raise ValueError(f"{part[:40]!r} is not a run id")
+        ids.append(int(part))
+    return list(dict.fromkeys(ids))
+
+
 def _visible_run(request: HttpRequest, run_id: int) -> Run | None:
+    if run_id > MAX_ID:
+        return None
     try:
         return get_run_for_user(request.user, run_id)
     except Run.DoesNotExist:
@@ -82,9 +100,9 @@ def runs_status_json(request: HttpRequest) -> HttpResponse:
     """Status of the listed runs (`?ids=1,2,3`) the user may see; the runs list polls this."""
     raw = request.GET.get("ids", "")
     try:
-        ids = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        return _json_error(400, f"ids: expected comma-separated run ids, got {raw[:80]!r}")
+        ids = _parse_ids([part for part in raw.split(",") if part.strip()])
+    except ValueError as exc:
+        return _json_error(400, f"ids: expected comma-separated run ids; {exc}")
     if len(ids) > 500:
         return _json_error(400, "ids: at most 500 runs per request")
     runs = runs_visible_to(request.user).filter(pk__in=ids)
@@ -258,9 +276,9 @@ def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
 def compare(request: HttpRequest) -> HttpResponse:
     raw_ids = [part for value in request.GET.getlist("runs") for part in value.split(",") if part.strip()]
     try:
-        ids = list(dict.fromkeys(int(part) for part in raw_ids))
-    except ValueError:
-        return _error_page(request, 400, f"runs: expected run ids, got {', '.join(raw_ids)[:80]!r}")
+        ids = _parse_ids(raw_ids)
+    except ValueError as exc:
+        return _error_page(request, 400, f"runs: expected run ids; {exc}")
     if len(ids) > MAX_COMPARED_RUNS:
         return _error_page(request, 400, f"runs: compare at most {MAX_COMPARED_RUNS} runs at once")
     visible = {run.pk: run for run in runs_visible_to(request.user).filter(pk__in=ids)}
