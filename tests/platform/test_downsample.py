@@ -101,17 +101,22 @@ def test_js_twin_computes_the_same_snapshot() -> None:
     rest = points[900:]
     for i, start in enumerate(range(0, len(rest), 250)):
         batches.append({"type": "metrics.batch", "seq": i + 1, "points": [list(p) for p in rest[start:start + 250]]})
+    n = len(batches)
+    gapped = {"type": "metrics.batch", "from_seq": n + 2, "seq": n + 2, "points": [["reward/mean", 9_000, 1.0, 7.0]]}
+    overlapping = {"type": "metrics.batch", "from_seq": n - 1, "seq": n + 1, "points": batches[-1]["points"] + [["reward/mean", 9_000, 2.0, -7.0]]}
     script = (
         "const D = require(process.argv[1]);"
         "const input = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
         "const state = D.State.fromSnapshot(input.snapshot);"
         "const outcomes = input.batches.map(b => state.applyBatch(b));"
         "outcomes.push(state.applyBatch(input.batches[0]));"  # a replayed push is stale
+        "outcomes.push(state.applyBatch(input.gapped));"  # a push that skips a batch is a gap
+        "outcomes.push(state.applyBatch(input.overlapping));"  # coalesced, overlapping what is held
         "process.stdout.write(JSON.stringify({snapshot: state.toSnapshot(), outcomes}));"
     )
     done = subprocess.run(
         ["node", "-e", script, str(DOWNSAMPLE_JS)],
-        input=json.dumps({"snapshot": first, "batches": batches}),
+        input=json.dumps({"snapshot": first, "batches": batches, "gapped": gapped, "overlapping": overlapping}),
         capture_output=True,
         text=True,
         timeout=60,
@@ -120,8 +125,11 @@ def test_js_twin_computes_the_same_snapshot() -> None:
     from_js = json.loads(done.stdout)
     python_state = DownsampleState.from_snapshot(first)
     outcomes = [python_state.apply_batch(batch) for batch in batches] + [python_state.apply_batch(batches[0])]
-    assert from_js["outcomes"] == outcomes == ["applied"] * len(batches) + ["stale"]
-    assert from_js["snapshot"] == python_state.to_snapshot() == snapshot_from_points(points, seq=len(batches))
+    outcomes += [python_state.apply_batch(gapped), python_state.apply_batch(overlapping)]
+    assert from_js["outcomes"] == outcomes == ["applied"] * n + ["stale", "gap", "applied"]
+    all_points = points + [("reward/mean", 9_000, 2.0, -7.0)]
+    assert from_js["snapshot"] == python_state.to_snapshot() == snapshot_from_points(all_points, seq=n + 1)
+    assert python_state.shift == 4  # step 9_000 forced one more doubling in both
 
 
 def test_a_coalesced_push_may_overlap_but_not_skip() -> None:
