@@ -281,6 +281,7 @@ class Trainer:
                 "train/samples_per_s": stats.num_samples / elapsed,
                 "train/tokens_per_s": stats.num_tokens / elapsed,
                 "train/step_s": train_s,
+                "train/reward_mean": sum(sample.reward for sample in samples) / len(samples),
                 "train/samples_consumed": float(self.consumed),
                 "train/dropped_stale": float(self.dropped_stale),
                 "policy_lag/mean": stats.lag_mean,
