@@ -32,6 +32,40 @@ from rl_core.kv_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
 
+ENGINE_ATTENTION = "inflight_sdpa"
+
+
+def _masked_gqa_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """sdpa with the engine's explicit mask and grouped KV heads passed as they are.
+
+    The stock HF sdpa path repeats K/V for every query head whenever a mask is
+    given (a copy of the whole cache per layer per step); `enable_gqa` lets the
+    kernel share them instead. Same math, so outputs match stock sdpa. Calls
+    without a mask (e.g. `model.generate` on the engine's model) go to stock sdpa."""
+    if attention_mask is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ENGINE_ATTENTION, _masked_gqa_sdpa)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -118,7 +152,12 @@ class ReferenceEngine:
             max_capacity=self.max_seq_len,
         )
         # sdpa takes a boolean "may attend" mask; eager attention adds a float mask.
-        self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
+        attention = getattr(model.config, "_attn_implementation", "sdpa")
+        if attention == "sdpa":
+            _register_attention()
+            model.set_attn_implementation(ENGINE_ATTENTION)
+            attention = ENGINE_ATTENTION
+        self._bool_mask = attention in ("sdpa", ENGINE_ATTENTION)
         self.default_stop_ids = frozenset(_eos_ids(model, tokenizer))
         # Tied weights (lm_head = embed_tokens) appear under both names here, so
         # either name from a trainer lands on the same storage.
@@ -454,9 +493,7 @@ class ReferenceEngine:
         query_lens = torch.tensor([len(query) for query in queries], device=self.device)
         width = int(query_lens.max())
         starts = torch.tensor([seq.cache_len for seq in seqs], device=self.device)
-        input_ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
-        for row, query in enumerate(queries):
-            input_ids[row, width - len(query) :] = torch.tensor(query, dtype=torch.long)
+        input_ids = torch.tensor([[0] * (width - len(query)) + query for query in queries], dtype=torch.long, device=self.device)
         columns = torch.arange(width, device=self.device).unsqueeze(0)
         pad = (width - query_lens).unsqueeze(1)
         real = columns >= pad

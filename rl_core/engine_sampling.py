@@ -53,13 +53,15 @@ def sample_rows(
     greedy_rows = [row for row in range(count) if temperatures[row] <= 0.0]
     sampled_rows = [row for row in range(count) if temperatures[row] > 0.0]
     if greedy_rows:
-        index = torch.tensor(greedy_rows, dtype=torch.long, device=logits.device)
-        rows = logits.index_select(0, index).float()
+        if len(greedy_rows) == count:
+            rows = logits.float()
+        else:
+            rows = logits.index_select(0, torch.tensor(greedy_rows, dtype=torch.long, device=logits.device)).float()
         best = rows.argmax(dim=-1)
         best_logprobs = torch.log_softmax(rows, dim=-1).gather(-1, best.unsqueeze(-1)).squeeze(-1)
-        for position, row in enumerate(greedy_rows):
-            tokens[row] = int(best[position])
-            logprobs[row] = float(best_logprobs[position])
+        for row, token, logprob in zip(greedy_rows, best.tolist(), best_logprobs.tolist()):
+            tokens[row] = token
+            logprobs[row] = logprob
     if sampled_rows:
         index = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
         rows = logits.index_select(0, index)
@@ -68,9 +70,9 @@ def sample_rows(
         probs = adjusted_probs(rows, temperature, top_p)
         chosen = draw(probs, torch.tensor([uniforms[row] for row in sampled_rows], device=logits.device))
         chosen_logprobs = probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).log()
-        for position, row in enumerate(sampled_rows):
-            tokens[row] = int(chosen[position])
-            logprobs[row] = float(chosen_logprobs[position])
+        for row, token, logprob in zip(sampled_rows, chosen.tolist(), chosen_logprobs.tolist()):
+            tokens[row] = token
+            logprobs[row] = logprob
     return tokens, logprobs
 
 

@@ -1,7 +1,8 @@
 """Slot-based KV cache for the reference engine.
 
 Every running sequence owns one *slot*: a row of a preallocated
-`[slots, kv_heads, capacity, head_dim]` tensor per layer. A forward pass covers
+`[slots, capacity, kv_heads, head_dim]` tensor per layer (token-major, so the
+new tokens of a step land with one `index_copy_` into a flat view). A forward pass covers
 any subset of slots with a different query length and start position per
 sequence; the model's attention layers call `update()`, which writes the new
 keys/values at each sequence's own positions and hands back the keys/values of
@@ -46,20 +47,19 @@ class SlotKVCache:
         # Set by `prepare()` for the forward pass about to run.
         self._slot_rows: torch.Tensor | slice = slice(0, 0)
         self._write_source: torch.Tensor = torch.empty(0, dtype=torch.long)
-        self._write_slots: torch.Tensor = torch.empty(0, dtype=torch.long)
-        self._write_positions: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self._write_rows: torch.Tensor = torch.empty(0, dtype=torch.long)
         self._kv_length = 0
 
     def _grow(self, capacity: int) -> None:
         # Growing copies the cache once per doubling; between steps only, so no
         # forward pass ever sees a half-copied cache.
-        shape = (self.num_slots, self.num_kv_heads, capacity, self.head_dim)
+        shape = (self.num_slots, capacity, self.num_kv_heads, self.head_dim)
         new_keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         new_values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
         if self.capacity:
             for layer in range(self.num_layers):
-                new_keys[layer][:, :, : self.capacity] = self.keys[layer]
-                new_values[layer][:, :, : self.capacity] = self.values[layer]
+                new_keys[layer][:, : self.capacity] = self.keys[layer]
+                new_values[layer][:, : self.capacity] = self.values[layer]
         self.keys, self.values, self.capacity = new_keys, new_values, capacity
 
     def ensure_capacity(self, length: int) -> None:
@@ -95,8 +95,8 @@ class SlotKVCache:
         else:
             self._slot_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         self._write_source = write_source
-        self._write_slots = write_slots
-        self._write_positions = write_positions
+        # Row of each new token in the flat `[slots * capacity, heads, head_dim]` view.
+        self._write_rows = write_slots * self.capacity + write_positions
         self._kv_length = kv_length
 
     def update(
@@ -107,16 +107,17 @@ class SlotKVCache:
         cache_kwargs: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, heads, query_len, head_dim = key_states.shape
-        # [B, H, Q, D] -> [B*Q, H, D], keep the real tokens, scatter them to
-        # (slot, position); advanced indices on dims 0 and 2 address [N, H, D].
+        # [B, H, Q, D] -> [B*Q, H, D], keep the real tokens, copy them to their rows.
         new_keys = key_states.transpose(1, 2).reshape(batch * query_len, heads, head_dim)[self._write_source]
         new_values = value_states.transpose(1, 2).reshape(batch * query_len, heads, head_dim)[self._write_source]
         layer_keys, layer_values = self.keys[layer_idx], self.values[layer_idx]
-        layer_keys[self._write_slots, :, self._write_positions] = new_keys.to(layer_keys.dtype)
-        layer_values[self._write_slots, :, self._write_positions] = new_values.to(layer_values.dtype)
+        flat_shape = (self.num_slots * self.capacity, heads, head_dim)
+        layer_keys.view(flat_shape).index_copy_(0, self._write_rows, new_keys.to(layer_keys.dtype))
+        layer_values.view(flat_shape).index_copy_(0, self._write_rows, new_values.to(layer_values.dtype))
+        # Views [B, H, kv_length, D] with strides over the token-major storage; no copy for a contiguous slot run.
         return (
-            layer_keys[self._slot_rows, :, : self._kv_length],
-            layer_values[self._slot_rows, :, : self._kv_length],
+            layer_keys[self._slot_rows, : self._kv_length].transpose(1, 2),
+            layer_values[self._slot_rows, : self._kv_length].transpose(1, 2),
         )
 
     # The decoder stack asks these only when it has to infer positions or a
