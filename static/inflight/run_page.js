@@ -66,7 +66,7 @@
       var message = JSON.parse(event.data);
       if (message.type === "metrics.batch") applyPush(message);
       else if (message.type === "run.status") setStatus(message.status, message.error);
-      else if (message.type === "eval.score") { evals.push(message); scheduleRender(); }
+      else if (message.type === "eval.score") { evals.push(message); scheduleRender(); noteEvaluation(message); }
     };
     socket.onclose = function (event) {
       if (event.code === 4401 || event.code === 4403) { setLive("off", "not allowed"); return; }
@@ -97,6 +97,18 @@
       box.classList.remove("hidden");
       box.querySelector("pre").textContent = error;
     }
+  }
+
+  // The per-problem tables are rendered by the server: offer a reload when a new evaluation lands.
+  function noteEvaluation(message) {
+    var note = document.getElementById("eval-note");
+    note.textContent = "New " + message.benchmark + " evaluation at step " + message.step +
+      " (mean@" + message.k + " " + (100 * message.mean_at_k).toFixed(1) + "%). ";
+    var link = document.createElement("a");
+    link.href = location.pathname;
+    link.textContent = "Reload for per-problem results";
+    note.appendChild(link);
+    note.classList.remove("hidden");
   }
 
   function pollStatus() {

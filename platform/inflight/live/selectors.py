@@ -122,6 +122,9 @@ def _bring_up_to_date(run_id: int) -> SnapshotCursor:
         new_max = cursor.fetchone()[0]
         if new_max is not None and (state.max_step is None or new_max > state.max_step):
             state.max_step = int(new_max)
+        # The first fold of a big run groups every point: keep the aggregation in memory
+        # (the default 4MB would spill the planner's sort to disk).
+        cursor.execute("SET LOCAL work_mem = '64MB'")
         shift = max(state.shift, shift_for_max_step(state.max_step))
         if shift > state.shift:
             cursor.execute(_COARSEN_SQL, {"run": run_id, "d": shift - state.shift})
