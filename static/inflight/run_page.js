@@ -196,7 +196,8 @@
     return C.PALETTE[(entry.count - 1) % C.PALETTE.length];
   }
 
-  // Benchmark scores from the evaluation table (mean@k per step), on the "eval" chart.
+  // Benchmark scores from the evaluation table (mean@k per step), on the "eval" chart,
+  // for runs whose metrics stream does not carry them.
   function addEvalTraces(byGroup, order, ctx) {
     if (!evals.length || controls.axis === "time") return;
     var group = page.charts.filter(function (g) { return g.id === "eval"; })[0];
@@ -204,6 +205,8 @@
     var benches = {};
     evals.forEach(function (e) { (benches[e.benchmark] = benches[e.benchmark] || {})[e.step] = e.mean_at_k; });
     Object.keys(benches).sort().forEach(function (bench) {
+      // The metrics stream usually carries the same score as eval/<bench>/mean_at_k: draw it once.
+      if (state.series.has("eval/" + bench + "/mean_at_k")) return;
       var steps = Object.keys(benches[bench]).map(Number).sort(function (a, b) { return a - b; });
       var color = nextColor(byGroup.eval);
       byGroup.eval.traces.push({

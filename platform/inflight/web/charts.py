@@ -8,7 +8,7 @@ from __future__ import annotations
 
 CHART_GROUPS: list[dict[str, object]] = [
     {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)"], "y": "rate"},
-    {"id": "eval", "title": "Benchmarks (mean@k)", "patterns": [r"^eval/"], "y": "score"},
+    {"id": "eval", "title": "Benchmarks (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score"},
     {"id": "lag", "title": "Policy lag (versions)", "patterns": [r"^policy_lag/", r"^rollout/versions_per_sequence/"], "y": "versions"},
     {"id": "version", "title": "Policy version", "patterns": [r"^weights/version$", r"^success/heldout_version"], "y": "version"},
     {"id": "throughput", "title": "Throughput", "patterns": [r"tokens_per_s$", r"samples_per_s$"], "y": "per second"},
