@@ -344,6 +344,16 @@ class VllmWeightReceiver:
         return pause_s
 
 
+def _replace_health_route(app: Any, engine: VllmEngine) -> None:
+    """Same `/health` body as the reference server's, naming this engine `vllm`."""
+    app.router.routes = [route for route in app.router.routes if getattr(route, "path", None) != "/health"]
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        stats = engine.stats()
+        return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"], "engine": "vllm"}
+
+
 def build_engine_args(args: argparse.Namespace) -> Any:
     from vllm import AsyncEngineArgs
     from vllm.config.weight_transfer import WeightTransferConfig
@@ -431,6 +441,7 @@ def main(argv: list[str]) -> int:
             await llm.update_weight_version("0")  # tokens before the first update are version 0
             engine = VllmEngine(llm, AutoTokenizer.from_pretrained(args.model), args.model, args.max_seq_len, asyncio.get_running_loop())
             app = create_app(engine, model_name, receiver=VllmWeightReceiver(engine, args.device))  # type: ignore[arg-type]
+            _replace_health_route(app, engine)
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
 
             async def announce() -> None:
