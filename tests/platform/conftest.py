@@ -140,6 +140,64 @@ def start_worker(live_database_url: str, transactional_db: None, tmp_path: Path)
         worker.stop()
 
 
+# ---------------------------------------------------------------- a stand-in engine
+#
+# Writes the run directory exactly as `python -m rl_core run` documents it (status.json,
+# metrics.jsonl, evals.jsonl + per-problem file) and, chosen by the config's `name`, fails,
+# crashes, hangs, ignores SIGTERM or spawns a grandchild: the platform's side (worker,
+# supervisor, services, Channels) is tested with it fast and deterministically;
+# test_worker_real_engine.py runs the real engine.
+
+ENGINE = r'''
+import json, os, signal, subprocess, sys, time, yaml
+_, command, config_path, _, out = sys.argv
+assert command == "run"
+config = yaml.safe_load(open(config_path))
+mode = config["name"]
+steps = config["trainer"]["max_steps"]
+os.makedirs(os.path.join(out, "eval"), exist_ok=True)
+
+def status(state, error=None):
+    path = os.path.join(out, "status.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"state": state, "error": error, "pid": os.getpid(), "updated": time.time()}, f)
+    os.replace(path + ".tmp", path)
+
+status("starting")
+if mode.startswith("hang"):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(os.path.join(out, "grandchild.pid"), "w").write(str(child.pid))
+    if mode == "hang-ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+status("running")
+metrics = open(os.path.join(out, "metrics.jsonl"), "a")
+for step in range(steps):
+    metrics.write(json.dumps({"t": time.time(), "step": step, "train/loss": 1.0 / (step + 1), "success/mean": step / steps}) + "\n")
+    metrics.flush()
+    time.sleep(0.15 if mode == "slow" else 0.02)
+with open(os.path.join(out, "eval", "step_000001_math500.jsonl"), "w") as f:
+    f.write(json.dumps({"problem_id": "p1", "answer": "4", "samples": ["\\boxed{4}"], "extracted": ["4"], "verdicts": [True], "mean": 1.0, "pass": True}) + "\n")
+with open(os.path.join(out, "evals.jsonl"), "a") as f:
+    f.write(json.dumps({"t": time.time(), "step": 1, "benchmark": "math500", "k": 1, "mean_at_k": 1.0, "pass_at_k": 1.0, "stderr": 0.0, "num_problems": 1, "num_samples": 1, "policy_versions": [1], "results_file": "eval/step_000001_math500.jsonl"}) + "\n")
+if mode.startswith("hang"):
+    while True:
+        time.sleep(0.1)
+if mode == "fail":
+    status("failed", "trainer crashed: CUDA out of memory (pretend)")
+    sys.exit(3)
+if mode == "crash":
+    sys.exit(7)
+status("succeeded")
+'''
+
+
+@pytest.fixture(scope="session")
+def engine_command(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("engine") / "fake_engine.py"
+    path.write_text(ENGINE)
+    return f"{sys.executable} {path}"
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 60, interval: float = 0.2, message: str = "condition") -> Any:
     """Poll until `condition()` is truthy; fail the test with `message` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -150,6 +208,11 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+@pytest.fixture
+def wait() -> Callable[..., Any]:
+    return wait_for
 
 
 # ---------------------------------------------------------------- users and clients

@@ -1,6 +1,6 @@
 """A real Celery worker runs runs end to end: dispatch → supervise → ingest → final status.
 
-The engine here is a stand-in script (ENGINE below) that writes the run directory exactly as
+The engine here is the stand-in script of conftest.py (ENGINE) that writes the run directory exactly as
 `python -m rl_core run` documents it (status.json, metrics.jsonl, evals.jsonl + per-problem
 file) and can fail, hang, ignore SIGTERM and spawn a grandchild on demand: that makes the
 platform's side (worker, supervisor, services, Channels) testable without the cost and
@@ -21,57 +21,6 @@ from channels.layers import get_channel_layer
 
 from inflight.runs import services
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus
-from tests.platform.conftest import wait_for
-
-ENGINE = r'''
-import json, os, signal, subprocess, sys, time, yaml
-_, command, config_path, _, out = sys.argv
-assert command == "run"
-config = yaml.safe_load(open(config_path))
-mode = config["name"]
-steps = config["trainer"]["max_steps"]
-os.makedirs(os.path.join(out, "eval"), exist_ok=True)
-
-def status(state, error=None):
-    path = os.path.join(out, "status.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"state": state, "error": error, "pid": os.getpid(), "updated": time.time()}, f)
-    os.replace(path + ".tmp", path)
-
-status("starting")
-if mode.startswith("hang"):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    open(os.path.join(out, "grandchild.pid"), "w").write(str(child.pid))
-    if mode == "hang-ignore-term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-status("running")
-metrics = open(os.path.join(out, "metrics.jsonl"), "a")
-for step in range(steps):
-    metrics.write(json.dumps({"t": time.time(), "step": step, "train/loss": 1.0 / (step + 1), "success/mean": step / steps}) + "\n")
-    metrics.flush()
-    time.sleep(0.15 if mode == "slow" else 0.02)
-with open(os.path.join(out, "eval", "step_000001_math500.jsonl"), "w") as f:
-    f.write(json.dumps({"problem_id": "p1", "answer": "4", "samples": ["\\boxed{4}"], "extracted": ["4"], "verdicts": [True], "mean": 1.0, "pass": True}) + "\n")
-with open(os.path.join(out, "evals.jsonl"), "a") as f:
-    f.write(json.dumps({"t": time.time(), "step": 1, "benchmark": "math500", "k": 1, "mean_at_k": 1.0, "pass_at_k": 1.0, "stderr": 0.0, "num_problems": 1, "num_samples": 1, "policy_versions": [1], "results_file": "eval/step_000001_math500.jsonl"}) + "\n")
-if mode.startswith("hang"):
-    while True:
-        time.sleep(0.1)
-if mode == "fail":
-    status("failed", "trainer crashed: CUDA out of memory (pretend)")
-    sys.exit(3)
-if mode == "crash":
-    sys.exit(7)
-status("succeeded")
-'''
-
-
-@pytest.fixture(scope="session")
-def engine_command(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("engine") / "fake_engine.py"
-    path.write_text(ENGINE)
-    return f"{sys.executable} {path}"
-
 
 @pytest.fixture
 def worker(start_worker, engine_command):
@@ -94,20 +43,20 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def final(run: Run, timeout: float = 90) -> Run:
-    return wait_for(
+def final(run: Run, wait, timeout: float = 90) -> Run:
+    return wait(
         lambda: (r := Run.objects.get(pk=run.pk)).is_terminal and r,
         timeout=timeout,
         message=f"run {run.pk} to end",
     )
 
 
-def test_run_succeeds_with_all_metrics_evals_and_live_pushes(worker, owner) -> None:
+def test_run_succeeds_with_all_metrics_evals_and_live_pushes(worker, owner, wait) -> None:
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
     run = run_with(owner, "succeed", steps=40)
     async_to_sync(layer.group_add)(f"run-{run.pk}", channel)
-    done = final(run)
+    done = final(run, wait)
     assert done.status == RunStatus.SUCCEEDED, (done.error, worker.log()[-3000:])
     assert done.worker_name == worker.name and done.started_at and done.finished_at
     assert MetricPoint.objects.filter(run=run, name="train/loss").count() == 40
@@ -135,41 +84,41 @@ async def _receive(layer, channel):
     return await asyncio.wait_for(layer.receive(channel), timeout=2)
 
 
-def test_failed_run_records_the_engine_error(worker, owner) -> None:
-    done = final(run_with(owner, "fail", steps=3))
+def test_failed_run_records_the_engine_error(worker, owner, wait) -> None:
+    done = final(run_with(owner, "fail", steps=3), wait)
     assert done.status == RunStatus.FAILED and "CUDA out of memory" in done.error
 
 
-def test_crash_without_status_records_exit_code(worker, owner) -> None:
-    done = final(run_with(owner, "crash", steps=3))
+def test_crash_without_status_records_exit_code(worker, owner, wait) -> None:
+    done = final(run_with(owner, "crash", steps=3), wait)
     assert done.status == RunStatus.FAILED and "exited with code 7" in done.error
 
 
 @pytest.mark.parametrize("mode", ["hang", "hang-ignore-term"])
-def test_cancel_stops_the_whole_process_group(worker, owner, mode) -> None:
+def test_cancel_stops_the_whole_process_group(worker, owner, mode, wait) -> None:
     run = run_with(owner, mode, steps=5)
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.RUNNING, timeout=90, message="running")
+    wait(lambda: Run.objects.get(pk=run.pk).status == RunStatus.RUNNING, timeout=90, message="running")
     grandchild_file = Path(Run.objects.get(pk=run.pk).run_dir) / "grandchild.pid"
-    grandchild = int(wait_for(lambda: grandchild_file.exists() and grandchild_file.read_text(), message="grandchild"))
+    grandchild = int(wait(lambda: grandchild_file.exists() and grandchild_file.read_text(), message="grandchild"))
     assert pid_alive(grandchild)
     services.request_cancel(Run.objects.get(pk=run.pk), owner)
-    done = final(run, timeout=60)
+    done = final(run, wait, timeout=60)
     assert done.status == RunStatus.CANCELLED, done.error
-    wait_for(lambda: not pid_alive(grandchild), timeout=10, message="grandchild to be gone")
+    wait(lambda: not pid_alive(grandchild), timeout=10, message="grandchild to be gone")
 
 
-def test_killed_worker_loses_its_runs_and_its_engine(start_worker, engine_command, owner) -> None:
+def test_killed_worker_loses_its_runs_and_its_engine(start_worker, engine_command, owner, wait) -> None:
     env = {"INFLIGHT_RL_COMMAND": engine_command, "INFLIGHT_WORKER_LOST_AFTER_S": "3"}
     doomed = start_worker(extra_env=env)
     run = run_with(owner, "hang", steps=3)
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.RUNNING, timeout=90, message="running")
+    wait(lambda: Run.objects.get(pk=run.pk).status == RunStatus.RUNNING, timeout=90, message="running")
     run_dir = Path(Run.objects.get(pk=run.pk).run_dir)
     engine_pid = int(__import__("json").loads((run_dir / "status.json").read_text())["pid"])
     doomed.process.send_signal(signal.SIGKILL)  # the worker only, not its process group
     doomed.process.wait(10)
     # The engine learns of its supervisor's death (PR_SET_PDEATHSIG) and is not left running.
-    wait_for(lambda: not pid_alive(engine_pid), timeout=20, message="engine to stop after its worker died")
+    wait(lambda: not pid_alive(engine_pid), timeout=20, message="engine to stop after its worker died")
     # A surviving worker's heartbeat notices the silence and marks the run lost.
     start_worker(queues="gpu", extra_env=env)
-    lost = wait_for(lambda: (r := Run.objects.get(pk=run.pk)).status == RunStatus.LOST and r, timeout=60, message="lost")
+    lost = wait(lambda: (r := Run.objects.get(pk=run.pk)).status == RunStatus.LOST and r, timeout=60, message="lost")
     assert doomed.name in lost.error

@@ -16,8 +16,6 @@ import pytest
 from inflight.devservices import free_port
 from inflight.runs import services
 from inflight.runs.models import MetricPoint, Run, RunStatus
-from tests.platform.conftest import wait_for
-from tests.platform.test_worker import engine_command  # noqa: F401 - fixture
 
 
 class TcpRelay:
@@ -91,19 +89,19 @@ def relay(embedded_services):
     relay.close()
 
 
-def test_points_written_while_the_database_is_away_arrive_later(start_worker, engine_command, live_database_url, relay, owner) -> None:  # noqa: F811
+def test_points_written_while_the_database_is_away_arrive_later(start_worker, engine_command, live_database_url, relay, owner, wait) -> None:
     relayed_url = live_database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
     assert relayed_url != live_database_url
     worker = start_worker(extra_env={"INFLIGHT_RL_COMMAND": engine_command, "DATABASE_URL": relayed_url})
     steps = 40
     run = services.create_run(owner, "slow", {"name": "slow", "trainer": {"max_steps": steps}})
-    wait_for(lambda: MetricPoint.objects.filter(run=run).exists(), timeout=90, message="first points")
+    wait(lambda: MetricPoint.objects.filter(run=run).exists(), timeout=90, message="first points")
     relay.cut_off()
     during = MetricPoint.objects.filter(run=run).count()
     time.sleep(3.0)  # the engine keeps writing ~20 lines meanwhile
     assert MetricPoint.objects.filter(run=run).count() == during  # nothing can reach the database
     relay.restore()
-    done = wait_for(lambda: (r := Run.objects.get(pk=run.pk)).is_terminal and r, timeout=120, message="run to end")
+    done = wait(lambda: (r := Run.objects.get(pk=run.pk)).is_terminal and r, timeout=120, message="run to end")
     assert done.status == RunStatus.SUCCEEDED, done.error
     assert MetricPoint.objects.filter(run=run).count() == steps * 2  # every point, none twice
     assert "metrics delivery failed" in worker.log()  # the outage really hit the worker

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from inflight.runs.models import EvalScore, MetricPoint, Run, RunStatus
-from tests.platform.conftest import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,12 +40,12 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_api_submitted_tiny_run_succeeds_with_its_metrics(start_worker, owner_api, tiny_model) -> None:
+def test_api_submitted_tiny_run_succeeds_with_its_metrics(start_worker, owner_api, tiny_model, wait) -> None:
     worker = start_worker()
     response = owner_api.post("/api/runs/", json.dumps({"name": "real", "config": short_config(tiny_model, "real", 2)}), content_type="application/json")
     assert response.status_code == 201, response.content
     run_id = response.json()["id"]
-    done = wait_for(lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=500, interval=1, message="the run to end")
+    done = wait(lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=500, interval=1, message="the run to end")
     assert done.status == RunStatus.SUCCEEDED, (done.error, worker.log()[-3000:])
     steps = sorted(MetricPoint.objects.filter(run_id=run_id, name="train/loss").values_list("step", flat=True))
     assert steps == [1, 2]
@@ -61,14 +60,14 @@ def test_api_submitted_tiny_run_succeeds_with_its_metrics(start_worker, owner_ap
     assert EvalScore.objects.filter(run_id=run_id).count() == len(eval_lines)
 
 
-def test_cancelling_a_real_run_leaves_no_process(start_worker, owner_api, tiny_model) -> None:
+def test_cancelling_a_real_run_leaves_no_process(start_worker, owner_api, tiny_model, wait) -> None:
     start_worker()
     response = owner_api.post("/api/runs/", json.dumps({"name": "long", "config": short_config(tiny_model, "long", 500)}), content_type="application/json")
     run_id = response.json()["id"]
-    wait_for(lambda: Run.objects.get(pk=run_id).status == RunStatus.RUNNING, timeout=300, interval=0.5, message="running")
+    wait(lambda: Run.objects.get(pk=run_id).status == RunStatus.RUNNING, timeout=300, interval=0.5, message="running")
     run_dir = Run.objects.get(pk=run_id).run_dir
     assert processes_mentioning(run_dir)  # the launcher and its children are up
     assert owner_api.post(f"/api/runs/{run_id}/cancel/").json()["status"] == "cancelling"
-    done = wait_for(lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=120, interval=0.5, message="cancelled")
+    done = wait(lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=120, interval=0.5, message="cancelled")
     assert done.status == RunStatus.CANCELLED, done.error
-    wait_for(lambda: not processes_mentioning(run_dir), timeout=30, message="no process of the run left")
+    wait(lambda: not processes_mentioning(run_dir), timeout=30, message="no process of the run left")
