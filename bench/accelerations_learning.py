@@ -14,7 +14,7 @@ how fast; a curve that drops with them on is a bug.
     .venv/bin/python bench/accelerations_learning.py          # 2 runs x ~4 min on the 2-core CPU sandbox
 
 Ends with `RESULT accel_on_heldout_final`, `RESULT accel_off_heldout_final`,
-`RESULT accel_on_wall_s`, `RESULT accel_off_wall_s`, `RESULT accel_wall_ratio` (off / on).
+`RESULT accel_on_wall_s`, `RESULT accel_off_wall_s`, `RESULT accel_steps_per_s_ratio` (on / off).
 """
 
 from __future__ import annotations
@@ -81,9 +81,20 @@ def rollout_success_by_bucket(metrics: list[dict], bucket: int) -> dict[int, flo
     return {step: sum(values) / len(values) for step, values in sorted(sums.items())}
 
 
-def last_value(metrics: list[dict], key: str) -> float | None:
-    values = [float(row[key]) for row in metrics if key in row]
-    return values[-1] if values else None
+def mean_value(metrics: list[dict], key: str) -> float | None:
+    # Zero readings are the idle windows at start-up and shutdown, not throughput.
+    values = [float(row[key]) for row in metrics if key in row and float(row[key]) > 0]
+    return sum(values) / len(values) if values else None
+
+
+def steps_per_s(metrics: list[dict]) -> float:
+    """Trainer steps per second between the first and the last trainer step logged."""
+    points = [(float(row["t"]), int(row["step"])) for row in metrics if "step" in row and "t" in row]
+    if not points:
+        return 0.0
+    started = min(t for t, _ in points)
+    last_t, last_step = max(points, key=lambda point: (point[1], point[0]))
+    return last_step / (last_t - started) if last_t > started else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,21 +128,25 @@ def main(argv: list[str] | None = None) -> int:
     for step in sorted(set(rollout["off"]) | set(rollout["on"])):
         cells = [f"{rollout[name][step]:>8.3f}" if step in rollout[name] else f"{'-':>8}" for name in ("off", "on")]
         print(f"{step:>4}-{step + bucket - 1:<4}{cells[0]}{cells[1]}")
-    print(f"\n{'run':<5}{'state':>11}{'wall s':>9}{'last step':>11}{'spec accept':>13}{'tokens/s':>10}")
+    print(f"\n{'run':<5}{'state':>11}{'wall s':>9}{'last step':>11}{'steps/s':>9}{'spec accept':>13}{'tokens/s':>10}")
     for r in results:
         last_step = max((int(row.get("step", 0)) for row in r["metrics"]), default=0)
-        accept = last_value(r["metrics"], "spec/acceptance_rate")
-        tokens = last_value(r["metrics"], "rollout/tokens_per_s")
+        r["steps_per_s"] = steps_per_s(r["metrics"])
+        accept = mean_value(r["metrics"], "spec/acceptance_rate")
+        tokens = mean_value(r["metrics"], "rollout/tokens_per_s")
         print(
-            f"{r['label']:<5}{r['status'].get('state', '?'):>11}{r['wall_s']:>9.1f}{last_step:>11}"
+            f"{r['label']:<5}{r['status'].get('state', '?'):>11}{r['wall_s']:>9.1f}{last_step:>11}{r['steps_per_s']:>9.3f}"
             f"{(f'{accept:.2f}' if accept is not None else '-'):>13}{(f'{tokens:.0f}' if tokens is not None else '-'):>10}"
         )
+    print("(wall s includes start-up and the final evaluation; a run that hits max_wall_time_s stops early, so"
+          " compare steps/s.)")
     final = {name: curves[name][max(curves[name])] if curves[name] else float("nan") for name in ("off", "on")}
     print(f"RESULT accel_off_heldout_final {final['off']:.3f}")
     print(f"RESULT accel_on_heldout_final {final['on']:.3f}")
     print(f"RESULT accel_off_wall_s {off['wall_s']:.1f}")
     print(f"RESULT accel_on_wall_s {on['wall_s']:.1f}")
-    print(f"RESULT accel_wall_ratio {off['wall_s'] / on['wall_s']:.3f}")
+    ratio = on["steps_per_s"] / off["steps_per_s"] if off["steps_per_s"] else float("nan")
+    print(f"RESULT accel_steps_per_s_ratio {ratio:.3f}")
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 
