@@ -453,13 +453,11 @@ class AsyncTailTracker:
         """The next prompt to launch and its kind, or None when the data has run out."""
         if self.config.enabled and len(self.long_tail) >= self.window:
             return self.long_tail.popleft(), "long"
-        if self.config.enabled and self.long_tail and not any(g.kind == "short" for g in self._groups.values()):
-            # Nothing short is running any more (data exhausted): flush the tail as a long wave.
-            return self.long_tail.popleft(), "long"
         fresh = list(draw_fresh(1))
         if fresh:
             return fresh[0], ("short" if self.config.enabled else "plain")
         if self.config.enabled and self.long_tail:
+            # The data has run out: what is left in the queue runs as long groups.
             return self.long_tail.popleft(), "long"
         return None
 
