@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from celery import shared_task
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError, connection
 
 from inflight.runs import services
 from inflight.runs.models import Run, RunStatus

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from inflight.runs import services
-from inflight.runs.models import Run, RunStatus
+from inflight.runs.models import Run
 from inflight.runs.services import PointIn
 
 pytestmark = pytest.mark.django_db
@@ -118,3 +118,17 @@ def test_leaderboard_and_workers(owner_api, owner) -> None:
     assert [row["run_id"] for row in rows] == [run.pk]
     workers = owner_api.get("/api/workers/").json()["workers"]
     assert workers[0]["name"] == "w@h" and workers[0]["alive"]
+
+
+def test_create_token_command_prints_a_working_token(owner) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+    from django.test import Client
+
+    out = StringIO()
+    call_command("create_token", "owner", stdout=out)
+    key = out.getvalue().strip()
+    assert Client(HTTP_AUTHORIZATION=f"Token {key}").get("/api/runs/").status_code == 200
+    with pytest.raises(CommandError, match="no user named 'ghost'"):
+        call_command("create_token", "ghost")

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import time
 from pathlib import Path
 
 import pytest
