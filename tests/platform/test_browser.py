@@ -80,6 +80,7 @@ def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_wo
 
             page.goto(f"{daphne_server}/runs/new/?preset=tiny-cpu")
             assert "/accounts/login/" in page.url  # login required
+            page.screenshot(path="/tmp/login_page.png")
             page.fill("#id_username", "owner")
             page.fill("#id_password", "owner-password-1")
             page.click("button[type=submit]")
@@ -130,6 +131,12 @@ def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_wo
             page.wait_for_selector(".chart-card .main-svg")
             assert page.locator("#metric-select option").count() > 5
             page.screenshot(path="/tmp/compare_page.png", full_page=True)
+            page.goto(f"{daphne_server}/leaderboard/?sort=-success_best")
+            assert page.locator("#leaderboard tbody tr").first.inner_text().startswith(str(run_id))
+            page.screenshot(path="/tmp/leaderboard_page.png", full_page=True)
+            page.goto(f"{daphne_server}/workers/")
+            assert worker.name in page.locator("table").inner_text()
+            page.screenshot(path="/tmp/workers_page.png", full_page=True)
             page.goto(f"{daphne_server}/runs/new/?preset=tiny-cpu")
             page.fill('input[name="trainer.lr"]', "fast")
             page.click("#launch-form")
