@@ -288,11 +288,17 @@ class WeightBroadcaster:
             _raise_first(names, errors)
             raise WeightSyncError(f"{int(refusals.item())} server(s) refused the update to version {version}")
         broadcast_started = time.perf_counter()
+        in_flight: tuple[Any, torch.Tensor] | None = None
         for bucket in plan_buckets(specs, self.bucket_bytes):
+            # Assemble the next bucket while the previous one is on the wire.
             flat = torch.cat([items[index][1].reshape(-1) for index, _, _ in bucket.members])
             if self.device is not None:
                 flat = flat.to(self.device)
-            self._wait(self.group.broadcast(flat), names, errors)
+            if in_flight is not None:
+                self._wait(in_flight[0], names, errors)
+            in_flight = (self.group.broadcast(flat), flat)  # keep `flat` alive until sent
+        if in_flight is not None:
+            self._wait(in_flight[0], names, errors)
         broadcast_s = time.perf_counter() - broadcast_started
         for thread in threads:
             thread.join(self.timeout_s)
@@ -373,17 +379,44 @@ class WeightReceiver:
             raise ValueError("another server refused this update; nothing was changed")
         targets = [self.engine.tensor_by_name(spec.name) for spec in specs]
         buckets = plan_buckets(specs, bucket_bytes)
-        # One staging buffer per dtype, sized for the largest bucket, reused bucket after bucket.
-        staging: dict[str, torch.Tensor] = {}
-        for bucket in buckets:
-            if staging.get(bucket.dtype) is None or staging[bucket.dtype].numel() < bucket.numel:
-                staging[bucket.dtype] = torch.empty(bucket.numel, dtype=parse_dtype(bucket.dtype), device=self.engine.device)
+        # A bucket that is one whole contiguous tensor of the same dtype is received in place;
+        # the others land in one of two staging buffers per dtype (sized for the largest
+        # bucket), so bucket k is copied into the model while bucket k+1 is being received.
+        direct = [
+            targets[b.members[0][0]] if len(b.members) == 1 and targets[b.members[0][0]].is_contiguous()
+            and dtype_name(targets[b.members[0][0]].dtype) == b.dtype else None
+            for b in buckets
+        ]
+        largest: dict[str, int] = {}
+        for bucket, in_place in zip(buckets, direct):
+            if in_place is None:
+                largest[bucket.dtype] = max(largest.get(bucket.dtype, 0), bucket.numel)
+        staging = {
+            dtype: [torch.empty(numel, dtype=parse_dtype(dtype), device=self.engine.device) for _ in range(2)]
+            for dtype, numel in largest.items()
+        }
+
+        def copy_out(bucket: Bucket, flat: torch.Tensor | None) -> None:
+            if flat is None:
+                return
+            for index, offset, numel in bucket.members:
+                targets[index].copy_(flat[offset : offset + numel].view(specs[index].shape))
+
         with self.engine.paused() as pause:
             with torch.no_grad():
-                for bucket in buckets:
-                    flat = staging[bucket.dtype][: bucket.numel]
-                    self.group.broadcast(flat).wait()
-                    for index, offset, numel in bucket.members:
-                        targets[index].copy_(flat[offset : offset + numel].view(specs[index].shape))
+                pending: tuple[Any, Bucket, torch.Tensor | None] | None = None
+                for number, (bucket, in_place) in enumerate(zip(buckets, direct)):
+                    if in_place is not None:
+                        work, flat = self.group.broadcast(in_place.data.view(-1)), None
+                    else:
+                        flat = staging[bucket.dtype][number % 2][: bucket.numel]
+                        work = self.group.broadcast(flat)
+                    if pending is not None:
+                        pending[0].wait()
+                        copy_out(pending[1], pending[2])
+                    pending = (work, bucket, flat)
+                if pending is not None:
+                    pending[0].wait()
+                    copy_out(pending[1], pending[2])
             self.engine.set_version(version)
         return self.engine.record_update(pause.pause_s)
