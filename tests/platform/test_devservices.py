@@ -146,3 +146,22 @@ def test_compose_services_and_environment_match_the_settings() -> None:
     # The runs volume is shared by the web server and both workers.
     for name in ("web", "worker-cpu", "worker-gpu"):
         assert "runs:/data/runs" in services[name]["volumes"]
+
+
+def test_demo_command_starts_web_and_worker_then_stops_them(live_database_url: str, transactional_db: None) -> None:
+    """`make demo`'s command against the test database (its embedded-services step is covered above)."""
+    from inflight.accounts.models import ApiToken
+
+    port = devservices.free_port()
+    env = {**os.environ, "DATABASE_URL": live_database_url, "INFLIGHT_DEMO_PORT": str(port)}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--no-run", "--exit-after-start"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Inflight is up at http://127.0.0.1:{port}/" in result.stdout
+    token = re.search(r"API token\s+([0-9a-f]{40})", result.stdout).group(1)
+    assert ApiToken.objects.get(key=token).user.username == "demo"
+    assert "all stopped." in result.stdout
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # Daphne is gone

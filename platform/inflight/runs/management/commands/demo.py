@@ -46,7 +46,8 @@ class Command(BaseCommand):
             self.start_services()
             call_command("migrate", interactive=False, verbosity=0)
             username, password, token = self.demo_user()
-            self.ensure_tiny_model()
+            if not options["no_run"]:
+                self.ensure_tiny_model()  # only the run needs it (minutes to build on a small CPU)
             self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(options["port"]), "inflight.asgi:application"], logs / "web.log")
             self.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", "cpu,gpu", "-P", "threads", "-c", "2", "-n", "demo@%h", "-l", "INFO"], logs / "worker.log")
             self.wait_for_http(options["port"])
