@@ -251,6 +251,10 @@ def test_snapshot_endpoint_refuses_bad_parameters(owner_client: Client, owner) -
     coarse = owner_client.get(url + "?min_shift=2").json()
     assert coarse["width"] == 4 and coarse["series"]["reward/mean"]["b"] == [0, 1]
     assert owner_client.get(url + "?names=nothing").json()["series"] == {}
+    empty = services.create_run(owner, "empty", {})
+    assert owner_client.get(reverse("web:run_snapshot", args=[empty.pk])).json() == {
+        "run": empty.pk, "seq": 0, "shift": 0, "width": 1, "max_step": None, "series": {}
+    }
 
 
 def test_out_of_range_ids_are_not_found_rather_than_errors(owner_client: Client) -> None:
