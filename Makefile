@@ -23,7 +23,6 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip show torch 2>/dev/null | grep -q "^Version: $(TORCH_VERSION)" || $(PY) -m pip install torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -e '.[test]'
 	@mkdir -p $(TORCH_EXTENSIONS_DIR)

@@ -168,6 +168,13 @@ def test_runs_of_silent_workers_become_lost(owner) -> None:
     assert lost.status == RunStatus.LOST and "dead@h" in lost.error
     assert Run.objects.get(pk=on_alive.pk).status == RunStatus.STARTING
     assert Run.objects.get(pk=queued.pk).status == RunStatus.QUEUED
+    # A worker never seen yet (claimed before its first heartbeat) gets the same grace period.
+    fresh, stale = make_run(owner), make_run(owner)
+    services.claim_run(fresh.pk, "new@h")
+    services.claim_run(stale.pk, "gone@h")
+    Run.objects.filter(pk=stale.pk).update(started_at=now - timedelta(seconds=600))
+    assert services.mark_lost_runs(lost_after_s=30) == [stale.pk]
+    assert Run.objects.get(pk=fresh.pk).status == RunStatus.STARTING
     liveness = {w["name"]: w["alive"] for w in selectors.workers_with_liveness()}
     assert liveness == {"alive@h": True, "dead@h": False}
 

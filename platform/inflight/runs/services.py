@@ -359,12 +359,18 @@ def mark_lost_runs(lost_after_s: float | None = None) -> list[int]:
     lost_after_s = settings.INFLIGHT_WORKER_LOST_AFTER_S if lost_after_s is None else lost_after_s
     cutoff = timezone.now() - timedelta(seconds=lost_after_s)
     alive = set(Worker.objects.filter(last_heartbeat__gte=cutoff).values_list("name", flat=True))
+    known = set(Worker.objects.values_list("name", flat=True))
     lost = []
     for run in Run.objects.filter(status__in=[RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING]):
-        if run.worker_name and run.worker_name not in alive:
-            try:
-                transition_run(run.pk, RunStatus.LOST, error=f"worker {run.worker_name} stopped sending heartbeats")
-                lost.append(run.pk)
-            except IllegalTransition:
-                continue  # it ended between the query and the lock
+        if not run.worker_name or run.worker_name in alive:
+            continue
+        # A worker may claim a run a moment before its first heartbeat is written: a worker
+        # never seen gets the same grace period, counted from when it took the run.
+        if run.worker_name not in known and run.started_at and run.started_at >= cutoff:
+            continue
+        try:
+            transition_run(run.pk, RunStatus.LOST, error=f"worker {run.worker_name} stopped sending heartbeats")
+            lost.append(run.pk)
+        except IllegalTransition:
+            continue  # it ended between the query and the lock
     return lost
