@@ -265,3 +265,16 @@ def test_out_of_range_ids_are_not_found_rather_than_errors(owner_client: Client)
     assert owner_client.get(reverse("web:runs_status") + f"?ids={huge}").status_code == 400
     assert owner_client.get(reverse("web:compare") + f"?runs={huge}").status_code == 400
     assert owner_client.get(reverse("web:compare") + "?runs=-3").status_code == 400
+
+
+def test_a_preset_that_no_longer_matches_the_schema_shows_its_errors(owner_client: Client, monkeypatch, tmp_path) -> None:
+    from inflight.web import config_form
+
+    stale = tmp_path / "examples" / "tiny-cpu.yaml"
+    stale.parent.mkdir()
+    stale.write_text("trainer:\n  max_steps: 0\n  renamed_field: 1\n")
+    monkeypatch.setattr(config_form, "REPO_ROOT", tmp_path)
+    response = owner_client.get(reverse("web:run_create") + "?preset=tiny-cpu")
+    assert response.status_code == 200
+    page = html.unescape(response.content.decode())
+    assert 'data-error-for="trainer.max_steps"' in page and "trainer.renamed_field" in page

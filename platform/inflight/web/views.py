@@ -35,7 +35,7 @@ from inflight.web.config_form import (
 )
 from inflight.web.selectors import config_diff, latest_evaluations, status_rows
 
-from rl_core.config import RunConfig, config_to_yaml, field_errors
+from rl_core.config import RunConfig, field_errors
 
 MAX_COMPARED_RUNS = 8
 MAX_SHIFT = 40
@@ -145,7 +145,9 @@ def run_create(request: HttpRequest) -> HttpResponse:
             except ValueError as exc:
                 return _error_page(request, 400, str(exc))
         values = resolved_values(data)
-        context = _create_context(values, {}, {}, config_to_yaml(RunConfig.model_validate(values)), "form", preset)
+        # A preset that no longer matches the schema is shown with its errors, not refused.
+        errors = _schema_errors(data) if data else {}
+        context = _create_context(values, errors, {}, yaml.safe_dump(values, sort_keys=False), "form", preset)
         return render(request, "inflight/run_create.html", context)
 
     tab = "yaml" if request.POST.get("mode") == "yaml" else "form"
