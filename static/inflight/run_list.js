@@ -1,4 +1,6 @@
-// Runs list: status badges refresh every 3 s while any listed run is still active.
+// Runs list: status changes of the user's runs are pushed over ws/runs/; every 3 s the
+// status endpoint is polled as well for rows still active (staff rows of other users,
+// and anything missed while the socket was down).
 (function () {
   "use strict";
   var table = document.getElementById("runs-table");
@@ -19,22 +21,41 @@
     return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
   }
 
+  var TERMINAL = ["succeeded", "failed", "cancelled", "lost"];
+
+  function update(run) {
+    var row = table.querySelector('tr[data-run-id="' + run.id + '"]');
+    if (!row) return;
+    var badge = row.querySelector('[data-status-of="' + run.id + '"]');
+    if (badge) { badge.className = "status status-" + run.status; badge.textContent = run.status; }
+    var wall = row.querySelector('[data-walltime-of="' + run.id + '"]');
+    if (wall && run.wall_time_s !== undefined && run.wall_time_s !== null) wall.textContent = formatDuration(run.wall_time_s);
+    if (TERMINAL.indexOf(run.status) >= 0) row.dataset.terminal = "1";
+  }
+
   function poll() {
     var ids = activeIds();
-    if (!ids.length) return;
+    if (!ids.length) { setTimeout(poll, 3000); return; }
     fetch(url + "?ids=" + ids.join(","), { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.json() : { runs: [] }; })
-      .then(function (data) {
-        data.runs.forEach(function (run) {
-          var badge = table.querySelector('[data-status-of="' + run.id + '"]');
-          if (badge) { badge.className = "status status-" + run.status; badge.textContent = run.status; }
-          var wall = table.querySelector('[data-walltime-of="' + run.id + '"]');
-          if (wall && run.wall_time_s !== null) wall.textContent = formatDuration(run.wall_time_s);
-          if (run.is_terminal) table.querySelector('tr[data-run-id="' + run.id + '"]').dataset.terminal = "1";
-        });
-      })
-      .catch(function () { /* next poll retries */ })
+      .then(function (data) { data.runs.forEach(update); })
+      .catch(function () { /* the next poll retries */ })
       .finally(function () { setTimeout(poll, 3000); });
   }
+
+  function connect(delay) {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var socket = new WebSocket(scheme + location.host + "/ws/runs/");
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.type === "run.status") update({ id: message.run_id, status: message.status });
+    };
+    socket.onclose = function (event) {
+      if (event.code === 4401 || event.code === 4403) return;
+      setTimeout(function () { connect(Math.min(delay * 2, 30000)); }, delay);
+    };
+  }
+
+  connect(1000);
   setTimeout(poll, 3000);
 })();

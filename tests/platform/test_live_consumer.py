@@ -120,3 +120,30 @@ def test_coalescing_never_hides_a_gap() -> None:
     pushes = coalesce_batches(batches)
     assert [(push["from_seq"], push["seq"]) for push in pushes] == [(5, 7), (9, 9)]
     assert [point[1] for point in pushes[0]["points"]] == [5, 6, 7]
+
+
+async def _connect_list(user: Any | None) -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000")]
+    if user is not None:
+        cookie = await database_sync_to_async(_session_cookie)(user)
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    communicator = WebsocketCommunicator(application, "/ws/runs/", headers=headers)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    return communicator
+
+
+async def test_runs_list_socket_pushes_only_the_users_own_status_changes(owner, other_user) -> None:
+    mine = await _connect_list(owner)
+    theirs = await _connect_list(other_user)
+    assert (await mine.receive_json_from(timeout=10))["type"] == "hello"
+    assert (await theirs.receive_json_from(timeout=10))["type"] == "hello"
+    run = await database_sync_to_async(services.create_run)(owner, "listed", {})
+    await database_sync_to_async(services.request_cancel)(run, owner)
+    pushed = [await mine.receive_json_from(timeout=10) for _ in range(2)]
+    assert [(p["run_id"], p["status"]) for p in pushed] == [(run.pk, RunStatus.QUEUED), (run.pk, RunStatus.CANCELLED)]
+    assert await theirs.receive_nothing(timeout=1)
+    anonymous = await _connect_list(None)
+    assert await anonymous.receive_output(timeout=10) == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+    await mine.disconnect()
+    await theirs.disconnect()

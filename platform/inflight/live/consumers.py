@@ -1,4 +1,5 @@
-"""WebSocket `ws/runs/<id>/`: live metric batches, status and eval scores of one run.
+"""WebSockets: `ws/runs/<id>/` (metric batches, status and eval scores of one run) and
+`ws/runs/` (status changes of the signed-in user's runs, for the runs list).
 
 The consumer accepts first and then closes with an application code, so the
 browser can tell "sign in" (4401) from "not yours" (4403) and stops reconnecting.
@@ -16,7 +17,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from inflight.runs.models import Run
 from inflight.runs.selectors import get_run_for_user
-from inflight.runs.services import run_group
+from inflight.runs.services import run_group, user_runs_group
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -111,3 +112,31 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def eval_score(self, event: dict[str, Any]) -> None:
         await self.send_json(dict(event))
+
+
+class UserRunsConsumer(AsyncJsonWebsocketConsumer):
+    """Status changes of the user's own runs (group `runs-user-<id>`); the runs list listens here.
+
+    Staff also see other users' runs in the list; those rows are kept fresh by polling.
+    """
+
+    async def connect(self) -> None:
+        self.group: str | None = None
+        user = self.scope.get("user")
+        await self.accept()
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.group = user_runs_group(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.send_json({"type": "hello"})
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        await self.send_json({"type": "error", "message": "this socket only pushes updates; nothing is accepted from clients"})
+
+    async def run_status(self, event: dict[str, Any]) -> None:
+        await self.send_json({key: event.get(key) for key in ("type", "run_id", "status", "error")})
