@@ -135,6 +135,16 @@ def _bring_up_to_date(run_id: int) -> SnapshotCursor:
     return state
 
 
+def fold_new_batches(run_id: int) -> int:
+    """Fold the batches stored since the last snapshot into the run's buckets; returns the cursor seq.
+
+    Cheap when called after every ingest batch (it reads only that batch), and it keeps the
+    first page view of a large run from paying for the whole run at once.
+    """
+    with transaction.atomic():
+        return _bring_up_to_date(run_id).seq
+
+
 def run_snapshot_json(run: Run, names: Iterable[str] | None = None, min_shift: int = 0) -> str:
     """Downsampled series of `run` up to its current `metrics_seq`, as JSON text.
 
