@@ -72,3 +72,28 @@ def test_short_run_then_resume(tiny_model: Path, tmp_path: Path) -> None:
     consumed = [r["train/samples_consumed"] for r in records if "train/loss" in r]
     assert consumed == sorted(consumed) and consumed[-1] >= 5 * 8
     assert (out / "checkpoints" / "latest").resolve().name == "step_000005"
+
+
+def test_run_over_an_embedded_redis_stream(tiny_model: Path, tmp_path: Path) -> None:
+    """stream.kind=redis with the run's own redis-server (started and stopped by the launcher)."""
+    import psutil
+
+    config = tmp_path / "redis.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_model)},
+        "task": {"heldout_size": 4},
+        "sampling": {"max_new_tokens": 24},
+        "actor": {"group_size": 4, "groups_in_flight": 2, "max_lag": 1},
+        "trainer": {"samples_per_step": 8, "max_steps": 2},
+        "stream": {"kind": "redis", "redis_embedded": True},
+        "eval": {"heldout_every_n_steps": 0, "heldout_k": 1},
+    }))
+    out = tmp_path / "run"
+    result = run(config, out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r] == [1, 2]
+    assert not (out / "stream").exists()  # the samples went through Redis
+    assert (out / "redis" / "appendonly.aof").exists() or (out / "redis" / "appendonlydir").exists()
+    socket_path = str(out / "redis" / "redis.sock")
+    assert not [p for p in psutil.process_iter(["cmdline"]) if socket_path in " ".join(p.info["cmdline"] or [])]
