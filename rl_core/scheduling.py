@@ -410,9 +410,18 @@ class TailBatchPlanner:
         return dict(self._last)
 
 
-def make_tail_planner(config: RunConfig, batch_prompts: int) -> TailBatchPlanner:
-    """The sync-mode planner of a run: `batch_prompts` prompts × `actor.group_size` responses per batch."""
+def make_tail_planner(config: RunConfig, batch_prompts: int | None = None) -> TailBatchPlanner:
+    """The sync-mode planner of a run: `batch_prompts` prompts × `actor.group_size` responses per
+    batch; by default the prompts of one sync batch, `sync_steps_per_batch × samples_per_step / group_size`."""
+    if batch_prompts is None:
+        samples = config.sync_steps_per_batch * config.trainer.samples_per_step
+        batch_prompts = max(1, samples // config.actor.group_size)
     return TailBatchPlanner(batch_prompts, config.actor.group_size, config.accelerations.tail_batching)
+
+
+def make_async_tail_tracker(config: RunConfig) -> AsyncTailTracker:
+    """The async actor's tracker: a window of `actor.groups_in_flight` groups of `actor.group_size`."""
+    return AsyncTailTracker(config.actor.groups_in_flight, config.actor.group_size, config.accelerations.tail_batching)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from rl_core.scheduling import (
     least_loaded,
     load_spread,
     make_router,
+    make_async_tail_tracker,
     make_tail_planner,
     pearson_correlation,
 )
@@ -367,3 +368,18 @@ def test_flush_round_trains_what_is_left_in_the_queue() -> None:
     round_.on_response("a", 0)
     outcome = planner.close_round(round_)
     assert set(outcome.kept) == {"a", "b"} and planner.pending() == []
+
+
+def test_factories_size_the_planners_from_the_run_config() -> None:
+    config = RunConfig.model_validate(
+        {
+            "sync_steps_per_batch": 2,
+            "trainer": {"samples_per_step": 32},
+            "actor": {"group_size": 8, "groups_in_flight": 6},
+            "accelerations": {"tail_batching": {"enabled": True}},
+        }
+    )
+    planner = make_tail_planner(config)
+    assert planner.batch_prompts == 8 and planner.group_size == 8 and planner.config.enabled
+    tracker = make_async_tail_tracker(config)
+    assert tracker.window == 6 and tracker.group_size == 8 and tracker.responses_for("short") == 10
