@@ -36,9 +36,11 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = (Queue("cpu"), Queue("gpu"))
 app.conf.task_default_queue = "cpu"
 app.conf.broker_connection_retry_on_startup = True
-# A run can last hours: the broker must not hand an unacknowledged run to another worker
-# while the first still supervises it (acks_late + Redis visibility timeout).
-app.conf.broker_transport_options = {"visibility_timeout": 7 * 24 * 3600}
+# acks_late: a message is acknowledged when its run ends, so a run that a dead worker had
+# taken but not started is handed to another worker once the visibility timeout passes. A
+# run lasting longer than that may be redelivered while it runs: `services.claim_run` then
+# finds it no longer queued and the second delivery does nothing.
+app.conf.broker_transport_options = {"visibility_timeout": 600}
 app.conf.worker_hijack_root_logger = False
 app.autodiscover_tasks(["workers"], related_name="tasks", force=True)
 

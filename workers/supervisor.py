@@ -69,7 +69,7 @@ class JsonlTail:
     line_no: int = 0  # 0-based number of the next line at `offset`
     bad_lines: int = 0
 
-    def peek(self, max_lines: int = 20000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
+    def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
         """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances."""
         try:
             with open(self.path, "rb") as handle:

@@ -1,0 +1,80 @@
+"""The supervisor's file tailing and final-status rules, on real files (no database)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workers.supervisor import JsonlTail, Outcome, RunSupervisor, read_problem_rows
+
+
+def test_tail_returns_whole_lines_only_and_moves_only_on_commit(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    tail = JsonlTail(path)
+    assert tail.peek() == ([], 0, 0)  # no file yet
+    path.write_text('{"step": 0, "a": 1}\n{"step": 1, "a"')
+    records, offset, line_no = tail.peek()
+    assert records == [(0, {"step": 0, "a": 1})] and line_no == 1
+    assert tail.peek()[0] == records  # not committed: the same lines again (the DB was away)
+    tail.commit(offset, line_no)
+    assert tail.peek()[0] == []  # the torn line waits for its end
+    with open(path, "a") as handle:
+        handle.write(': 2}\nnot json\n[1, 2]\n{"step": 2, "a": 3}\n')
+    records, offset, line_no = tail.peek()
+    assert records == [(1, {"step": 1, "a": 2}), (4, {"step": 2, "a": 3})]  # bad lines skipped, numbering kept
+    tail.commit(offset, line_no)
+    assert tail.offset == path.stat().st_size and tail.line_no == 5
+
+
+def test_tail_limits_a_batch(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(10)))
+    tail = JsonlTail(path)
+    records, offset, line_no = tail.peek(max_lines=4)
+    assert [n for n, _ in records] == [0, 1, 2, 3] and line_no == 4
+    tail.commit(offset, line_no)
+    assert [n for n, _ in tail.peek()[0]] == list(range(4, 10))
+
+
+def test_problem_rows_must_stay_inside_the_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "r.jsonl").write_text('{"problem_id": "p"}\n\n')
+    assert read_problem_rows(tmp_path, "eval/r.jsonl") == [{"problem_id": "p"}]
+    assert read_problem_rows(tmp_path, None) == []
+    with pytest.raises(ValueError, match="outside the run directory"):
+        read_problem_rows(tmp_path, "../../etc/passwd")
+
+
+class NullReporter:
+    def metrics(self, records): ...
+    def evaluation(self, line_no, record, rows): ...
+    def running(self, pid): ...
+    def cancel_requested(self): return False
+
+
+@pytest.mark.parametrize(
+    ("status", "exit_code", "cancelled", "expected"),
+    [
+        ({"state": "succeeded"}, 0, False, Outcome("succeeded", "", 0)),
+        ({"state": "failed", "error": "boom"}, 1, False, Outcome("failed", "boom", 1)),
+        ({"state": "cancelled"}, 0, False, Outcome("cancelled", "", 0)),
+        ({"state": "running"}, 0, True, Outcome("cancelled", "", 0)),
+        ({"state": "succeeded"}, 3, False, None),  # says succeeded but exited non-zero: failed
+        (None, 0, False, Outcome("failed", "the run exited without writing status.json", 0)),
+        ({"state": "running"}, -9, False, None),
+    ],
+)
+def test_final_status_rules(tmp_path: Path, status, exit_code, cancelled, expected) -> None:
+    if status is not None:
+        (tmp_path / "status.json").write_text(json.dumps(status))
+    supervisor = RunSupervisor(tmp_path, "", ["true"], NullReporter(), cwd=tmp_path)
+    if cancelled:
+        supervisor.cancel_sent_at = 1.0
+    outcome = supervisor.outcome(exit_code)
+    if expected is not None:
+        assert outcome == expected
+    else:
+        assert outcome.status == "failed"
+        assert ("killed by signal 9" in outcome.error) if exit_code == -9 else ("exited with code 3" in outcome.error)
