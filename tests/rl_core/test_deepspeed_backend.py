@@ -147,7 +147,59 @@ def scenario_checkpoint(result_file: str, model_path: str, checkpoint_dir: str) 
     Path(result_file).write_text(json.dumps(out))
 
 
-SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint}
+def scenario_broadcast(result_file: str, model_path: str) -> None:
+    """ZeRO-3 trainer -> real reference server through WeightBroadcaster (gloo): the
+    server then computes with exactly the trainer's gathered weights."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.deepspeed_backend import DeepSpeedBackend
+    from rl_core.vllm_engine import start_vllm_server
+    from rl_core.weight_sync import WeightBroadcaster
+
+    torch.set_num_threads(1)
+    server = start_vllm_server(
+        [sys.executable, "-m", "rl_core", "serve", "--model", model_path, "--port", "0", "--threads", "1"], timeout_s=300
+    )
+    try:
+        # Small buckets: the gather really happens bucket by bucket.
+        backend = DeepSpeedBackend(_config(3), model_path, broadcast_bucket_bytes=256 * 1024)
+        _train_steps(backend, 2)
+        weights = {name: tensor for name, tensor in backend.parameters_for_broadcast()}
+        broadcaster = WeightBroadcaster([server.url], backend="gloo", bucket_bytes=1024 * 1024)
+        broadcaster.connect()
+        stats = broadcaster.broadcast(backend.parameters_for_broadcast(), backend.version)
+        broadcaster.close()
+        health = httpx.get(server.url + "/health", trust_env=False).json()
+        model_name = httpx.get(server.url + "/v1/models", trust_env=False).json()["data"][0]["id"]
+        body = {"model": model_name, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0.0,
+                "max_tokens": 10, "logprobs": True}
+        choice_json = httpx.post(server.url + "/v1/chat/completions", json=body, trust_env=False, timeout=120).json()
+    finally:
+        server.stop()
+    # What the server generated must be what the trainer's weights generate.
+    trained = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    missing, unexpected = trained.load_state_dict(weights, strict=False)
+    ids = torch.tensor([choice_json["prompt_token_ids"]])
+    expected, expected_logprobs = [], []
+    with torch.no_grad():
+        for _ in range(len(choice_json["choices"][0]["token_ids"])):
+            step = torch.log_softmax(trained(ids).logits[0, -1], -1)
+            token = int(step.argmax())
+            expected.append(token)
+            expected_logprobs.append(float(step[token]))
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    choice = choice_json["choices"][0]
+    Path(result_file).write_text(json.dumps({
+        "version": backend.version, "server_version": health["version"], "stats": stats,
+        "unexpected": list(unexpected), "missing": [k for k in missing if "lm_head" not in k],
+        "tokens": choice["token_ids"], "expected_tokens": expected, "token_versions": choice["token_versions"],
+        "logprobs": [item["logprob"] for item in choice["logprobs"]["content"]], "expected_logprobs": expected_logprobs,
+    }))
+
+
+SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast}
 
 
 # --- the tests -------------------------------------------------------------------
@@ -177,6 +229,16 @@ def test_deepspeed_zero3_checkpoint_resumes_exactly(untrained_tiny_model: Path, 
     # Same weights + same optimizer moments + same LR => the same next step.
     assert result["third_step_difference"] < 1e-6
     assert result["stage_mismatch_error"] and "zero_stage=3" in result["stage_mismatch_error"]
+
+
+def test_deepspeed_zero3_weights_reach_a_reference_server_intact(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    result = run_scenario("broadcast", tmp_path, str(untrained_tiny_model))
+    assert result["version"] == 2 and result["server_version"] == 2
+    assert result["unexpected"] == [] and result["missing"] == []
+    assert result["stats"]["weights/version"] == 2
+    assert result["tokens"] == result["expected_tokens"]
+    assert result["token_versions"] == [2] * len(result["tokens"])
+    assert result["logprobs"] == pytest.approx(result["expected_logprobs"], abs=1e-4)
 
 
 def test_deepspeed_backend_refuses_a_missing_model_dir(tmp_path: Path) -> None:
