@@ -15,14 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from inflight.devservices import free_port
 
-from tests.platform.conftest import REPO_ROOT, wait_for
-
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 SCREENSHOT = Path("/tmp/run_page.png")
@@ -35,7 +34,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def daphne_server(live_database_url: str, transactional_db: None, tmp_path: Path) -> Iterator[str]:
+def daphne_server(live_database_url: str, transactional_db: None, tmp_path: Path, wait: Callable[..., Any]) -> Iterator[str]:
     """The project's ASGI application under Daphne on a free 127.0.0.1 port, on the test database."""
     port = free_port()
     log_path = tmp_path / "daphne.log"
@@ -55,7 +54,7 @@ def daphne_server(live_database_url: str, transactional_db: None, tmp_path: Path
             with socket.socket() as sock:
                 return sock.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_for(listening, timeout=60, message="daphne to listen")
+        wait(listening, timeout=60, message="daphne to listen")
         yield f"http://127.0.0.1:{port}"
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -66,7 +65,7 @@ def daphne_server(live_database_url: str, transactional_db: None, tmp_path: Path
             process.wait(10)
 
 
-def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_worker, owner, tiny_model: Path) -> None:
+def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_worker, owner, tiny_model: Path, wait: Callable[..., Any]) -> None:
     from playwright.sync_api import sync_playwright
 
     from inflight.runs.models import Run
@@ -110,17 +109,17 @@ def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_wo
             def max_step() -> int:
                 return int(page.get_attribute("#points-info", "data-max-step") or -1)
 
-            wait_for(lambda: buckets() > 0, timeout=300, interval=1, message=f"first points on the run page (worker log: {worker.log()[-2000:]})")
+            wait(lambda: buckets() > 0, timeout=300, interval=1, message=f"first points on the run page (worker log: {worker.log_path})")
             first = buckets()
             # Trainer steps put points at new x positions: wait for a few of them.
-            wait_for(lambda: max_step() >= 3 and buckets() > first, timeout=400, interval=1, message="the chart to gain points")
+            wait(lambda: max_step() >= 3 and buckets() > first, timeout=400, interval=1, message="the chart to gain points")
             assert page.locator(".chart-card .plot .main-svg").count() > 0
             assert page.locator("#live-text").inner_text() == "live"
             page.screenshot(path=str(SCREENSHOT), full_page=True)
 
             page.click("#stop-button")
             page.wait_for_url(re.compile(rf".*/runs/{run_id}/$"))
-            wait_for(lambda: page.get_attribute("#run-status", "data-status") == "cancelled", timeout=120, interval=0.5, message="cancelled on the page")
+            wait(lambda: page.get_attribute("#run-status", "data-status") == "cancelled", timeout=120, interval=0.5, message="cancelled on the page")
             assert page.locator("#run-status .status").inner_text() == "cancelled"
 
             # The other pages render what the run logged (screenshots for a human look).
