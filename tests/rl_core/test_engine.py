@@ -144,9 +144,15 @@ def test_sequence_spanning_an_update_keeps_its_cache(engine: ReferenceEngine, mo
     assert set(result.token_versions) == {0, 1}
     switch = result.token_versions.index(1)
     assert result.token_versions == [0] * switch + [1] * (len(result.token_ids) - switch)
-    # Reference: old weights build the cache up to the last version-0 token, then the
-    # new weights continue greedily from that same cache (nothing recomputed).
-    tokens = result.token_ids
+    assert result.token_ids == continue_on_old_cache(old, new, prompt, result.token_ids, switch)
+    # The update really changed the continuation.
+    assert result.token_ids != hf_greedy(old, prompt, 40)
+
+
+def continue_on_old_cache(old, new, prompt: list[int], tokens: list[int], switch: int) -> list[int]:
+    """Reference for a greedy sequence whose tokens from index `switch` on were sampled after
+    a weight update: old weights build the cache up to the last version-0 token, then the new
+    weights continue greedily from that same cache (nothing recomputed)."""
     with torch.no_grad():
         cache = DynamicCache(config=old.config)
         old(torch.tensor([prompt + tokens[: switch - 1]]), past_key_values=cache, use_cache=True)
@@ -156,9 +162,7 @@ def test_sequence_spanning_an_update_keeps_its_cache(engine: ReferenceEngine, mo
             logits = new(torch.tensor([[next_input]]), past_key_values=cache, use_cache=True).logits[0, -1]
             next_input = int(logits.argmax())
             expected.append(next_input)
-    assert tokens == expected
-    # The update really changed the continuation.
-    assert tokens != hf_greedy(old, prompt, 40)
+    return expected
 
 
 def test_abort_running_and_waiting_requests(model_dir: Path, prompts) -> None:
@@ -306,3 +310,24 @@ def test_verify_draft_sampling_keeps_the_target_distribution() -> None:
             assert logprobs[0] == pytest.approx(math.log(float(target[tokens[0]])), abs=1e-5)
             assert len(tokens) == (2 if accepted == 1 else 1)
         assert torch.allclose(counts / trials, target, atol=0.015), (proposed, counts / trials)
+
+
+def test_speculation_across_a_weight_update(model_dir: Path, hf_model, prompts) -> None:
+    # Drafts come from the old policy's answer; after the update they are mostly wrong,
+    # and verification must use the new weights on the cache built so far.
+    old = hf_model
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    new_state = perturbed_state(old, seed=3)
+    new.load_state_dict(new_state, strict=False)
+    prompt = prompts[1]
+    drafter = ScriptedDrafter({"p": hf_greedy(old, prompt, 80)})
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=2, max_draft_len=4), drafter=drafter)
+    with engine:
+        future = engine.submit(prompt, SamplingParams(temperature=0.0, max_new_tokens=80), history_key="p")
+        wait_for(lambda: engine.stats()["generated_tokens"] >= 4)
+        engine.update_weights(new_state.items(), version=1)
+        result = future.result(timeout=120)
+    assert set(result.token_versions) == {0, 1}
+    switch = result.token_versions.index(1)
+    assert result.token_ids == continue_on_old_cache(old, new, prompt, result.token_ids, switch)
+    assert engine.stats()["spec_accepted_tokens"] > 0
