@@ -97,9 +97,50 @@ def format_expression(operands: list[int], operators: list[str]) -> str:
     return "".join(parts)
 
 
+def column_step(a: int, operator: str, b: int) -> str:
+    """One step worked in columns, units first, so every fact the model needs is a
+    one-digit lookup next to its inputs: `06 + 18: 6+8=14, 0+1+1=2, so 24`.
+
+    A small model learns these ~200 digit facts from a few thousand examples and
+    they cover every problem, held-out ones included; whole-problem answers would
+    each have to be memorised. Negative operands and `*` stay one line (`a op b = r`)."""
+    result = _apply(a, operator, b)
+    if a < 0 or b < 0 or operator == "*":
+        return f"{a} {operator} {b} = {result}"
+    if operator == "-" and a < b:
+        return _negative_difference(a, b)
+    width = max(len(str(a)), len(str(b)))
+    top, bottom = str(a).zfill(width), str(b).zfill(width)
+    columns = []
+    carry = 0
+    for top_digit, bottom_digit in zip(reversed(top), reversed(bottom)):
+        x, y = int(top_digit), int(bottom_digit)
+        if operator == "+":
+            total = x + y + carry
+            columns.append(f"{x}+{y}{'+1' if carry else ''}={total}")
+            carry, digit = divmod(total, 10)
+        else:
+            needed = y + carry
+            if x >= needed:
+                digit, next_carry = x - needed, 0
+                columns.append(f"{x}-{y}{'-1' if carry else ''}={digit}")
+            else:
+                digit, next_carry = 10 + x - needed, 1
+                columns.append(f"1{x}-{y}{'-1' if carry else ''}={digit}")
+            carry = next_carry
+    return f"{top} {operator} {bottom}: {', '.join(columns)}, so {result}"
+
+
+def _negative_difference(a: int, b: int) -> str:
+    """`a - b` with a < b: worked as -(b - a)."""
+    positive = column_step(b, "-", a)
+    head, tail = positive.split(": ", 1)
+    return f"-({head}): {tail.rsplit(', so ', 1)[0]}, so {a - b}"
+
+
 def format_solution(steps: list[tuple[int, str, int, int]], answer: int) -> str:
     """The reference response the warm start imitates: one line per step, then the box."""
-    lines = [f"{a} {op} {b} = {result}" for a, op, b, result in steps]
+    lines = [column_step(a, op, b) for a, op, b, _ in steps]
     lines.append(f"\\boxed{{{answer}}}")
     return "\n".join(lines)
 

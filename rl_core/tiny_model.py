@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -71,10 +72,10 @@ class WarmStartSpec:
 
     max_steps: int = 1500
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = 3e-3
     warmup_steps: int = 30
-    label_noise: float = 0.2  # fraction of targets whose final answer is a near miss (widens sampled vs greedy)
-    target_success: float = 0.3  # stop once validation success at temperature 1.0 reaches this
+    label_noise: float = 0.0  # fraction of targets whose final answer is a near miss (widens sampled vs greedy)
+    target_success: float = 0.25  # stop once validation success at temperature 1.0 reaches this
     check_every: int = 100  # steps between validation checks
     validation_problems: int = 64
     eval_samples_per_problem: int = 4  # samples per held-out problem when measuring success
@@ -184,8 +185,8 @@ def _noisy_solution(problem: Problem, rng: random.Random, label_noise: float) ->
         return solution
     wrong = int(problem.answer) + rng.choice([-3, -2, -1, 1, 2, 3])
     lines = solution.split("\n")
-    if len(lines) >= 2:
-        lines[-2] = lines[-2].rsplit("= ", 1)[0] + f"= {wrong}"
+    if len(lines) >= 2:  # the last worked step ends in its result ("... = 24" or "..., so 24")
+        lines[-2] = re.sub(r"-?\d+$", str(wrong), lines[-2])
     lines[-1] = f"\\boxed{{{wrong}}}"
     return "\n".join(lines)
 

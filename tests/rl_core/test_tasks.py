@@ -30,7 +30,9 @@ def test_arithmetic_answers_and_solutions_are_right() -> None:
         assert int(problem.answer) == eval(expression)  # Python's precedence is the reference
         assert problem.solution is not None and problem.solution.endswith(f"\\boxed{{{problem.answer}}}")
     problem = make_arithmetic_problem([2, 3, 4], ["+", "*"])
-    assert problem.answer == "14" and problem.solution == "3 * 4 = 12\n2 + 12 = 14\n\\boxed{14}"
+    assert problem.answer == "14" and problem.solution == "3 * 4 = 12\n02 + 12: 2+2=4, 0+1=1, so 14\n\\boxed{14}"
+    assert make_arithmetic_problem([6, 18], ["-"]).solution == "-(18 - 06): 8-6=2, 1-0=1, so -12\n\\boxed{-12}"
+    assert make_arithmetic_problem([13, 8], ["-"]).solution == "13 - 08: 13-8=5, 1-0-1=0, so 5\n\\boxed{5}"
 
 
 def test_epochs_repeat_the_same_prompts_in_a_new_order() -> None:
