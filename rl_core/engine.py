@@ -28,43 +28,9 @@ import torch
 
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine_sampling import sample_rows, verify_draft
-from rl_core.kv_cache import SlotKVCache
+from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention
 
 log = logging.getLogger(__name__)
-
-ENGINE_ATTENTION = "inflight_sdpa"
-
-
-def _masked_gqa_sdpa(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """sdpa with the engine's explicit mask and grouped KV heads passed as they are.
-
-    The stock HF sdpa path repeats K/V for every query head whenever a mask is
-    given (a copy of the whole cache per layer per step); `enable_gqa` lets the
-    kernel share them instead. Same math, so outputs match stock sdpa. Calls
-    without a mask (e.g. `model.generate` on the engine's model) go to stock sdpa."""
-    if attention_mask is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
-    )
-    return output.transpose(1, 2).contiguous(), None
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ENGINE_ATTENTION, _masked_gqa_sdpa)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -154,7 +120,7 @@ class ReferenceEngine:
         # sdpa takes a boolean "may attend" mask; eager attention adds a float mask.
         attention = getattr(model.config, "_attn_implementation", "sdpa")
         if attention == "sdpa":
-            _register_attention()
+            register_engine_attention()
             model.set_attn_implementation(ENGINE_ATTENTION)
             attention = ENGINE_ATTENTION
         self._bool_mask = attention in ("sdpa", ENGINE_ATTENTION)
