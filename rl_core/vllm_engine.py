@@ -165,10 +165,11 @@ class VllmEngine:
     (`VllmWeightReceiver`), which the server runs in worker threads and which hop onto
     the loop with `run_coroutine_threadsafe`."""
 
-    def __init__(self, llm: Any, tokenizer: Any, model_dir: str, max_model_len: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, llm: Any, tokenizer: Any, model_dir: str, max_model_len: int, loop: asyncio.AbstractEventLoop, weight_sync_ranks: int = 1) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.llm = llm
+        self.weight_sync_ranks = weight_sync_ranks
         self.tokenizer = tokenizer
         self.loop = loop
         self.max_model_len = max_model_len
@@ -287,8 +288,11 @@ class VllmWeightReceiver:
     def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        if not 1 <= rank < world_size:
-            raise ValueError(f"rank must be in 1..world_size-1 (the trainer is rank 0), got rank={rank} world_size={world_size}")
+        if not 1 <= rank or rank + self.engine.weight_sync_ranks > world_size:
+            raise ValueError(
+                f"rank must be in 1..world_size-{self.engine.weight_sync_ranks} (the trainer is rank 0 and this server's "
+                f"{self.engine.weight_sync_ranks} worker(s) take ranks from it), got rank={rank} world_size={world_size}"
+            )
         expected = "nccl" if self.device_type == "cuda" else "gloo"
         if backend != expected:
             raise ValueError(f"backend {backend!r}: this vLLM server on {self.device_type} receives over {expected!r}")
@@ -351,7 +355,9 @@ def _replace_health_route(app: Any, engine: VllmEngine) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         stats = engine.stats()
-        return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"], "engine": "vllm"}
+        return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"], "engine": "vllm",
+                # One weight-sync rank per tensor-parallel worker (WeightBroadcaster reads it).
+                "weight_sync_ranks": engine.weight_sync_ranks}
 
 
 def build_engine_args(args: argparse.Namespace) -> Any:
@@ -439,7 +445,8 @@ def main(argv: list[str]) -> int:
         llm = AsyncLLM.from_engine_args(build_engine_args(args))
         try:
             await llm.update_weight_version("0")  # tokens before the first update are version 0
-            engine = VllmEngine(llm, AutoTokenizer.from_pretrained(args.model), args.model, args.max_seq_len, asyncio.get_running_loop())
+            engine = VllmEngine(llm, AutoTokenizer.from_pretrained(args.model), args.model, args.max_seq_len, asyncio.get_running_loop(),
+                                weight_sync_ranks=args.tensor_parallel_size)
             app = create_app(engine, model_name, receiver=VllmWeightReceiver(engine, args.device))  # type: ignore[arg-type]
             _replace_health_route(app, engine)
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))

@@ -172,6 +172,14 @@ class HttpWeightSyncEndpoint:
             raise WeightSyncError(f"server {self.name}{route} answered {response.status_code}: {response.text[:500]}")
         return response.json()
 
+    def group_ranks(self) -> int:
+        """Ranks this server takes in the group (`weight_sync_ranks` in /health; 1 if absent)."""
+        try:
+            health = self._http.get("/health").json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise WeightSyncError(f"server {self.name}/health unreachable: {exc!r}") from exc
+        return max(1, int(health.get("weight_sync_ranks", 1)))
+
     def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str) -> None:
         self._post(
             "/init_process_group",
@@ -240,12 +248,16 @@ class WeightBroadcaster:
 
     def connect(self) -> None:
         port = self.master_port or free_port(self.master_address)
-        world_size = len(self.endpoints) + 1
+        # A server may hold several ranks (a vLLM server: one per tensor-parallel worker);
+        # it is told its first rank and takes the ones after it.
+        ranks_per_endpoint = [int(getattr(endpoint, "group_ranks", lambda: 1)()) for endpoint in self.endpoints]
+        first_ranks = [1 + sum(ranks_per_endpoint[:index]) for index in range(len(self.endpoints))]
+        world_size = 1 + sum(ranks_per_endpoint)
         names = [endpoint.name for endpoint in self.endpoints]
         calls = [
             (endpoint.name, lambda endpoint=endpoint, rank=rank: endpoint.init_process_group(
                 self.master_address, port, rank, world_size, self.backend, "inflight-weights"))
-            for rank, endpoint in enumerate(self.endpoints, start=1)
+            for rank, endpoint in zip(first_ranks, self.endpoints)
         ]
         threads, _, errors = _run_all(calls)
         # Rendezvous in a thread of its own: it blocks until every server has joined, and a
