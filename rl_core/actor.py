@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import sys
 import time
@@ -78,6 +79,14 @@ class Actor:
         self.sink = sink
         self.task = task or load_task(config.task)
         self.router = router or make_router(config)
+        # RollPacker tail batching (async window); None = plain groups, one request with n.
+        self.tail = None
+        if config.accelerations.tail_batching.enabled:
+            from rl_core.scheduling import make_async_tail_tracker
+
+            self.tail = make_async_tail_tracker(config)
+        self.group_servers: dict[str, int] = {}
+        self.problems_by_id = {problem.id: problem for problem in self.task.train}
         self.server_loads = [0.0] * len(clients)  # sequences in flight per server (rollouts + evals)
         self.in_flight: set[asyncio.Task] = set()
         self.evals: set[asyncio.Task] = set()
@@ -101,10 +110,11 @@ class Actor:
     # --- generation through the servers -------------------------------------------
 
     async def generate_on(self, server: int, messages: list[dict[str, str]], sampling: SamplingParams, n: int,
-                          prompt_id: str | None) -> list[GenerationResult]:
+                          prompt_id: str | None, request_id_prefix: str | None = None) -> list[GenerationResult]:
         self.server_loads[server] += n
         try:
-            return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id)
+            return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id,
+                                                        request_id_prefix=request_id_prefix)
         finally:
             self.server_loads[server] -= n
 
@@ -115,22 +125,66 @@ class Actor:
 
     # --- one group ------------------------------------------------------------------
 
-    async def run_group(self, problem: Problem, epoch: int, group_index: int) -> list[RolloutSample]:
+    async def run_group(self, problem: Problem, epoch: int, group_index: int, kind: str = "plain") -> list[RolloutSample]:
+        group_id = f"g{group_index:08d}"
+        if self.tail is not None:
+            results = await self.generate_tail_group(problem, group_id, kind)
+            if results is None:
+                return []  # deferred to the long-tail queue: it comes back as a long group
+        else:
+            server = self.router.pick(problem.id, self.group_size, self.server_loads)
+            try:
+                results = await self.generate_on(server, self.task.messages(problem), self.sampling, self.group_size, problem.id)
+            except BaseException:
+                self.router.observe(problem.id, [])
+                raise
+            self.router.observe(problem.id, [len(r.token_ids) for r in results])
+        return await self.score_group(problem, epoch, group_id, results)
+
+    async def generate_tail_group(self, problem: Problem, group_id: str, kind: str) -> list[GenerationResult] | None:
+        """RollPacker tail batching: one request per response; a short group asks for
+        `response_overprovision` x G and keeps the first G to finish; a group overtaken by
+        too many later ones is aborted and deferred (None) to run later among long ones."""
+        assert self.tail is not None
+        count = self.tail.launch(group_id, problem.id, kind)
+        server = self.router.pick(problem.id, count, self.server_loads)
+        self.group_servers[group_id] = server
+        messages = self.task.messages(problem)
+        pending = {
+            asyncio.create_task(self.generate_on(server, messages, self.sampling, 1, problem.id, f"{group_id}-r{i}"))
+            for i in range(count)
+        }
+        kept: list[GenerationResult] = []
+        try:
+            while pending and self.tail.is_open(group_id):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    result = task.result()[0]
+                    if result.finish_reason == "abort" or not self.tail.is_open(group_id):
+                        continue
+                    keep, to_abort = self.tail.on_response(group_id)
+                    if keep:
+                        kept.append(result)
+                    for other in to_abort:
+                        await self.clients[self.group_servers[other]].abort([other])
+        finally:
+            for task in pending:
+                task.cancel()
+            self.group_servers.pop(group_id, None)
+        if len(kept) < self.group_size:
+            self.router.observe(problem.id, [])
+            return None
+        self.router.observe(problem.id, [len(r.token_ids) for r in kept])
+        return kept
+
+    async def score_group(self, problem: Problem, epoch: int, group_id: str, results: list[GenerationResult]) -> list[RolloutSample]:
         from rl_core.rewards import score_many
 
-        server = self.router.pick(problem.id, self.group_size, self.server_loads)
-        try:
-            results = await self.generate_on(server, self.task.messages(problem), self.sampling, self.group_size, problem.id)
-        except BaseException:
-            self.router.observe(problem.id, [])
-            raise
-        self.router.observe(problem.id, [len(r.token_ids) for r in results])
         scores = await asyncio.to_thread(
             score_many, [(r.text, problem.answer) for r in results], self.config.task.reward_timeout_s
         )
         rewards = [score.reward for score in scores]
         advantages = group_advantages(rewards, normalize_std=self.config.actor.advantage == "group_mean_std")
-        group_id = f"g{group_index:08d}"
         samples = []
         for i, (result, score, advantage) in enumerate(zip(results, scores, advantages)):
             self.window.rewards.append(score.reward)
@@ -145,7 +199,7 @@ class Actor:
                 prompt_token_ids=list(result.prompt_token_ids), completion_token_ids=list(result.token_ids),
                 behaviour_logprobs=list(result.logprobs), token_versions=list(result.token_versions),
                 reward=score.reward, success=score.success, advantage=advantage, finish_reason=result.finish_reason,
-                metadata={"epoch": epoch, "server": server, "extracted": score.extracted},
+                metadata={"epoch": epoch, "extracted": score.extracted},
             ))
         self.window.groups += 1
         if self.config.actor.drop_zero_advantage_groups and all(a == 0.0 for a in advantages):
@@ -252,6 +306,8 @@ class Actor:
         if w.dropped_groups:
             metrics["rollout/dropped_zero_advantage_groups"] = float(w.dropped_groups)
         metrics.update(self.router.metrics())
+        if self.tail is not None:
+            metrics.update(self.tail.metrics())
         self.sink.log(self.version, metrics)
         self.window = Window()
 
@@ -288,7 +344,16 @@ class Actor:
             self.start_periodic_evals()
             while self.may_submit():
                 epoch, problem = next(problems)
-                task = asyncio.create_task(self.run_group(problem, epoch, self.groups_started))
+                kind = "plain"
+                if self.tail is not None:
+                    fresh = [problem]
+                    chosen = self.tail.next_prompt(lambda k: [p.id for p in fresh[:k]])
+                    assert chosen is not None  # the training stream is endless
+                    kind = chosen[1]
+                    if chosen[0] != problem.id:  # a long-tail prompt goes first; keep the fresh one
+                        problems = itertools.chain([(epoch, problem)], problems)
+                        problem = self.problems_by_id[chosen[0]]
+                task = asyncio.create_task(self.run_group(problem, epoch, self.groups_started, kind))
                 self.groups_started += 1
                 self.sync_launched += self.group_size if self.config.mode == "sync" else 0
                 self.in_flight.add(task)

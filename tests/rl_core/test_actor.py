@@ -139,3 +139,33 @@ async def test_actor_generates_throttles_and_finishes_with_eval(tiny_model: Path
         assert key in keys, key
     heldout = [r for r in records if "success/heldout" in r]
     assert [r["step"] for r in heldout] == [0, 1]  # at the start and at the final version
+
+
+@pytest.mark.timeout(300)
+async def test_tail_batching_keeps_first_group_size_responses(tiny_model: Path, server_url: str, tmp_path: Path) -> None:
+    """RollPacker in the async actor: short groups ask for 1.5 x G responses (one request
+    each) and keep the first G; the surplus is aborted on the server."""
+    from rl_core.client import InferenceClient
+
+    config = actor_config(
+        tiny_model, actor={"group_size": 2, "groups_in_flight": 3, "max_lag": 3},
+        accelerations={"tail_batching": {"enabled": True, "prompt_overprovision": 1.34, "response_overprovision": 1.5}},
+    )
+    writer = FileStreamWriter(tmp_path)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    client = InferenceClient(server_url)
+    actor = Actor(config, tmp_path, [client], writer, sink)
+    assert actor.tail is not None and actor.tail.responses_for("short") == 3
+    publish(tmp_path, version=0, consumed=0)
+    runner = asyncio.create_task(actor.run())
+    await wait_until(lambda: writer.count() >= 6)
+    publish(tmp_path, version=0, consumed=writer.count(), done=True)
+    await asyncio.wait_for(runner, 120)
+    await client.aclose()
+    sink.close()
+    samples = FileStreamReader(tmp_path).read(100, 0.1)
+    groups: dict[str, list] = {}
+    for sample in samples:
+        groups.setdefault(sample.group_id, []).append(sample)
+    assert groups and all(len(members) == 2 for members in groups.values())
+    assert "sched/round" in set().union(*read_metrics(tmp_path / "metrics.jsonl"))
