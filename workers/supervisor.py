@@ -158,6 +158,12 @@ class RunSupervisor:
     # -------------------------------------------------------------- 1. start
 
     def start(self) -> int:
+        if self.run_dir.exists() and any(self.run_dir.iterdir()):
+            # Left over from another database's run with the same id (e.g. the demo's database was
+            # reset): the engine refuses to mix two runs in one directory, so keep it aside.
+            stale = self.run_dir.with_name(f"{self.run_dir.name}.stale-{int(time.time())}")
+            self.run_dir.rename(stale)
+            logger.warning("run dir %s was not empty; moved to %s", self.run_dir, stale)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         config_path = self.run_dir / SUBMITTED_CONFIG_FILE

@@ -78,3 +78,18 @@ def test_final_status_rules(tmp_path: Path, status, exit_code, cancelled, expect
     else:
         assert outcome.status == "failed"
         assert ("killed by signal 9" in outcome.error) if exit_code == -9 else ("exited with code 3" in outcome.error)
+
+
+def test_a_leftover_run_dir_is_moved_aside_not_mixed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "7"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 0, "old": 1}\n')
+    script = tmp_path / "engine.py"
+    script.write_text("import sys, pathlib; out = pathlib.Path(sys.argv[4]); (out / 'status.json').write_text('{\"state\": \"succeeded\"}')\n")
+    import sys as _sys
+
+    supervisor = RunSupervisor(run_dir, "name: x\n", [_sys.executable, str(script)], NullReporter(), cwd=tmp_path, poll_s=0.05)
+    assert supervisor.supervise() == Outcome("succeeded", "", 0)
+    assert not (run_dir / "metrics.jsonl").exists() and (run_dir / "submitted_config.yaml").read_text() == "name: x\n"
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith("7.stale-")]
+    assert len(stale) == 1 and (stale[0] / "metrics.jsonl").exists()
