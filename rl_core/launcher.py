@@ -45,6 +45,7 @@ SERVER_START_TIMEOUT_S = 300.0
 FINAL_EVAL_TIMEOUT_S = 1800.0  # the actor's final evaluation after the trainer finished
 STOP_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 SYSTEM_METRICS_EVERY_S = 5.0
+CONSOLE_LOG_EVERY_S = 5.0  # progress lines when the console is not a terminal
 
 
 class LaunchError(RuntimeError):
@@ -191,6 +192,8 @@ class Launcher:
         self.console = ConsoleSink(config.trainer.max_steps) if console else None
         self._metrics_offset = 0
         self._console_step = 0
+        self._console_pending: dict[str, float] = {}
+        self._console_last = 0.0
 
     def set_status(self, state: str, error: str | None = None) -> None:
         write_json_atomic(self.run_dir / STATUS_FILE, {"state": state, "error": error, "pid": os.getpid(), "updated": time.time()})
@@ -242,7 +245,7 @@ class Launcher:
     def child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)
 
-    def echo_metrics(self) -> None:
+    def echo_metrics(self, force: bool = False) -> None:
         """Feed new metric lines to the console progress bar."""
         if self.console is None:
             return
@@ -261,9 +264,14 @@ class Launcher:
             record = json.loads(line)
             # Evaluations log at the step they started: the bar shows the newest step.
             self._console_step = max(self._console_step, int(record.pop("step", 0)))
-            step = self._console_step
             record.pop("t", None)
-            self.console.log(step, record)
+            self._console_pending.update(record)
+        # On a TTY the bar redraws in place; in a log file one line every few seconds is enough.
+        interval = 0.0 if self.console.stream.isatty() else CONSOLE_LOG_EVERY_S
+        if self._console_pending and (force or time.monotonic() - self._console_last >= interval):
+            self.console.log(self._console_step, self._console_pending)
+            self._console_pending = {}
+            self._console_last = time.monotonic()
 
     def supervise(self) -> str:
         """Returns the final state; raises LaunchError naming the child that failed."""
@@ -297,7 +305,8 @@ class Launcher:
                 self.echo_metrics()
                 time.sleep(0.2)
         finally:
-            self.echo_metrics()
+            self.echo_metrics(force=True)
+            sampler.close()
             sink.close()
 
     def check_children(self) -> None:
