@@ -146,6 +146,7 @@ class ReferenceEngine:
             "requests_finished": 0,
             "requests_aborted": 0,
             "prompt_tokens": 0,
+            "prompt_tokens_shared": 0,
             "generated_tokens": 0,
             "steps": 0,
             "spec_drafted_tokens": 0,
@@ -381,23 +382,56 @@ class ReferenceEngine:
             version = self.version  # weights cannot change until the step is over
             try:
                 with torch.inference_mode():
-                    if admitted:
-                        self._prefill(admitted, version)
-                    if decoding:
-                        self._decode(decoding, version)
+                    leaders, followers = self._share_prompts(admitted, decoding)
+                    if leaders:
+                        self._prefill(leaders, version)
+                    for follower, source in followers:
+                        # Same prompt as a sequence already in the cache: copy its prompt K/V
+                        # and let the follower feed only its last prompt token this step.
+                        shared = len(follower.prompt_token_ids) - 1
+                        self.cache.copy_prefix(source.slot, follower.slot, shared)
+                        follower.cache_len = shared
+                        self.counters["prompt_tokens_shared"] += shared
+                    if decoding or followers:
+                        self._decode(decoding + [follower for follower, _ in followers], version)
             except Exception as exc:  # a failed step fails its requests, not the server
                 log.exception("engine step failed")
+                failed = []
                 with self._cond:
                     for seq in admitted + decoding:
+                        if seq.slot < 0:
+                            continue  # already finished and handed out
                         if seq.finish_reason is None:
                             self._finish_locked(seq, "error")
                             seq.future.set_exception(RuntimeError(f"engine step failed: {exc!r}"))
+                        else:
+                            failed.append(self._finish_locked(seq, seq.finish_reason))
+                self._resolve(failed)
                 continue
             with self._cond:
                 self.counters["steps"] += 1
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
                 finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
             self._resolve(finished)
+
+    def _share_prompts(
+        self, admitted: list[_Sequence], decoding: list[_Sequence]
+    ) -> tuple[list[_Sequence], list[tuple[_Sequence, _Sequence]]]:
+        """Split newly admitted sequences into ones to prefill and (follower, source) pairs
+        whose prompt is identical to a sequence already cached or prefilled this step — the
+        n samples of one chat request, or a group of attempts at one problem."""
+        sources = {tuple(seq.prompt_token_ids): seq for seq in decoding}
+        leaders: list[_Sequence] = []
+        followers: list[tuple[_Sequence, _Sequence]] = []
+        for seq in admitted:
+            key = tuple(seq.prompt_token_ids)
+            source = sources.get(key)
+            if source is not None and len(key) >= 2:
+                followers.append((seq, source))
+            else:
+                leaders.append(seq)
+                sources.setdefault(key, seq)
+        return leaders, followers
 
     def _admit_locked(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
@@ -496,7 +530,8 @@ class ReferenceEngine:
         self._advance(seqs, [seq.prompt_token_ids for seq in seqs], version)
 
     def _decode(self, seqs: list[_Sequence], version: int) -> None:
-        self._advance(seqs, [[seq.token_ids[-1]] for seq in seqs], version)
+        # A follower of a shared prompt has no token yet: its pending token is the prompt's last.
+        self._advance(seqs, [[seq.token_ids[-1]] if seq.token_ids else [seq.prompt_token_ids[-1]] for seq in seqs], version)
 
     def _advance(self, seqs: list[_Sequence], prefixes: list[list[int]], version: int) -> None:
         """Feed each sequence its tokens not yet in the cache (`prefixes`: the prompt at

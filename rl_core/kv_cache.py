@@ -122,6 +122,12 @@ class SlotKVCache:
             layer_values[self._slot_rows, : self._kv_length].transpose(1, 2),
         )
 
+    def copy_prefix(self, source_slot: int, target_slot: int, length: int) -> None:
+        """Give `target_slot` the first `length` cached positions of `source_slot` (shared prompts)."""
+        for layer in range(self.num_layers):
+            self.keys[layer][target_slot, :length] = self.keys[layer][source_slot, :length]
+            self.values[layer][target_slot, :length] = self.values[layer][source_slot, :length]
+
     # The decoder stack asks these only when it has to infer positions or a
     # mask itself; the engine always passes both, but answer sensibly anyway.
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -106,6 +106,22 @@ def test_requests_join_a_running_batch(engine: ReferenceEngine, hf_model, prompt
         assert result.token_ids == hf_greedy(hf_model, prompt, GREEDY.max_new_tokens)
 
 
+def test_identical_prompts_share_the_prompt_cache(engine: ReferenceEngine, hf_model, prompts) -> None:
+    # n samples of one prompt: submitted together, and one more while they decode.
+    prompt = prompts[1]
+    expected = hf_greedy(hf_model, prompt, GREEDY.max_new_tokens)
+    together = [engine.submit(prompt, GREEDY) for _ in range(3)]
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=12, seed=21)
+    alone = engine.generate([prompts[2]], seeded)[0]
+    late = engine.submit(prompt, GREEDY)
+    # Same seed: the follower samples from the shared cache exactly as the request did alone.
+    seeded_pair = [engine.submit(prompts[2], seeded) for _ in range(2)]
+    for future in together + [late]:
+        assert future.result(timeout=120).token_ids == expected
+    assert [future.result(timeout=120).token_ids for future in seeded_pair] == [alone.token_ids] * 2
+    assert engine.stats()["prompt_tokens_shared"] >= 2 * (len(prompt) - 1)
+
+
 def test_update_weights_then_matches_fresh_model(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
     fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     new_state = perturbed_state(fresh, seed=1)
