@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Protocol
 import torch
 
 from rl_core.contracts import GenerationResult, SamplingParams
-from rl_core.engine_sampling import sample_rows, verify_draft
+from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_draft
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class ReferenceEngine:
             model.set_attn_implementation(ENGINE_ATTENTION)
             attention = ENGINE_ATTENTION
         self._bool_mask = attention in ("sdpa", ENGINE_ATTENTION)
-        self.default_stop_ids = frozenset(_eos_ids(model, tokenizer))
+        self.default_stop_ids = frozenset(eos_token_ids(model, tokenizer))
         # Tied weights (lm_head = embed_tokens) appear under both names here, so
         # either name from a trainer lands on the same storage.
         self._tensors_by_name: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
@@ -215,7 +215,7 @@ class ReferenceEngine:
         history_key: str | None = None,
     ) -> Future[GenerationResult]:
         prompt = [int(token) for token in prompt_token_ids]
-        self._validate(prompt, params)
+        check_request(prompt, params, self.vocab_size, self.max_seq_len)
         request_id = request_id or uuid.uuid4().hex
         with self._cond:
             if self._stopping or self._thread is None:
@@ -336,24 +336,6 @@ class ReferenceEngine:
             }
 
     # ------------------------------------------------------------- the loop
-
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        if not prompt:
-            raise ValueError("prompt_token_ids is empty")
-        bad = [token for token in prompt if not 0 <= token < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-        if not 0 < params.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-        if len(prompt) + params.max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                f"the engine's max_seq_len {self.max_seq_len}"
-            )
 
     def _loop(self) -> None:
         while True:
@@ -612,16 +594,3 @@ class ReferenceEngine:
         elif len(seq.token_ids) >= seq.params.max_new_tokens or seq.cache_len + 1 >= self.max_seq_len:
             seq.finish_reason = "length"
         return seq.finish_reason is not None
-
-
-def _eos_ids(model: torch.nn.Module, tokenizer: Any | None) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(token) for token in eos)
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids

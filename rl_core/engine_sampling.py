@@ -1,4 +1,5 @@
-"""Token sampling shared by the engine's decode and speculative-verify paths.
+"""Token sampling shared by the engine's decode and speculative-verify paths, plus the
+checks a request passes before it may enter the engine.
 
 The logprob reported for a sampled token is its log-probability under the
 distribution it was actually drawn from (temperature- and top-p-adjusted); for
@@ -9,7 +10,11 @@ tokens whatever else shares its batch.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from rl_core.contracts import SamplingParams
 
 
 def adjusted_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -125,3 +130,37 @@ def verify_draft(
     tokens.append(bonus)
     logprobs.append(float(torch.log(probs[count - 1, bonus])))
     return tokens, logprobs, len(draft)
+
+
+def check_request(prompt: list[int], params: SamplingParams, vocab_size: int, max_seq_len: int) -> None:
+    """Refuse a request the engine cannot serve, naming the field."""
+    if not prompt:
+        raise ValueError("prompt_token_ids is empty")
+    bad = [token for token in prompt if not 0 <= token < vocab_size]
+    if bad:
+        raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab_size})")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if len(prompt) + params.max_new_tokens > max_seq_len:
+        raise ValueError(
+            f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+            f"the engine's max_seq_len {max_seq_len}"
+        )
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer: Any | None) -> set[int]:
+    """The model's end-of-sequence ids (generation config, config, tokenizer)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(token) for token in eos)
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
