@@ -112,11 +112,13 @@ class EngineCollector:
     COUNTERS = {
         "generated_tokens": ("inflight_tokens_generated", "Tokens sampled."),
         "prompt_tokens": ("inflight_prompt_tokens", "Prompt tokens prefilled."),
+        "prompt_tokens_shared": ("inflight_prompt_tokens_shared", "Prompt tokens copied from an identical cached prompt instead of prefilled."),
         "requests_finished": ("inflight_requests_finished", "Requests finished (any reason)."),
         "requests_aborted": ("inflight_requests_aborted", "Requests aborted."),
         "steps": ("inflight_engine_steps", "Decode loop steps."),
         "spec_drafted_tokens": ("inflight_spec_drafted_tokens", "Speculative tokens drafted."),
         "spec_accepted_tokens": ("inflight_spec_accepted_tokens", "Speculative tokens accepted."),
+        "spec_verify_steps": ("inflight_spec_verify_steps", "Sequence-steps that verified a non-empty draft."),
         "weight_updates": ("inflight_weight_updates", "In-flight weight updates applied."),
     }
     GAUGES = {

@@ -242,7 +242,10 @@ class WeightBroadcaster:
         self.master_port = master_port
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
-        # Where buckets are assembled: None = where the tensors already are (CUDA for nccl).
+        # Where buckets are assembled: gloo moves host memory, so CPU (a CUDA trainer's
+        # tensors are copied out bucket by bucket); nccl sends them from where they are.
+        if device is None and backend == "gloo":
+            device = "cpu"
         self.device = None if device is None else torch.device(device)
         self.group: SyncGroup | None = None
 
@@ -356,6 +359,7 @@ class WeightReceiver:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.group: SyncGroup | None = None
+        self.wire_device = torch.device("cpu")
         self._lock = threading.Lock()
 
     def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
@@ -365,6 +369,8 @@ class WeightReceiver:
             raise ValueError("backend 'nccl' needs an engine on a CUDA device; use 'gloo' on CPU")
         with self._lock:
             self.group = create_group(backend, master_address, master_port, rank, world_size, timeout_s)
+            # gloo moves host memory: a CUDA engine receives into CPU staging and copies up.
+            self.wire_device = torch.device("cpu") if backend == "gloo" else self.engine.device
 
     def receive(self, version: int, raw_params: list[dict[str, Any]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> float:
         """Receive one update; returns the engine pause in seconds. Raises ValueError (and
@@ -383,7 +389,7 @@ class WeightReceiver:
             self.engine.check_update((spec.name, spec.shape) for spec in specs)
         except (ValueError, KeyError) as exc:
             problem = str(exc.args[0] if exc.args else exc)
-        work, refusals = self.group.agree(problem is not None, self.engine.device)
+        work, refusals = self.group.agree(problem is not None, self.wire_device)
         work.wait()
         if problem is not None:
             raise ValueError(f"params: {problem}")
@@ -396,7 +402,8 @@ class WeightReceiver:
         # bucket), so bucket k is copied into the model while bucket k+1 is being received.
         direct = [
             targets[b.members[0][0]] if len(b.members) == 1 and targets[b.members[0][0]].is_contiguous()
-            and dtype_name(targets[b.members[0][0]].dtype) == b.dtype else None
+            and dtype_name(targets[b.members[0][0]].dtype) == b.dtype and targets[b.members[0][0]].device == self.wire_device
+            else None
             for b in buckets
         ]
         largest: dict[str, int] = {}
@@ -404,7 +411,7 @@ class WeightReceiver:
             if in_place is None:
                 largest[bucket.dtype] = max(largest.get(bucket.dtype, 0), bucket.numel)
         staging = {
-            dtype: [torch.empty(numel, dtype=parse_dtype(dtype), device=self.engine.device) for _ in range(2)]
+            dtype: [torch.empty(numel, dtype=parse_dtype(dtype), device=self.wire_device) for _ in range(2)]
             for dtype, numel in largest.items()
         }
 
