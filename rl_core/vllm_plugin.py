@@ -55,8 +55,13 @@ class InflightInitInfo(base.WeightTransferInitInfo):
     rank_offset: int
     world_size: int
     timeout_s: float = 300.0
+    # The trainer's choice (gloo also works with CUDA tensors, nccl needs them); empty =
+    # the engine's default for its registered name.
+    backend: str = ""
 
     def __post_init__(self) -> None:
+        if self.backend not in ("", "gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if not 1 <= int(self.rank_offset) < int(self.world_size):
             raise ValueError(
                 f"rank_offset must be in 1..world_size-1 (the trainer is rank 0), got {self.rank_offset} of {self.world_size}"
@@ -144,7 +149,7 @@ class InflightWeightTransferEngine(base.WeightTransferEngine):
         if rank >= int(init_info.world_size):
             raise ValueError(f"worker rank {rank} does not fit world_size {init_info.world_size}")
         self.group = create_group(
-            self.torch_backend, init_info.master_address, int(init_info.master_port), rank, int(init_info.world_size), float(init_info.timeout_s)
+            init_info.backend or self.torch_backend, init_info.master_address, int(init_info.master_port), rank, int(init_info.world_size), float(init_info.timeout_s)
         )
 
     def start_weight_update(self) -> None:

@@ -55,9 +55,9 @@ fi
 RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/inflight-gpu-smoke.XXXXXX")"
 CONFIG="$RUN_DIR/smoke.yaml"
 if [ "$DEVICE" = cuda ]; then
-  TRAINER_GPUS=1; MEMORY=0.35; SAMPLES=32; GROUPS=8; THREADS=1
+  TRAINER_GPUS=1; MEMORY=0.35; SAMPLES=32; IN_FLIGHT=8; THREADS=1
 else
-  TRAINER_GPUS=0; MEMORY=0.8; SAMPLES=8; GROUPS=2; THREADS=1
+  TRAINER_GPUS=0; MEMORY=0.8; SAMPLES=8; IN_FLIGHT=2; THREADS=1
 fi
 cat > "$CONFIG" <<EOF
 name: gpu-smoke
@@ -76,7 +76,7 @@ inference:
   max_batch_size: 64
   gpu_memory_utilization: $MEMORY
   threads_per_server: $THREADS
-actor: {group_size: 4, groups_in_flight: $GROUPS, max_lag: 4}
+actor: {group_size: 4, groups_in_flight: $IN_FLIGHT, max_lag: 4}
 trainer:
   backend: deepspeed
   zero_stage: 3
