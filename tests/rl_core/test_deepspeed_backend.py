@@ -199,7 +199,35 @@ def scenario_broadcast(result_file: str, model_path: str) -> None:
     }))
 
 
-SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast}
+def _rank_micro_batches(step: int, rank: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 * rank + step)
+    return [torch.randint(3, 500, (2, 10), generator=generator)]
+
+
+def scenario_two_ranks(result_file: str, model_path: str, rank: str, port: str) -> None:
+    """One of two data-parallel ZeRO-3 ranks (gloo): each trains on its own data; every
+    rank iterates the gathering broadcast generator (a collective), rank 0 saves it."""
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE="2", LOCAL_RANK=rank)
+    from rl_core.deepspeed_backend import DeepSpeedBackend
+
+    torch.set_num_threads(1)
+    backend = DeepSpeedBackend(_config(3), model_path, broadcast_bucket_bytes=128 * 1024)
+    for step in range(2):
+        for input_ids in _rank_micro_batches(step, int(rank)):
+            logprobs, _ = backend.token_logprobs(input_ids, None, None)
+            backend.backward(-logprobs[:, 1:].sum() / 2.0)
+        backend.optimizer_step()
+    gathered = {name: tensor.clone() for name, tensor in backend.parameters_for_broadcast()}
+    torch.save(gathered, result_file + f".rank{rank}.pt")
+    Path(result_file + f".rank{rank}").write_text(json.dumps({"version": backend.version}))
+
+
+SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast,
+             "two_ranks": scenario_two_ranks}
 
 
 # --- the tests -------------------------------------------------------------------
@@ -239,6 +267,46 @@ def test_deepspeed_zero3_weights_reach_a_reference_server_intact(untrained_tiny_
     assert result["tokens"] == result["expected_tokens"]
     assert result["token_versions"] == [2] * len(result["tokens"])
     assert result["logprobs"] == pytest.approx(result["expected_logprobs"], abs=1e-4)
+
+
+def test_deepspeed_zero3_two_ranks_gather_the_data_parallel_weights(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    """Two real processes (gloo): ZeRO-3 shards every parameter across them; after two
+    steps both gather identical full weights, equal to one torch model trained on the
+    rank-averaged loss (DeepSpeed averages gradients over data-parallel ranks)."""
+    import torch
+
+    from rl_core.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
+    from rl_core.torch_backend import TorchBackend
+    from rl_core.weight_sync import free_port
+
+    result = str(tmp_path / "two_ranks")
+    port = str(free_port())
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DEFAULT)))
+    procs = [
+        subprocess.Popen([sys.executable, str(THIS_FILE), "two_ranks", result, str(untrained_tiny_model), str(rank), port],
+                         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=480)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(output[-3000:] for output in outputs)
+    rank0 = torch.load(result + ".rank0.pt")
+    rank1 = torch.load(result + ".rank1.pt")
+    assert list(rank0) == list(rank1)
+    assert all(torch.equal(rank0[name], rank1[name]) for name in rank0)
+
+    config = _config(3).trainer
+    reference = TorchBackend(untrained_tiny_model, lr=config.lr, weight_decay=config.weight_decay, warmup_steps=config.warmup_steps,
+                             total_steps=config.max_steps, grad_clip=config.grad_clip)
+    initial = {name: tensor.clone() for name, tensor in reference.parameters_for_broadcast()}
+    for step in range(2):
+        for rank in (0, 1):
+            for input_ids in _rank_micro_batches(step, rank):
+                logprobs, _ = reference.token_logprobs(input_ids, None, None)
+                reference.backward(-logprobs[:, 1:].sum() / 2.0 / 2)  # mean over the 2 ranks
+        reference.optimizer_step()
+    expected = dict(reference.parameters_for_broadcast())
+    assert max(float((expected[n] - initial[n]).abs().max()) for n in expected) > 1e-2
+    assert max(float((rank0[n] - expected[n]).abs().max()) for n in expected) < 5e-4
 
 
 def test_deepspeed_backend_refuses_a_missing_model_dir(tmp_path: Path) -> None:
