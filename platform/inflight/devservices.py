@@ -112,7 +112,7 @@ def _grant_traversal(path: Path) -> None:
     for parent in [path, *path.parents]:
         mode = parent.stat().st_mode
         if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH | stat.S_IROTH)
+            parent.chmod(mode | stat.S_IXOTH)  # traverse only; listing stays private
 
 
 def _run_pg(binary: str, args: list[str], user: str | None, timeout: float = 120) -> None:

@@ -28,8 +28,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TEST_SERVICES_ROOT = REPO_ROOT / "var" / "test-services"
 
 
+def _clean_up_after_dead_sessions() -> None:
+    """Stop and remove the services of earlier sessions that were killed before their teardown."""
+    if not TEST_SERVICES_ROOT.is_dir():
+        return
+    for folder in TEST_SERVICES_ROOT.glob("session-*"):
+        pid = folder.name.removeprefix("session-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            stop_services(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def embedded_services() -> Iterator[Services]:
+    _clean_up_after_dead_sessions()
     folder = TEST_SERVICES_ROOT / f"session-{os.getpid()}"
     services = start_services(folder, postgres_port=free_port(), redis_port=free_port(), fast_unsafe=True)
     yield services
