@@ -132,11 +132,14 @@ class EngineCollector:
         self.engine = engine
 
     def collect(self):
+        # Another engine behind create_app (vLLM) may not count everything: expose what it has.
         stats = self.engine.stats()
         for key, (name, help_text) in self.COUNTERS.items():
-            yield CounterMetricFamily(name, help_text, value=float(stats[key]))
+            if key in stats:
+                yield CounterMetricFamily(name, help_text, value=float(stats[key]))
         for key, (name, help_text) in self.GAUGES.items():
-            yield GaugeMetricFamily(name, help_text, value=float(stats[key]))
+            if key in stats:
+                yield GaugeMetricFamily(name, help_text, value=float(stats[key]))
 
 
 def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceiver | None = None) -> FastAPI:
