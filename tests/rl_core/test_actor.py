@@ -5,6 +5,7 @@ file the real trainer publishes, so the max_lag throttle can be checked step by 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,26 @@ async def test_tail_batching_keeps_first_group_size_responses(tiny_model: Path, 
         groups.setdefault(sample.group_id, []).append(sample)
     assert groups and all(len(members) == 2 for members in groups.values())
     assert "sched/round" in set().union(*read_metrics(tmp_path / "metrics.jsonl"))
+
+
+@pytest.mark.timeout(300)
+async def test_final_benchmark_eval_writes_evals(tiny_model: Path, server_url: str, shared_data_dir: Path, tmp_path: Path) -> None:
+    """The trainer is already done: the actor goes straight to the final evaluations,
+    the held-out curve point and the benchmark files of docs/ARCHITECTURE.md."""
+    from rl_core.client import InferenceClient
+
+    config = actor_config(tiny_model, eval={
+        "heldout_every_n_steps": 0, "heldout_k": 1, "benchmarks": ["math500"], "k": {"math500": 1},
+        "max_problems": 2, "max_new_tokens": 8, "data_dir": str(shared_data_dir),
+    })
+    publish(tmp_path, version=7, consumed=0, done=True)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    client = InferenceClient(server_url)
+    await asyncio.wait_for(Actor(config, tmp_path, [client], FileStreamWriter(tmp_path), sink).run(), 240)
+    await client.aclose()
+    sink.close()
+    (line,) = [json.loads(text) for text in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    assert line["step"] == 7 and line["benchmark"] == "math500" and line["num_problems"] == 2
+    assert (tmp_path / line["results_file"]).is_file()
+    assert line["results_file"] == "eval/step_000007_math500.jsonl"
+    assert any("success/heldout" in r and r["step"] == 7 for r in read_metrics(tmp_path / "metrics.jsonl"))
