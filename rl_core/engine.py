@@ -183,7 +183,7 @@ class ReferenceEngine:
             if self._thread is not None and self._thread.is_alive():
                 return self
             self._stopping = False
-            self._thread = threading.Thread(target=self._loop, name="inflight-engine", daemon=True)
+            self._thread = threading.Thread(target=self._run_loop, name="inflight-engine", daemon=True)
             self._thread.start()
         return self
 
@@ -337,6 +337,21 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------- the loop
 
+    def _run_loop(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # never leave callers waiting on a dead loop
+            log.exception("engine loop crashed")
+            with self._cond:
+                self._stopping = True
+                leftovers = self._waiting + self._running
+                self._waiting, self._running = [], []
+                for seq in leftovers:
+                    self._finish_locked(seq, "error")
+                    if not seq.future.done():
+                        seq.future.set_exception(RuntimeError(f"engine loop crashed: {exc!r}"))
+                self._cond.notify_all()
+
     def _loop(self) -> None:
         while True:
             finished: list[tuple[_Sequence, GenerationResult]] = []
@@ -455,7 +470,10 @@ class ReferenceEngine:
         # Outside the lock: future callbacks (the server's asyncio bridge) may run here.
         for seq, result in finished:
             if self.tokenizer is not None:
-                result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                try:
+                    result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                except Exception:  # ids beyond the tokenizer's vocabulary: keep the ids, no text
+                    log.exception("cannot decode %s", seq.request_id)
             if self.drafter is not None and seq.history_key is not None and result.finish_reason in ("stop", "length"):
                 try:
                     self.drafter.add_response(seq.history_key, list(result.token_ids))
