@@ -83,8 +83,21 @@ def test_metrics_raw_since_seq_and_snapshot(owner_api, owner) -> None:
     assert raw["seq"] == 3 and len(raw["points"]) == 3 + 8 and not raw["truncated"]
     only_loss = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=0&names=loss").json()
     assert [p[1] for p in only_loss["points"]] == list(range(8)) and {p[0] for p in only_loss["points"]} == {"loss"}
-    limited = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=0&limit=2").json()
-    assert len(limited["points"]) == 2 and limited["truncated"]
+    # Pages end at batch boundaries, so the returned cursor continues without gaps or repeats.
+    page = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=0&limit=7").json()
+    assert page["truncated"] and page["seq"] == 1 and len(page["points"]) == 5  # batch 1 only
+    page = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=1&limit=7").json()
+    assert page["truncated"] and page["seq"] == 2 and [p[1] for p in page["points"]] == [5, 6, 7]
+    big = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=2&limit=3").json()
+    assert big["seq"] == 3 and len(big["points"]) == 8 and not big["truncated"]  # a batch is never split
+    pages, cursor = [], 0
+    while True:
+        page = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq={cursor}&limit=4").json()
+        pages += page["points"]
+        cursor = page["seq"]
+        if not page["truncated"]:
+            break
+    assert len(pages) == 16 and cursor == 3
     snapshot = owner_api.get(f"/api/runs/{run.pk}/metrics/").json()
     assert snapshot["seq"] == 3 and set(snapshot["series"]) == {"loss", "reward"}
     assert owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=-1").status_code == 400

@@ -4,7 +4,7 @@
     GET  /api/runs/                  ?status=running                             → {"runs": [...]}
     GET  /api/runs/<id>/                                                         → run
     POST /api/runs/<id>/cancel/                                                  → run
-    GET  /api/runs/<id>/metrics/     ?since_seq=N[&names=a,b][&limit=n]          → raw points after N
+    GET  /api/runs/<id>/metrics/     ?since_seq=N[&names=a,b][&limit=n]          → raw points after N, paged
     GET  /api/runs/<id>/metrics/     [?names=a,b]                                → downsampled snapshot
     GET  /api/runs/<id>/evals/                                                   → {"evals": [...]}
     GET  /api/evals/<id>/                                                        → eval + per-problem results
@@ -125,10 +125,10 @@ def run_metrics(request: HttpRequest, run_id: int) -> Any:
     since_seq = int_param(request, "since_seq")
     if since_seq is None:
         return run_snapshot(run, names=names)
-    limit = int_param(request, "limit", default=MAX_RAW_POINTS, minimum=1)
-    seq, points = selectors.metric_points_since(run, since_seq=since_seq, names=names, limit=min(limit, MAX_RAW_POINTS) + 1)
-    truncated = len(points) > min(limit, MAX_RAW_POINTS)
-    return {"run": run.pk, "since_seq": since_seq, "seq": seq, "points": points[: min(limit, MAX_RAW_POINTS)], "truncated": truncated}
+    limit = min(int_param(request, "limit", default=MAX_RAW_POINTS, minimum=1), MAX_RAW_POINTS)
+    seq, points, truncated = selectors.metric_points_page(run, since_seq=since_seq, names=names, max_points=limit)
+    # `seq` is the cursor: with truncated=true ask again with since_seq=seq for the rest.
+    return {"run": run.pk, "since_seq": since_seq, "seq": seq, "points": points, "truncated": truncated}
 
 
 @api_view("GET")

@@ -47,6 +47,30 @@ def metric_points_since(
     return seq, [list(row) for row in rows]
 
 
+def metric_points_page(
+    run: Run, since_seq: int, names: Iterable[str] | None = None, max_points: int = 50_000
+) -> tuple[int, list[list[Any]], bool]:
+    """Like metric_points_since, but at most about `max_points`, cut at a batch boundary.
+
+    Returns (cursor, points, truncated): asking again with `since_seq=cursor` continues exactly
+    where this page ended. A single batch larger than `max_points` is returned whole (a cursor
+    cannot point inside a batch)."""
+    seq = Run.objects.filter(pk=run.pk).values_list("metrics_seq", flat=True).get()
+    points = MetricPoint.objects.filter(run=run, seq__gt=since_seq, seq__lte=seq)
+    if names is not None:
+        points = points.filter(name__in=list(names))
+    ordered = points.order_by("seq", "line", "name")
+    rows = list(ordered.values_list("seq", "name", "step", "t", "value")[: max_points + 1])
+    if len(rows) <= max_points:
+        return seq, [list(row[1:]) for row in rows], False
+    first_excluded = rows[max_points][0]
+    kept = [row for row in rows if row[0] < first_excluded]
+    if not kept:  # one batch bigger than a page: send all of it
+        kept = list(ordered.filter(seq=first_excluded).values_list("seq", "name", "step", "t", "value"))
+        return first_excluded, [list(row[1:]) for row in kept], points.filter(seq__gt=first_excluded).exists()
+    return kept[-1][0], [list(row[1:]) for row in kept], True
+
+
 def metric_series(run: Run, name: str) -> tuple[list[int], list[float]]:
     """One metric's (steps, values), ordered by step (one value per logged line)."""
     rows = MetricPoint.objects.filter(run=run, name=name).order_by("step", "line").values_list("step", "value")
