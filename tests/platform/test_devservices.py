@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -148,20 +149,31 @@ def test_compose_services_and_environment_match_the_settings() -> None:
         assert "runs:/data/runs" in services[name]["volumes"]
 
 
-def test_demo_command_starts_web_and_worker_then_stops_them(live_database_url: str, transactional_db: None) -> None:
-    """`make demo`'s command against the test database (its embedded-services step is covered above)."""
+def test_demo_command_serves_runs_and_ctrl_c_stops_everything(live_database_url: str, transactional_db: None, engine_command: str, owner, wait) -> None:
+    """`make demo`'s command against the test database (its embedded-services step is covered
+    above), with the stand-in engine: a run left `queued` without a broker message (the embedded
+    Redis keeps nothing across restarts) is sent again and runs; Ctrl-C stops web and worker."""
     from inflight.accounts.models import ApiToken
+    from inflight.runs.models import Run, RunStatus
 
+    stranded = Run.objects.create(owner=owner, name="succeed", config={"name": "succeed", "trainer": {"max_steps": 3}})
     port = devservices.free_port()
-    env = {**os.environ, "DATABASE_URL": live_database_url, "INFLIGHT_DEMO_PORT": str(port)}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "demo", "--no-run", "--exit-after-start"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    env = {**os.environ, "DATABASE_URL": live_database_url, "INFLIGHT_DEMO_PORT": str(port), "INFLIGHT_RL_COMMAND": engine_command}
+    demo = subprocess.Popen(
+        [sys.executable, "manage.py", "demo", "--no-run"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"Inflight is up at http://127.0.0.1:{port}/" in result.stdout
-    token = re.search(r"API token\s+([0-9a-f]{40})", result.stdout).group(1)
+    try:
+        done = wait(lambda: (r := Run.objects.get(pk=stranded.pk)).is_terminal and r, timeout=180, message="the stranded run to run")
+        assert done.status == RunStatus.SUCCEEDED and done.worker_name.startswith("demo@"), done.error
+        demo.send_signal(signal.SIGINT)  # what Ctrl-C does
+        output, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output
+    assert f"Inflight is up at http://127.0.0.1:{port}/" in output and "all stopped." in output
+    token = re.search(r"API token\s+([0-9a-f]{40})", output).group(1)
     assert ApiToken.objects.get(key=token).user.username == "demo"
-    assert "all stopped." in result.stdout
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # Daphne is gone

@@ -51,6 +51,7 @@ class Command(BaseCommand):
             self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(options["port"]), "inflight.asgi:application"], logs / "web.log")
             self.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", "cpu,gpu", "-P", "threads", "-c", "2", "-n", "demo@%h", "-l", "INFO"], logs / "worker.log")
             self.wait_for_http(options["port"])
+            self.requeue_waiting_runs()
             base = f"http://127.0.0.1:{options['port']}"
             self.stdout.write(self.style.SUCCESS(f"\nInflight is up at {base}/"))
             self.stdout.write(f"  sign in as   {username} / {password}")
@@ -124,6 +125,16 @@ class Command(BaseCommand):
                 if time.monotonic() > deadline:
                     raise CommandError(f"the web server did not answer on port {port}; see var/logs/web.log")
                 time.sleep(0.5)
+
+    def requeue_waiting_runs(self) -> None:
+        """The embedded Redis keeps no data across restarts, so runs still `queued` from an
+        earlier session may have lost their message: send it again (a duplicate is harmless,
+        `services.claim_run` lets only one delivery run it)."""
+        from inflight.runs import services
+        from inflight.runs.models import Run, RunStatus
+
+        for run in Run.objects.filter(status=RunStatus.QUEUED):
+            services.dispatch_run(run.pk, run.queue)
 
     def submit_demo_run(self, username: str, config_path: Path):
         from django.contrib.auth import get_user_model
