@@ -62,7 +62,7 @@ def rl_command_prefix() -> list[str]:
     return shlex.split(settings.INFLIGHT_RL_COMMAND) if settings.INFLIGHT_RL_COMMAND else [python, "-m", "rl_core"]
 
 
-@shared_task(bind=True, name="inflight.execute_run", acks_late=True, ignore_result=True)
+@shared_task(bind=True, name=services.EXECUTE_RUN_TASK, acks_late=True, ignore_result=True)
 def execute_run(self, run_id: int) -> str:
     worker_name = self.request.hostname or "unknown-worker"
     run = services.claim_run(run_id, worker_name)

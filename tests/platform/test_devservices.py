@@ -177,3 +177,22 @@ def test_demo_command_serves_runs_and_ctrl_c_stops_everything(live_database_url:
     assert ApiToken.objects.get(key=token).user.username == "demo"
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # Daphne is gone
+
+
+def test_web_processes_queue_runs_on_the_configured_broker() -> None:
+    """Without CELERY_* variables a web process must still send to settings.CELERY_BROKER_URL
+    (Celery's default app would try amqp://localhost)."""
+    code = (
+        "import os, django; os.environ['DJANGO_SETTINGS_MODULE']='inflight.settings'; django.setup()\n"
+        "from inflight.runs import services\n"
+        "import workers.celery_app as c\n"
+        "sent = []\n"
+        "c.app.send_task = lambda name, **kw: sent.append((name, kw['queue'], c.app.conf.broker_url))\n"
+        "services.dispatch_run(7, 'gpu')\n"
+        "print(sent)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
+    env["REDIS_URL"] = "redis://127.0.0.1:6399/3"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[('inflight.execute_run', 'gpu', 'redis://127.0.0.1:6399/3')]"

@@ -145,12 +145,17 @@ def create_run(owner: AbstractBaseUser, name: str, config_dict: dict[str, Any]) 
     return run
 
 
+EXECUTE_RUN_TASK = "inflight.execute_run"
+
+
 def dispatch_run(run_id: int, queue: str) -> None:
-    # Imported here: the Celery app imports Django settings, not the other way round.
-    from workers.tasks import execute_run
+    # Sent through the project's Celery app (configured from Django settings), never Celery's
+    # default app, which a web process would otherwise use. Imported here: the Celery app
+    # module sets up Django, so it cannot be imported while settings load.
+    from workers.celery_app import app
 
     try:
-        execute_run.apply_async(args=[run_id], queue=queue, retry=False)
+        app.send_task(EXECUTE_RUN_TASK, args=[run_id], queue=queue, retry=False)
     except Exception as exc:  # noqa: BLE001 - the broker is away: say so on the run instead of hiding it
         logger.error("could not queue run %s on %s", run_id, queue, exc_info=True)
         transition_run(run_id, RunStatus.FAILED, error=f"could not queue the run on '{queue}': {exc}")
