@@ -495,7 +495,9 @@ class AsyncTailTracker:
         if group.kept < self.group_size:
             return True, []
         del self._groups[group_id]
-        to_abort = [group_id] if self.responses_for(group.kind) > self.group_size else []
+        surplus = self.responses_for(group.kind) - self.group_size  # still running: exactly G have finished
+        to_abort = [group_id] if surplus > 0 else []
+        self._aborted_since_metrics += surplus
         if self.config.enabled:
             for other_id, other in list(self._groups.items()):
                 if other.kind == "short" and other.launch_seq < group.launch_seq:
@@ -516,6 +518,9 @@ class AsyncTailTracker:
         return group_id in self._groups
 
     def metrics(self) -> dict[str, float]:
+        """`sched/round` (1 if the latest launch was a long group), `sched/aborted` (responses
+        aborted since the last call: surplus of complete groups and unfinished ones of deferred
+        groups), `sched/long_tail_queue`."""
         out = {
             "sched/round": self._last_kind,
             "sched/aborted": float(self._aborted_since_metrics),

@@ -383,3 +383,23 @@ def test_factories_size_the_planners_from_the_run_config() -> None:
     assert planner.batch_prompts == 8 and planner.group_size == 8 and planner.config.enabled
     tracker = make_async_tail_tracker(config)
     assert tracker.window == 6 and tracker.group_size == 8 and tracker.responses_for("short") == 10
+
+
+def test_async_tracker_counts_surplus_and_deferred_aborts() -> None:
+    tracker = AsyncTailTracker(2, 2, TailBatchingConfig(enabled=True, prompt_overprovision=1.25, response_overprovision=1.5))
+    assert tracker.overtake_limit == 1
+    for group_id, prompt_id in (("g0", "a"), ("g1", "b"), ("g2", "c")):
+        assert tracker.launch(group_id, prompt_id, "short") == 3
+    assert tracker.on_response("g0") == (True, [])
+    # g1 completes: its one surplus request is aborted; g0 is overtaken once (limit 1, not yet deferred).
+    assert tracker.on_response("g1") == (True, [])
+    assert tracker.on_response("g1") == (True, ["g1"])
+    # g2 completes: g0 is overtaken a second time and deferred with its 2 unfinished requests.
+    tracker.on_response("g2")
+    keep, to_abort = tracker.on_response("g2")
+    assert keep and to_abort == ["g2", "g0"]
+    assert list(tracker.long_tail) == ["a"] and not tracker.is_open("g0")
+    metrics = tracker.metrics()
+    assert metrics["sched/aborted"] == 1 + 1 + 2
+    assert metrics["sched/long_tail_queue"] == 1 and metrics["sched/round"] == 0.0
+    assert tracker.metrics()["sched/aborted"] == 0
