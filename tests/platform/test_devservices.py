@@ -166,7 +166,7 @@ def test_demo_command_serves_runs_and_ctrl_c_stops_everything(live_database_url:
     try:
         done = wait(lambda: (r := Run.objects.get(pk=stranded.pk)).is_terminal and r, timeout=180, message="the stranded run to run")
         assert done.status == RunStatus.SUCCEEDED and done.worker_name.startswith("demo@"), done.error
-        demo.send_signal(signal.SIGINT)  # what Ctrl-C does
+        demo.send_signal(signal.SIGTERM)  # like Ctrl-C (SIGINT), which the same handler stops
         output, _ = demo.communicate(timeout=120)
     finally:
         if demo.poll() is None:

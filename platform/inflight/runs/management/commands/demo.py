@@ -28,6 +28,10 @@ from inflight import devservices
 DEMO_USERNAME = "demo"
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Run the embedded demo: services, web server, worker and the tiny CPU run."
 
@@ -38,6 +42,10 @@ class Command(BaseCommand):
         parser.add_argument("--exit-after-start", action="store_true", help="Stop everything again once it is up (smoke test).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Ctrl-C and `kill` both stop everything in order. Set explicitly: a shell starting us in
+        # the background hands SIGINT down ignored, and SIGTERM's default would skip the cleanup.
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.started_services: list[str] = []
         logs = settings.REPO_ROOT / "var" / "logs"
@@ -165,6 +173,8 @@ class Command(BaseCommand):
     # ---------------------------------------------------------------- stop
 
     def shutdown(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave things half-stopped
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         from inflight.runs import services
         from inflight.runs.models import ACTIVE_STATUSES, Run
 
