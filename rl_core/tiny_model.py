@@ -7,12 +7,14 @@ There is no model hub here, so the demo model is made from scratch:
    `PreTrainedTokenizerFast` with a ChatML chat template, `<|im_end|>` as EOS;
 2. a Qwen2-architecture causal LM (head_dim 64, as vLLM's CPU backend needs),
    randomly initialised from the seed;
-3. a short seeded supervised warm start on the synthetic arithmetic task with
-   *label noise*: a fraction of the targets carry a near-miss final answer.
-   The model thus learns the format and mostly the arithmetic, but at
-   temperature 1.0 it still samples wrong answers often — which is exactly the
-   headroom RL removes quickly (sharpening towards the correct mode), so the
-   CPU demo shows a clear rise of the success rate within minutes.
+3. a seeded supervised warm start on the synthetic arithmetic task, whose
+   reference solutions are worked in columns (`rl_core.tasks.column_step`), so
+   the model learns one-digit facts that transfer to held-out problems. It
+   stops once sampled success on a validation set (never the held-out set)
+   reaches `WarmStartSpec.target_success`: the model then answers right more
+   often greedily (~47%) than when sampling at temperature 1.0 (~33%), which
+   is the headroom RL removes first. Optional label noise (near-miss final
+   answers) widens that gap further.
 
 Everything is seeded; `bootstrap.json` records the recipe and the measured
 held-out success rate.
