@@ -17,7 +17,13 @@ export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/inflight/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv services services-stop
+.PHONY: demo test venv tiny-model services services-stop
+
+# The warm-started tiny model takes minutes of CPU to build, so it is built once per recipe:
+# into a cache keyed by the code that builds it, linked at the default place (var/models/tiny)
+# that the demo, the eval CLI and the tests read. A changed recipe gets a fresh build.
+TINY_RECIPE := $(shell cat rl_core/tiny_model.py rl_core/tasks.py | sha256sum | cut -c1-16)
+TINY_CACHE := $(HOME)/.cache/inflight/models/tiny-$(TINY_RECIPE)
 
 venv: $(VENV)/.installed
 
@@ -30,12 +36,18 @@ $(VENV)/.installed: pyproject.toml
 
 # Services + migrations + demo user + tiny model + Daphne + Celery worker + the demo run.
 # Ctrl-C stops everything it started; a second `make demo` reuses what exists.
-demo: venv
+tiny-model: venv
+	@if [ ! -f var/models/tiny/bootstrap.json ]; then \
+	  $(PY) -m rl_core bootstrap-tiny $(TINY_CACHE) --threads 2 && \
+	  mkdir -p var/models && rm -rf var/models/tiny && ln -sfn $(TINY_CACHE) var/models/tiny; \
+	fi
+
+demo: venv tiny-model
 	$(PY) manage.py demo
 
 # The whole test suite; the platform tests start their own PostgreSQL/Redis/workers.
 # pytest exit code 5 means "no tests collected" (e.g. a filtered run): not a failure.
-test: venv
+test: venv tiny-model
 	@$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
