@@ -106,6 +106,8 @@ class Actor:
             max_new_tokens=config.sampling.max_new_tokens,
         )
         self.rng = random.Random(config.seed)
+        self.spec_counters: dict[str, float] | None = None  # last reading of the servers' spec_* totals
+        self.spec_poller: asyncio.Task | None = None
 
     # --- generation through the servers -------------------------------------------
 
@@ -311,6 +313,25 @@ class Actor:
         self.sink.log(self.version, metrics)
         self.window = Window()
 
+    async def log_spec_metrics(self) -> None:
+        """HistoSpec runs inside the servers: sum their cumulative spec_* counters and log
+        the deltas since the last reading as spec/* metrics."""
+        from rl_core.speculation import spec_metrics_from_counters
+
+        totals: dict[str, float] = {}
+        for client in self.clients:
+            for key, value in (await client.health()).get("counters", {}).items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        metrics = spec_metrics_from_counters(totals, self.spec_counters)
+        self.spec_counters = totals
+        if metrics:
+            self.sink.log(self.version, metrics)
+
+    async def log_spec_metrics_forever(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_EVERY_S)
+            await self.log_spec_metrics()
+
     # --- the loop -------------------------------------------------------------------
 
     def refresh_progress(self) -> dict[str, Any] | None:
@@ -335,6 +356,9 @@ class Actor:
         for _ in range(skip):
             next(problems)
         self.groups_started = skip
+        if self.config.accelerations.histospec.enabled:
+            self.spec_poller = asyncio.create_task(self.log_spec_metrics_forever())
+            self.evals.add(self.spec_poller)  # a failing poll fails the actor like a failing eval
         done = False
         while not done:
             progress = self.refresh_progress()
@@ -375,6 +399,11 @@ class Actor:
 
     async def finish(self) -> None:
         """Training is over: drop the rollouts still in flight, then the final evaluations."""
+        if self.spec_poller is not None:
+            self.spec_poller.cancel()
+            await asyncio.gather(self.spec_poller, return_exceptions=True)
+            self.evals.discard(self.spec_poller)
+            await self.log_spec_metrics()
         for task in self.in_flight:
             task.cancel()
         await asyncio.gather(*self.in_flight, return_exceptions=True)

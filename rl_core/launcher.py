@@ -232,7 +232,7 @@ class Launcher:
                     "--dtype", c.model.dtype, "--max-batch-size", str(c.inference.max_batch_size),
                     "--threads", str(c.inference.threads_per_server), "--seed", str(c.seed + index)]
             if c.accelerations.histospec.enabled:
-                args.append("--histospec")
+                args += ["--histospec-config", c.accelerations.histospec.model_dump_json()]
             servers.append(self.python_child(f"server{index}", *args))
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
         joined = ",".join(urls)

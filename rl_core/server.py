@@ -160,7 +160,10 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
     @app.get("/health")
     async def health() -> dict[str, Any]:
         stats = engine.stats()
-        return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"], "engine": "reference"}
+        # spec_* counters are cumulative; the actor turns deltas of them into spec/* metrics.
+        spec = {key: value for key, value in stats.items() if key.startswith("spec_")}
+        return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"],
+                "engine": "reference", "counters": spec}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -320,17 +323,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU).")
     parser.add_argument("--seed", type=int, default=0, help="Seed for requests without one.")
     parser.add_argument("--histospec", action="store_true", help="Speculative decoding drafted from each prompt's earlier responses.")
+    parser.add_argument("--histospec-config", default=None, help="The run's accelerations.histospec section as JSON (implies --histospec).")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     drafter = None
     engine_config = EngineConfig(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, seed=args.seed)
-    if args.histospec:
-        from rl_core.config import HistoSpecConfig
+    if args.histospec or args.histospec_config:
+        from pydantic import ValidationError
+
+        from rl_core.config import HistoSpecConfig, format_validation_error
         from rl_core.speculation import make_drafter
 
-        spec_config = HistoSpecConfig(enabled=True)
+        try:
+            spec_config = HistoSpecConfig.model_validate({**json.loads(args.histospec_config or "{}"), "enabled": True})
+        except (ValueError, ValidationError) as exc:
+            detail = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
+            print(f"--histospec-config: {detail}", file=sys.stderr)
+            return 2
         drafter = make_drafter(spec_config)
         engine_config.initial_draft_len = spec_config.initial_draft_len
         engine_config.max_draft_len = spec_config.max_draft_len

@@ -97,3 +97,27 @@ def test_run_over_an_embedded_redis_stream(tiny_model: Path, tmp_path: Path) -> 
     assert (out / "redis" / "appendonly.aof").exists() or (out / "redis" / "appendonlydir").exists()
     socket_path = str(out / "redis" / "redis.sock")
     assert not [p for p in psutil.process_iter(["cmdline"]) if socket_path in " ".join(p.info["cmdline"] or [])]
+
+
+def test_run_with_every_acceleration_on_reports_speculation_and_scheduling(tiny_model: Path, tmp_path: Path) -> None:
+    """HistoSpec (with the run's own settings), HistoPipe on two servers and tail batching
+    together: the run succeeds and the run page gets spec/* and sched/* metrics."""
+    config = tmp_path / "accelerated.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "e2e-accelerated",
+        "model": {"path": str(tiny_model)},
+        "task": {"heldout_size": 4, "train_size": 8},  # few prompts: later epochs draft from history
+        "sampling": {"max_new_tokens": 40},
+        "inference": {"num_servers": 2},
+        "actor": {"group_size": 4, "groups_in_flight": 2, "max_lag": 1},
+        "trainer": {"samples_per_step": 8, "max_steps": 6, "lr": 1e-4},
+        "eval": {"heldout_every_n_steps": 0, "heldout_k": 1},
+        "accelerations": {"histospec": {"enabled": True, "min_match": 3},
+                          "histopipe": {"enabled": True}, "tail_batching": {"enabled": True}},
+    }))
+    out = tmp_path / "run"
+    result = run(config, out)
+    assert result.returncode == 0, result.stdout + result.stderr + (out / "logs" / "actor.log").read_text()
+    keys = set().union(*read_metrics(out / "metrics.jsonl"))
+    for key in ("spec/acceptance_rate", "spec/drafted_tokens", "sched/long_tail_queue", "sched/aborted"):
+        assert key in keys, key
