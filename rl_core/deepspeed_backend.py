@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import torch
 
 from rl_core.config import RunConfig
-from rl_core.loss import token_logprobs_from_logits
+from rl_core.loss import model_token_logprobs
 from rl_core.torch_backend import DTYPES, _SIDE_FILES, lr_multiplier
 
 TORCH_EXTENSIONS_DEFAULT = Path.home() / ".cache" / "inflight" / "torch_extensions"
@@ -185,26 +185,13 @@ class DeepSpeedBackend:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] log p(token t | < t) and entropies aligned with input_ids (as TorchBackend)."""
-        input_ids = input_ids.to(self.device)
-        output = self.engine(
-            input_ids=input_ids,
-            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-            position_ids=None if position_ids is None else position_ids.to(self.device),
-            use_cache=False,
-        )
-        return token_logprobs_from_logits(output.logits, input_ids)
+        return model_token_logprobs(self.engine, input_ids, attention_mask, position_ids, self.device)
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
         if self.reference is None:
             raise RuntimeError("reference_logprobs: the backend was built without a reference model (trainer.kl_coef is 0)")
-        input_ids = input_ids.to(self.device)
-        output = self.reference(
-            input_ids=input_ids,
-            position_ids=None if position_ids is None else position_ids.to(self.device),
-            use_cache=False,
-        )
-        return token_logprobs_from_logits(output.logits, input_ids)[0]
+        return model_token_logprobs(self.reference, input_ids, None, position_ids, self.device)[0]
 
     def backward(self, loss: torch.Tensor) -> None:
         # scale_wrt_gas=False: the loop already divides by the whole step's sequence count.

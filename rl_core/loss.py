@@ -135,6 +135,26 @@ def _pack_row(samples: Sequence[RolloutSample]) -> MicroBatch:
 # --- 3. log-probabilities ----------------------------------------------------------
 
 
+def model_token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run an HF causal LM (or a DeepSpeed engine wrapping one) without a KV cache and return
+    [B, T] log p(token t | < t) and entropies aligned with input_ids. Every trainer backend
+    and the reference model go through here, so the alignment is defined once."""
+    input_ids = input_ids.to(device)
+    output = model(
+        input_ids=input_ids,
+        attention_mask=None if attention_mask is None else attention_mask.to(device),
+        position_ids=None if position_ids is None else position_ids.to(device),
+        use_cache=False,
+    )
+    return token_logprobs_from_logits(output.logits, input_ids)
+
+
 def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position log p(input_ids[:, t] | < t) and entropy of that distribution.
 

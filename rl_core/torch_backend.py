@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from rl_core.loss import token_logprobs_from_logits
+from rl_core.loss import model_token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Files of an HF model directory that are not weights: copied into every checkpoint
@@ -89,26 +89,13 @@ class TorchBackend:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] log p(token t | < t) and entropies, aligned with input_ids (see loss.py).
         For packed rows pass `attention_mask=None` and restarting `position_ids`."""
-        input_ids = input_ids.to(self.device)
-        output = self.model(
-            input_ids=input_ids,
-            attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-            position_ids=None if position_ids is None else position_ids.to(self.device),
-            use_cache=False,
-        )
-        return token_logprobs_from_logits(output.logits, input_ids)
+        return model_token_logprobs(self.model, input_ids, attention_mask, position_ids, self.device)
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
         if self.reference is None:
             raise RuntimeError("reference_logprobs: the backend was built without a reference model")
-        input_ids = input_ids.to(self.device)
-        output = self.reference(
-            input_ids=input_ids,
-            position_ids=None if position_ids is None else position_ids.to(self.device),
-            use_cache=False,
-        )
-        return token_logprobs_from_logits(output.logits, input_ids)[0]
+        return model_token_logprobs(self.reference, input_ids, None, position_ids, self.device)[0]
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
