@@ -48,6 +48,9 @@ demo: venv tiny-model
 # The whole test suite; the platform tests start their own PostgreSQL/Redis/workers.
 # pytest exit code 5 means "no tests collected" (e.g. a filtered run): not a failure.
 test: venv tiny-model
+	@# A JIT build killed mid-way leaves torch's lock file behind and every later build waits on
+	@# it forever; nothing else builds into this cache while the tests start, so clear it.
+	@find $(TORCH_EXTENSIONS_DIR) -maxdepth 2 -name lock -type f -delete 2>/dev/null || true
 	@$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
