@@ -308,9 +308,41 @@ def _completion_json(
     }
 
 
-def main(argv: list[str]) -> int:
+
+def bind_listening_socket(host: str, port: int) -> socket.socket | None:
+    """Bind before serving so port 0 resolves to the real port the READY line announces;
+    None (with the reason on stderr) when the address is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        print(f"cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        sock.close()
+        return None
+    return sock
+
+
+async def serve_until_stopped(app: Any, sock: socket.socket) -> None:
+    """Serve `app` on `sock` with uvicorn; print `INFLIGHT_SERVER_READY <url>` once it accepts
+    connections (the launcher and the tests wait for that line)."""
     import uvicorn
 
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        print(f"{READY_PREFIX} http://{host}:{port}", flush=True)
+
+    announcer = asyncio.create_task(announce())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announcer.cancel()
+
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl_core serve", description="Serve one reference engine over HTTP.")
     parser.add_argument("--model", required=True, help="Local HF model directory.")
     parser.add_argument("--served-model-name", default=None, help="Name clients pass as `model` (default: the directory name).")
@@ -353,25 +385,12 @@ def main(argv: list[str]) -> int:
     model_name = args.served_model_name or Path(args.model).resolve().name
     app = create_app(engine, model_name)
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+    sock = bind_listening_socket(args.host, args.port)
+    if sock is None:
         return 2
-    host, port = sock.getsockname()[:2]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
 
     async def serve() -> None:
-        async def announce() -> None:
-            while not server.started:
-                await asyncio.sleep(0.02)
-            print(f"{READY_PREFIX} http://{host}:{port}", flush=True)
-
-        announcer = asyncio.create_task(announce())
-        await server.serve(sockets=[sock])
-        announcer.cancel()
+        await serve_until_stopped(app, sock)
 
     engine.start()
     try:

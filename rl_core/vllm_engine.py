@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -403,8 +402,6 @@ def build_engine_args(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    import uvicorn
-
     parser = argparse.ArgumentParser(prog="python -m rl_core.vllm_engine", description="Serve stock vLLM with Inflight's HTTP contract.")
     parser.add_argument("--model", required=True, help="Local HF model directory.")
     parser.add_argument("--served-model-name", default=None, help="Name clients pass as `model` (default: the directory name).")
@@ -431,18 +428,13 @@ def main(argv: list[str]) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from rl_core.server import create_app
+    from rl_core.server import bind_listening_socket, create_app, serve_until_stopped
 
     torch.set_num_threads(args.threads)
     model_name = args.served_model_name or Path(args.model).resolve().name
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+    sock = bind_listening_socket(args.host, args.port)
+    if sock is None:
         return 2
-    host, port = sock.getsockname()[:2]
 
     async def serve() -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -454,16 +446,7 @@ def main(argv: list[str]) -> int:
                                 weight_sync_ranks=args.tensor_parallel_size)
             app = create_app(engine, model_name, receiver=VllmWeightReceiver(engine, args.device))  # type: ignore[arg-type]
             _replace_health_route(app, engine)
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-
-            async def announce() -> None:
-                while not server.started:
-                    await asyncio.sleep(0.02)
-                print(f"{READY_PREFIX} http://{host}:{port}", flush=True)
-
-            announcer = asyncio.create_task(announce())
-            await server.serve(sockets=[sock])
-            announcer.cancel()
+            await serve_until_stopped(app, sock)
         finally:
             llm.shutdown()
 
