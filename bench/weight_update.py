@@ -118,6 +118,31 @@ def keep_decoding(url: str, stop: threading.Event) -> None:
     asyncio.run(loop())
 
 
+def updates_while_decoding(url: str, named: list[tuple[str, torch.Tensor]], updates: int, bucket_bytes: int) -> tuple[list[float], list[float]]:
+    """Broadcast `updates` new weight versions to the server at `url` while it keeps decoding;
+    returns the server's pause and the trainer's broadcast time per update."""
+    stop = threading.Event()
+    decoder = threading.Thread(target=keep_decoding, args=(url, stop), daemon=True)
+    broadcaster = WeightBroadcaster([url], bucket_bytes=bucket_bytes)
+    try:
+        broadcaster.connect()
+        decoder.start()
+        time.sleep(2.0)  # updates land mid-decode, as in a run
+        pauses, broadcasts = [], []
+        for version in range(1, updates + 1):
+            with torch.no_grad():
+                for _, tensor in named:
+                    tensor.mul_(1.0001)
+            figures = broadcaster.broadcast(named, version)
+            pauses.append(figures["weights/update_pause_s"])
+            broadcasts.append(figures["weights/broadcast_s"])
+    finally:
+        stop.set()
+        decoder.join(120)
+        broadcaster.close()
+    return pauses, broadcasts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=3)
@@ -143,26 +168,9 @@ def main() -> None:
         named = [(name, parameter.detach()) for name, parameter in trainer_model.named_parameters()]
         total_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
         server = start_server("reference", model_dir, timeout_s=300, max_batch_size=8)
-        stop = threading.Event()
-        decoder = threading.Thread(target=keep_decoding, args=(server.url, stop), daemon=True)
         try:
-            broadcaster = WeightBroadcaster([server.url], bucket_bytes=args.bucket_bytes)
-            broadcaster.connect()
-            decoder.start()
-            time.sleep(2.0)
-            pauses, broadcasts = [], []
-            for version in range(1, args.updates + 1):
-                with torch.no_grad():
-                    for _, tensor in named:
-                        tensor.mul_(1.0001)
-                figures = broadcaster.broadcast(named, version)
-                pauses.append(figures["weights/update_pause_s"])
-                broadcasts.append(figures["weights/broadcast_s"])
-            stop.set()
-            decoder.join(120)
-            broadcaster.close()
+            pauses, broadcasts = updates_while_decoding(server.url, named, args.updates, args.bucket_bytes)
         finally:
-            stop.set()
             server.stop()
         bare = bare_broadcast(named, args.bucket_bytes, args.updates, scratch)
 

@@ -21,7 +21,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,10 +29,10 @@ import torch
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from weight_update import bare_broadcast, build_model, keep_decoding  # noqa: E402
+from weight_update import bare_broadcast, build_model, updates_while_decoding  # noqa: E402
 
 from rl_core.vllm_engine import start_vllm_server, vllm_available, vllm_python  # noqa: E402
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightBroadcaster  # noqa: E402
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES  # noqa: E402
 
 
 def main() -> None:
@@ -61,26 +60,9 @@ def main() -> None:
             timeout_s=900,
         )
         startup_s = time.perf_counter() - started
-        stop = threading.Event()
-        decoder = threading.Thread(target=keep_decoding, args=(server.url, stop), daemon=True)
         try:
-            broadcaster = WeightBroadcaster([server.url], bucket_bytes=args.bucket_bytes)
-            broadcaster.connect()
-            decoder.start()
-            time.sleep(2.0)
-            pauses, broadcasts = [], []
-            for version in range(1, args.updates + 1):
-                with torch.no_grad():
-                    for _, tensor in named:
-                        tensor.mul_(1.0001)
-                figures = broadcaster.broadcast(named, version)
-                pauses.append(figures["weights/update_pause_s"])
-                broadcasts.append(figures["weights/broadcast_s"])
-            stop.set()
-            decoder.join(120)
-            broadcaster.close()
+            pauses, broadcasts = updates_while_decoding(server.url, named, args.updates, args.bucket_bytes)
         finally:
-            stop.set()
             server.stop()
         bare = bare_broadcast(named, args.bucket_bytes, args.updates, scratch)
 
