@@ -135,7 +135,19 @@ class TrainerConfig(_Section):
     backend: Literal["torch", "deepspeed"] = Field("torch", description="Plain torch AdamW or DeepSpeed ZeRO.")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (backend=deepspeed).")
     device: str = Field("cpu", description="Torch device of the trainer.")
-    gpus: int = Field(0, ge=0, description="GPUs used for training on the node.")
+    gpus: int = Field(
+        0, ge=0, description="GPUs used for training on the node: one trainer rank (process) per GPU, "
+        "DeepSpeed ZeRO across them (0 on CPU; 0 with a cuda device means 1)."
+    )
+    cpu_ranks: int = Field(
+        1, ge=1, description="trainer.device 'cpu' only: data-parallel trainer ranks (processes), DeepSpeed over "
+        "gloo (backend=deepspeed). On GPUs the rank count is trainer.gpus."
+    )
+    share_inference_gpus: bool = Field(
+        False, description="Put the trainer ranks on the inference servers' GPUs instead of GPUs of their own "
+        "(a 1-GPU machine: lower inference.gpu_memory_utilization to leave the trainer room). Weight updates "
+        "then go over gloo, since NCCL refuses two ranks on one GPU."
+    )
     threads: int = Field(1, ge=1, description="torch intra-op threads of the trainer on CPU.")
     loss: Literal["pipelinerl", "grpo_clip"] = Field(
         "pipelinerl",

@@ -3,12 +3,18 @@
 Runs a whole RL run standalone, in this order:
 
 1. validate everything that can be checked without starting anything (config fields,
-   model path, task data, benchmark files) — a bad input exits 2 with a message naming
-   the field, and nothing is written;
+   model path, task data, benchmark files, and the GPU placement: whether this node has
+   the GPUs the config asks for, `placement.py`) — a bad input exits 2 with a message
+   naming the field, and nothing is written;
 2. build the tiny model if the config points at its default place and it is missing;
 3. write `config.yaml` and `status.json` (`starting`);
 4. start the children, each `python -m rl_core <role>` with its log in `DIR/logs/`:
-   [redis-server], the inference server(s), the trainer, the actor;
+   [redis-server], the inference server(s), the trainer rank(s), the actor. Every
+   server and trainer rank gets exactly its GPUs through CUDA_VISIBLE_DEVICES (a vLLM
+   server `tensor_parallel_size` of them, a trainer rank one; none on CPU), and the
+   ranks of a multi-rank trainer get torch.distributed's RANK/WORLD_SIZE/MASTER_* —
+   the commands and environments are built by the pure functions `server_children` /
+   `trainer_children`;
 5. supervise: a child that dies unexpectedly fails the run with an error naming it and
    its exit code; everything else is stopped and the metrics so far stay on disk.
    SIGTERM / Ctrl-C → graceful stop of all children → `cancelled`. The trainer reaching
@@ -27,6 +33,7 @@ import argparse
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +43,7 @@ from typing import IO, Any
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
 from rl_core.metrics import METRICS_FILE, ConsoleSink, JsonlSink
+from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
 from rl_core.trainer import PROGRESS_FILE, latest_checkpoint, read_progress, write_json_atomic
 
 STATUS_FILE = "status.json"
@@ -94,7 +102,86 @@ def validate_inputs(config: RunConfig) -> None:
             raise LaunchError(f"eval.benchmarks: {exc}") from exc
 
 
-# --- 2. children -------------------------------------------------------------------
+def place_run(config: RunConfig, available_gpus: list[int]) -> Placement:
+    """The GPUs of every process, or a LaunchError saying why this node cannot hold the run.
+
+    Devices are renumbered inside each process by CUDA_VISIBLE_DEVICES, so a config's
+    `cuda:N` becomes plain `cuda` in the config the children read (the placement, not the
+    device string, decides which physical GPU a process gets)."""
+    try:
+        placement = check_placement(config, available_gpus)
+    except PlacementError as exc:
+        raise LaunchError(f"placement: {exc}") from exc
+    for section in (config.inference, config.trainer):
+        if section.device.startswith("cuda"):
+            section.device = "cuda"
+    return placement
+
+
+# --- 2. what each child runs with (pure: tested without starting anything) -----------
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child process: its name (log file `logs/<name>.log`), command and the
+    environment variables it gets on top of the launcher's."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+
+
+def server_children(config: RunConfig, placement: Placement, serve_model: str | Path, python: str = sys.executable,
+                    vllm_python: str | None = None) -> list[ChildSpec]:
+    """One spec per inference server, each seeing only its own GPUs."""
+    c = config
+    specs = []
+    for index, where in enumerate(placement.servers):
+        port = c.inference.base_port + index if c.inference.base_port else 0
+        env = where.env()
+        if c.inference.engine == "vllm":
+            from rl_core.vllm_engine import REPO_ROOT, server_command
+
+            # vLLM lives in its own virtualenv; it finds rl_core through PYTHONPATH.
+            # Its --tensor-parallel-size workers spread over exactly the GPUs in `env`.
+            path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+            env.update(PYTHONPATH=path, OMP_NUM_THREADS=str(c.inference.threads_per_server))
+            specs.append(ChildSpec(f"server{index}", server_command(c, str(serve_model), port, python=vllm_python), env))
+            continue
+        args = ["serve", "--model", str(serve_model), "--port", str(port), "--device", c.inference.device,
+                "--dtype", c.model.dtype, "--max-batch-size", str(c.inference.max_batch_size),
+                "--threads", str(c.inference.threads_per_server), "--seed", str(c.seed + index)]
+        if c.accelerations.histospec.enabled:
+            args += ["--histospec-config", c.accelerations.histospec.model_dump_json()]
+        specs.append(ChildSpec(f"server{index}", [python, "-m", "rl_core", *args], env))
+    return specs
+
+
+def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, model_path: str | Path,
+                     server_urls: list[str], resume: bool, master_port: int, python: str = sys.executable) -> list[ChildSpec]:
+    """One spec per trainer rank. Rank 0 is named `trainer` (it publishes progress,
+    metrics and checkpoints and broadcasts the weights); rank r > 0 is `trainer<r>`."""
+    args = ["trainer", "--run-dir", str(run_dir), "--servers", ",".join(server_urls), "--model", str(model_path),
+            "--weight-sync-backend", placement.weight_sync_backend]
+    if resume:
+        args.append("--resume")
+    specs = []
+    for rank in range(placement.trainer_world_size):
+        if placement.trainer_world_size > 1:
+            env = placement.rank_env(rank, master_port)
+        else:
+            env = (placement.trainer_ranks[0] if placement.trainer_ranks else placement.trainer).env()
+        specs.append(ChildSpec("trainer" if rank == 0 else f"trainer{rank}", [python, "-m", "rl_core", *args], env))
+    return specs
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+# --- 3. children -------------------------------------------------------------------
 
 
 def _child_setup(parent_pid: int) -> None:
@@ -177,15 +264,17 @@ def exit_description(code: int | None) -> str:
     return f"exited with code {code}" if code >= 0 else f"was killed by signal {signal.Signals(-code).name}"
 
 
-# --- 3. the run --------------------------------------------------------------------
+# --- 4. the run --------------------------------------------------------------------
 
 
 class Launcher:
-    def __init__(self, config: RunConfig, run_dir: Path, model_path: Path, resume: bool, console: bool = True) -> None:
+    def __init__(self, config: RunConfig, run_dir: Path, model_path: Path, resume: bool, console: bool = True,
+                 placement: Placement | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.model_path = model_path
         self.resume = resume
+        self.placement = placement or place_run(config, detect_gpus())
         self.children: list[Child] = []
         self.stop_signal: int | None = None
         self.started = time.monotonic()
@@ -206,8 +295,14 @@ class Launcher:
         self.children.append(child)
         return child
 
+    def spec_child(self, spec: ChildSpec) -> Child:
+        child = start_child(spec.name, spec.command, self.run_dir, spec.env)
+        self.children.append(child)
+        return child
+
     def start_all(self) -> None:
         c = self.config
+        print(f"placement:\n{self.placement.summary()}", flush=True)
         if c.stream.kind == "redis" and c.stream.redis_embedded:
             from rl_core.stream import start_redis_server
 
@@ -215,32 +310,11 @@ class Launcher:
             process, _url = start_redis_server(self.run_dir / "redis", preexec_fn=lambda: _child_setup(parent))
             self.children.append(Child("redis", process, self.run_dir / "redis" / "redis.log"))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
-        servers = []
-        for index in range(c.inference.num_servers):
-            port = c.inference.base_port + index if c.inference.base_port else 0
-            if c.inference.engine == "vllm":
-                from rl_core.vllm_engine import REPO_ROOT, server_command
-
-                # vLLM lives in its own virtualenv; it finds rl_core through PYTHONPATH.
-                path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-                child = start_child(f"server{index}", server_command(c, str(serve_model), port), self.run_dir,
-                                    {"PYTHONPATH": path, "OMP_NUM_THREADS": str(c.inference.threads_per_server)})
-                self.children.append(child)
-                servers.append(child)
-                continue
-            args = ["serve", "--model", str(serve_model), "--port", str(port), "--device", c.inference.device,
-                    "--dtype", c.model.dtype, "--max-batch-size", str(c.inference.max_batch_size),
-                    "--threads", str(c.inference.threads_per_server), "--seed", str(c.seed + index)]
-            if c.accelerations.histospec.enabled:
-                args += ["--histospec-config", c.accelerations.histospec.model_dump_json()]
-            servers.append(self.python_child(f"server{index}", *args))
+        servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, str(serve_model))]
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
-        joined = ",".join(urls)
-        trainer_args = ["trainer", "--run-dir", str(self.run_dir), "--servers", joined, "--model", str(self.model_path)]
-        if self.resume:
-            trainer_args.append("--resume")
-        self.python_child("trainer", *trainer_args)
-        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--servers", joined)
+        for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, urls, self.resume, free_port()):
+            self.spec_child(spec)
+        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--servers", ",".join(urls))
 
     def child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)
@@ -315,7 +389,8 @@ class Launcher:
 
         def finished_ok(child: Child) -> bool:
             # The trainer ends by itself; the actor only after it (final evaluation done).
-            return child.process.returncode == 0 and (child.name == "trainer" or (child.name == "actor" and trainer_finished))
+            role = child.name.rstrip("0123456789")
+            return child.process.returncode == 0 and (role == "trainer" or (role == "actor" and trainer_finished))
 
         failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
         if not failed or self.stop_signal is not None:
@@ -390,10 +465,11 @@ def main(argv: list[str]) -> int:
     try:
         model_path = resolve_model_path(config)
         validate_inputs(config)
+        placement = place_run(config, detect_gpus())
         # Children read config.yaml; they get the model as an absolute path.
         config.model.path = str(model_path)
         prepare_run_dir(run_dir, config, args.resume)
     except LaunchError as exc:
         print(f"cannot start the run: {exc}", file=sys.stderr)
         return 2
-    return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet).run()
+    return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet, placement=placement).run()

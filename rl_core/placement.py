@@ -4,13 +4,17 @@ A run on GPUs is `inference.num_servers` servers of `inference.gpus_per_server` 
 each (a vLLM server spreads its `tensor_parallel_size` workers over them) plus a
 trainer on `trainer.gpus` GPUs (DeepSpeed ZeRO across them, one rank per GPU).
 PipelineRL's default on an 8-GPU node is 4 + 4. `check_placement(config, gpus)`
-assigns disjoint GPU sets — servers first, in index order, then the trainer — and
-returns the `CUDA_VISIBLE_DEVICES` of every process, or refuses with a message that
-names the fields and the numbers when the node cannot hold the run. A CPU run gets
-`CUDA_VISIBLE_DEVICES=""` everywhere, so no process grabs a GPU by accident.
+assigns disjoint GPU sets — servers first, in index order, then the trainer ranks —
+and returns the `CUDA_VISIBLE_DEVICES` of every process, or refuses with a message
+that names the fields and the numbers when the node cannot hold the run. A CPU run
+gets `CUDA_VISIBLE_DEVICES=""` everywhere, so no process grabs a GPU by accident.
+`trainer.share_inference_gpus` colocates the trainer ranks on the servers' GPUs
+instead (one GPU for everything, as `scripts/gpu_smoke.sh` does on a 1-GPU machine).
 
-Inside each process the devices are renumbered from 0 by `CUDA_VISIBLE_DEVICES`,
-so processes use plain `cuda` (a trainer rank uses `cuda:LOCAL_RANK`).
+Inside each process the devices are renumbered from 0 by `CUDA_VISIBLE_DEVICES`:
+a server uses `cuda` (its tensor-parallel workers `cuda:0..tp-1`), and a trainer rank
+sees exactly its own GPU as `cuda:0`, so its LOCAL_RANK — the device index DeepSpeed
+uses — is 0 while RANK/WORLD_SIZE give its data-parallel position (`rank_env`).
 """
 
 from __future__ import annotations
@@ -48,24 +52,47 @@ class ProcessPlacement:
 @dataclass(frozen=True)
 class Placement:
     servers: list[ProcessPlacement]
-    trainer: ProcessPlacement
+    trainer: ProcessPlacement  # all the trainer's GPUs together (what the node gives to training)
     tensor_parallel_size: int
-    trainer_world_size: int  # DeepSpeed ranks (one per trainer GPU; 1 on CPU)
+    trainer_world_size: int  # DeepSpeed ranks (one per trainer GPU; trainer.cpu_ranks on CPU)
     zero_stage: int
     unused_gpus: tuple[int, ...] = field(default_factory=tuple)
+    trainer_ranks: list[ProcessPlacement] = field(default_factory=list)  # one process per rank, in rank order
+    shared_gpus: bool = False  # trainer ranks colocated on the servers' GPUs
+    weight_sync_backend: str = "gloo"  # torch.distributed backend of the trainer -> servers broadcast
 
     @property
     def gpus_used(self) -> int:
-        return sum(len(server.gpus) for server in self.servers) + len(self.trainer.gpus)
+        on_servers = sum(len(server.gpus) for server in self.servers)
+        return on_servers if self.shared_gpus else on_servers + len(self.trainer.gpus)
 
     def summary(self) -> str:
         """One line per process, for the run log."""
-        lines = [f"{p.role}: {'GPUs ' + p.cuda_visible_devices if p.gpus else 'CPU'}" for p in [*self.servers, self.trainer]]
+        processes = [*self.servers, *(self.trainer_ranks or [self.trainer])]
+        lines = [f"{p.role}: {'GPUs ' + p.cuda_visible_devices if p.gpus else 'CPU'}" for p in processes]
         lines.append(
             f"tensor_parallel_size={self.tensor_parallel_size} trainer_world_size={self.trainer_world_size} "
-            f"zero_stage={self.zero_stage} unused_gpus={list(self.unused_gpus)}"
+            f"zero_stage={self.zero_stage} weight_sync={self.weight_sync_backend} "
+            f"shared_gpus={self.shared_gpus} unused_gpus={list(self.unused_gpus)}"
         )
         return "\n".join(lines)
+
+    def rank_env(self, rank: int, master_port: int, master_address: str = "127.0.0.1") -> dict[str, str]:
+        """Environment of trainer rank `rank`: torch.distributed's rendezvous variables and
+        its GPU. A GPU rank sees only its own GPU, so its LOCAL_RANK is 0; CPU ranks count
+        LOCAL_RANK like torchrun (DeepSpeed's CPU comm op orders them by it)."""
+        if not 0 <= rank < self.trainer_world_size:
+            raise ValueError(f"rank must be in 0..{self.trainer_world_size - 1}, got {rank}")
+        process = self.trainer_ranks[rank] if self.trainer_ranks else self.trainer
+        return {
+            **process.env(),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.trainer_world_size),
+            "LOCAL_RANK": "0" if process.gpus else str(rank),
+            "LOCAL_WORLD_SIZE": str(self.trainer_world_size),
+            "MASTER_ADDR": master_address,
+            "MASTER_PORT": str(master_port),
+        }
 
 
 def detect_gpus() -> list[int]:
@@ -128,39 +155,65 @@ def check_placement(config: RunConfig, available_gpus: Sequence[int] | int) -> P
 
     if trainer_on_gpu:
         trainer_gpus = trainer.gpus or 1
+        world_size = trainer_gpus
         if trainer.backend == "torch" and trainer_gpus != 1:
             problems.append(f"trainer.backend 'torch' trains on one GPU; trainer.gpus={trainer.gpus} needs trainer.backend 'deepspeed'")
+        if trainer.cpu_ranks != 1:
+            problems.append(f"trainer.cpu_ranks={trainer.cpu_ranks} is for trainer.device 'cpu'; on GPUs set trainer.gpus (one rank per GPU)")
     else:
         trainer_gpus = 0
+        world_size = trainer.cpu_ranks
         if trainer.gpus:
             problems.append(f"trainer.gpus={trainer.gpus} but trainer.device is {trainer.device!r}")
+        if trainer.cpu_ranks > 1 and trainer.backend != "deepspeed":
+            problems.append(f"trainer.cpu_ranks={trainer.cpu_ranks} needs trainer.backend 'deepspeed' (the torch backend is one process)")
+    shared = trainer.share_inference_gpus
+    if shared and not (trainer_on_gpu and inference_on_gpu):
+        problems.append("trainer.share_inference_gpus needs inference.device and trainer.device both on cuda")
+    elif shared and trainer_gpus > inference.num_servers * per_server:
+        problems.append(
+            f"trainer.share_inference_gpus: trainer.gpus={trainer_gpus} but the servers hold only "
+            f"{inference.num_servers * per_server} GPU(s) to share"
+        )
     if problems:
         raise PlacementError("; ".join(problems))
 
     # --- does the node hold it? ------------------------------------------------------
-    needed = inference.num_servers * per_server + trainer_gpus
+    needed = inference.num_servers * per_server + (0 if shared else trainer_gpus)
     if needed > len(gpus):
+        trainer_part = "0 more for the trainer (trainer.share_inference_gpus)" if shared else f"{trainer_gpus} for the trainer (trainer.gpus)"
         raise PlacementError(
             f"the run needs {needed} GPUs ({inference.num_servers} server(s) x {per_server} (inference.num_servers x "
-            f"inference.gpus_per_server) + {trainer_gpus} for the trainer (trainer.gpus)) but the node has "
+            f"inference.gpus_per_server) + {trainer_part}) but the node has "
             f"{len(gpus)}{' (' + ','.join(map(str, gpus)) + ')' if gpus else ''}"
         )
 
-    # --- assign: servers first, then the trainer -------------------------------------
+    # --- assign: servers first, then the trainer ranks -------------------------------
     cursor = 0
     servers = []
     for index in range(inference.num_servers):
         servers.append(ProcessPlacement(f"server-{index}", tuple(gpus[cursor : cursor + per_server])))
         cursor += per_server
-    trainer_placement = ProcessPlacement("trainer", tuple(gpus[cursor : cursor + trainer_gpus]))
-    cursor += trainer_gpus
+    trainer_start = 0 if shared else cursor
+    trainer_placement = ProcessPlacement("trainer", tuple(gpus[trainer_start : trainer_start + trainer_gpus]))
+    if not shared:
+        cursor += trainer_gpus
+    if trainer_on_gpu:
+        ranks = [ProcessPlacement(f"trainer-rank{rank}", (gpu,)) for rank, gpu in enumerate(trainer_placement.gpus)]
+    else:
+        ranks = [ProcessPlacement(f"trainer-rank{rank}", ()) for rank in range(world_size)]
+    # NCCL moves GPU memory directly but refuses two ranks on one GPU; gloo goes through host memory.
+    sync_backend = "nccl" if inference_on_gpu and trainer_on_gpu and not shared else "gloo"
     return Placement(
         servers=servers,
         trainer=trainer_placement,
         tensor_parallel_size=tp if inference_on_gpu else 1,
-        trainer_world_size=max(1, trainer_gpus),
+        trainer_world_size=world_size,
         zero_stage=int(trainer.zero_stage),
         unused_gpus=tuple(gpus[cursor:]),
+        trainer_ranks=ranks,
+        shared_gpus=shared,
+        weight_sync_backend=sync_backend,
     )
 
 

@@ -15,6 +15,15 @@
 
 Checkpoints (`checkpoints/step_NNNNNN`, `checkpoints/latest`) hold the weights, the
 optimizer and the stream position, so `--resume` neither loses nor repeats a sample.
+
+Several ranks (DeepSpeed data parallelism, started by the launcher with RANK/WORLD_SIZE):
+every rank reads the same batch from the stream and trains its share of it
+(`shard_for_rank`); every rank runs as many micro-batches as the busiest one, because
+ZeRO-3 gathers parameters collectively in each forward and backward; all ranks agree on
+when to stop; rank 0 alone publishes progress, logs metrics (reduced over the ranks),
+broadcasts the gathered weights to the servers and finalises checkpoints, while the
+other ranks take part in the gathers. `DIR/trainer_shards.jsonl` records which samples
+each rank trained at each step.
 """
 
 from __future__ import annotations
@@ -34,13 +43,14 @@ import torch
 from rl_core.config import RunConfig, load_config
 from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss
-from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink
+from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink, MultiSink
 from rl_core.stream import StreamReader, open_reader
 
 PROGRESS_FILE = "trainer_progress.json"
 STOP_FILE = "STOP"  # written by the launcher (max_wall_time_s): finish at the next step boundary
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_STATE_FILE = "trainer_state.json"
+SHARDS_FILE = "trainer_shards.jsonl"  # multi-rank runs: which samples each rank trained per step
 
 
 # --- small shared helpers (the actor and the launcher use them too) ----------------
@@ -100,6 +110,71 @@ def make_backend(config: RunConfig, model_path: str | Path) -> TrainerBackend:
     )
 
 
+# --- ranks ------------------------------------------------------------------------
+
+
+@dataclass
+class TrainerRanks:
+    """This process's place among the trainer's data-parallel ranks: torch.distributed's
+    default group (DeepSpeed initialised it from RANK/WORLD_SIZE), or one rank alone."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")  # NCCL reduces CUDA tensors, gloo CPU ones
+
+    @classmethod
+    def from_backend(cls, backend: TrainerBackend) -> TrainerRanks:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return cls()
+        return cls(dist.get_rank(), dist.get_world_size(), torch.device(getattr(backend, "device", "cpu")))
+
+    def reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Element-wise sum (or max) of `values` over the ranks."""
+        if self.world_size == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if it is true on any rank."""
+        return self.reduce([float(flag)], "max")[0] > 0
+
+    def barrier(self) -> None:
+        self.reduce([0.0])
+
+
+def shard_for_rank(samples: list[RolloutSample], rank: int, world_size: int) -> list[RolloutSample]:
+    """This rank's share of an optimizer batch: longest sample first to the rank with the
+    fewest tokens so far (ties to the lower rank), so ranks get about equal compute.
+    Deterministic: every rank computes the same split of the same list. Stream order is
+    kept within a share."""
+    if world_size == 1:
+        return list(samples)
+    loads = [0] * world_size
+    owner = [0] * len(samples)
+    for index in sorted(range(len(samples)), key=lambda i: (-samples[i].num_tokens, i)):
+        target = min(range(world_size), key=lambda r: (loads[r], r))
+        owner[index] = target
+        loads[target] += samples[index].num_tokens
+    return [sample for sample, who in zip(samples, owner) if who == rank]
+
+
+def _padding_micro_batch(backend: TrainerBackend, with_reference: bool) -> None:
+    """A forward and backward that changes no gradient: keeps this rank in step with
+    ranks that have more micro-batches (ZeRO-3's parameter gathers are collective)."""
+    input_ids = torch.zeros((1, 2), dtype=torch.long)
+    position_ids = torch.arange(2).unsqueeze(0)
+    logprobs, _ = backend.token_logprobs(input_ids, None, position_ids)
+    if with_reference:
+        backend.reference_logprobs(input_ids, position_ids)  # type: ignore[attr-defined]
+    backend.backward(logprobs.sum() * 0.0)
+
+
 # --- one optimizer step ------------------------------------------------------------
 
 
@@ -114,23 +189,36 @@ class StepStats:
     lag_max: int
     num_tokens: int
     num_samples: int
+    rank_sample_ids: list[str] | None = None  # the samples this rank trained (its share)
 
 
-def train_step(backend: TrainerBackend, samples: list[RolloutSample], config: RunConfig) -> tuple[StepStats, dict[str, float]]:
-    """Gradient accumulation over packed micro-batches, then one optimizer step."""
+def train_step(
+    backend: TrainerBackend, samples: list[RolloutSample], config: RunConfig, ranks: TrainerRanks | None = None
+) -> tuple[StepStats, dict[str, float]]:
+    """Gradient accumulation over packed micro-batches, then one optimizer step.
+
+    With several ranks, `samples` is the whole batch (the same on every rank); this rank
+    trains its share and the returned stats cover the whole batch."""
     t = config.trainer
+    ranks = ranks or TrainerRanks()
     version = backend.version
+    share = shard_for_rank(samples, ranks.rank, ranks.world_size)
+    micro_batches = pack_micro_batches(share, t.micro_batch_tokens)
+    padding = int(ranks.reduce([float(len(micro_batches))], "max")[0]) - len(micro_batches)
+    # DeepSpeed averages gradients over the ranks: dividing each rank's sum by its share of
+    # the batch size (N / world) makes the average the whole batch's mean, as on one rank.
+    sequences_per_rank = len(samples) / ranks.world_size
     total_loss = total_entropy = total_w = total_w2 = total_kl = 0.0
     total_tokens = clipped = 0
     lag_sum = 0
     lag_max = 0
-    for batch in pack_micro_batches(samples, t.micro_batch_tokens):
+    for batch in micro_batches:
         logprobs, entropy = backend.token_logprobs(batch.input_ids, None, batch.position_ids)
         reference = None
         if t.kl_coef > 0:
             reference = backend.reference_logprobs(batch.input_ids, batch.position_ids)  # type: ignore[attr-defined]
         out = policy_loss(
-            logprobs, batch, num_sequences_in_step=len(samples), kind=t.loss, is_truncation=t.is_truncation,
+            logprobs, batch, num_sequences_in_step=sequences_per_rank, kind=t.loss, is_truncation=t.is_truncation,
             clip_eps=t.clip_eps, entropy=entropy, reference_logprobs=reference, kl_coef=t.kl_coef,
         )
         backend.backward(out.loss)
@@ -144,12 +232,20 @@ def train_step(backend: TrainerBackend, samples: list[RolloutSample], config: Ru
         total_kl += out.sum_kl
         total_tokens += out.num_tokens
         clipped += out.num_clipped
+    for _ in range(padding):
+        _padding_micro_batch(backend, t.kl_coef > 0)
     step_info = backend.optimizer_step()
+    if ranks.world_size > 1:
+        sums = ranks.reduce([total_loss, total_entropy, total_w, total_w2, total_kl, total_tokens, clipped, lag_sum])
+        total_loss = sums[0] / ranks.world_size  # each rank's loss was scaled up by world / N
+        total_entropy, total_w, total_w2, total_kl = sums[1:5]
+        total_tokens, clipped, lag_sum = (int(value) for value in sums[5:])
+        lag_max = int(ranks.reduce([float(lag_max)], "max")[0])
     tokens = max(1, total_tokens)
     stats = StepStats(
         loss=total_loss, entropy=total_entropy / tokens, ess=effective_sample_size(total_w, total_w2, total_tokens),
         kl=total_kl / tokens, clip_fraction=clipped / tokens, lag_mean=lag_sum / tokens, lag_max=lag_max,
-        num_tokens=total_tokens, num_samples=len(samples),
+        num_tokens=total_tokens, num_samples=len(samples), rank_sample_ids=[sample.sample_id for sample in share],
     )
     return stats, step_info
 
@@ -166,13 +262,15 @@ class Trainer:
         reader: StreamReader,
         sink: MetricsSink,
         broadcaster: Any = None,
+        ranks: TrainerRanks | None = None,
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
         self.backend = backend
         self.reader = reader
         self.sink = sink
-        self.broadcaster = broadcaster
+        self.broadcaster = broadcaster  # rank 0's; None on the other ranks
+        self.ranks = ranks or TrainerRanks()
         self.consumed = 0  # samples taken from the stream (trained or dropped)
         self.dropped_stale = 0
 
@@ -184,15 +282,35 @@ class Trainer:
         self.dropped_stale = int(state.get("dropped_stale", 0))
 
     def publish(self, done: bool = False) -> None:
+        if self.ranks.rank != 0:
+            return
         write_json_atomic(self.run_dir / PROGRESS_FILE, {
             "version": self.backend.version, "consumed": self.consumed, "done": done,
             "max_steps": self.config.trainer.max_steps, "t": time.time(),
         })
 
     def broadcast(self) -> dict[str, float]:
+        attached = self.broadcaster is not None
+        if self.ranks.world_size > 1:
+            attached = self.ranks.any(attached)
+        if not attached:
+            return {}
         if self.broadcaster is None:
+            # Rank 0 sends; gathering full parameters is collective under ZeRO-3, so this
+            # rank walks the same buckets.
+            for _ in self.backend.parameters_for_broadcast():
+                pass
             return {}
         return dict(self.broadcaster.broadcast(self.backend.parameters_for_broadcast(), self.backend.version) or {})
+
+    def record_shard(self, sample_ids: list[str]) -> None:
+        line = json.dumps({"step": self.backend.version, "rank": self.ranks.rank, "sample_ids": sample_ids}) + "\n"
+        # One O_APPEND write per line: the ranks' lines never interleave.
+        fd = os.open(self.run_dir / SHARDS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
     def stop_requested(self) -> bool:
         return (self.run_dir / STOP_FILE).exists()
@@ -225,11 +343,16 @@ class Trainer:
         root.mkdir(parents=True, exist_ok=True)
         name = f"step_{self.backend.version:06d}"
         staging = root / f".{name}.tmp"
-        if staging.exists():
+        if staging.exists() and self.ranks.rank == 0:
             import shutil
 
             shutil.rmtree(staging)
-        self.backend.save_checkpoint(str(staging))
+        self.ranks.barrier()
+        self.backend.save_checkpoint(str(staging))  # collective: each rank writes its optimizer shard
+        # Every shard is on disk before rank 0 renames the directory and points `latest` at it.
+        self.ranks.barrier()
+        if self.ranks.rank != 0:
+            return root / name
         (staging / CHECKPOINT_STATE_FILE).write_text(json.dumps({
             "version": self.backend.version,
             "stream_position": self.reader.position(),
@@ -258,12 +381,20 @@ class Trainer:
             self.broadcast()
         self.publish()
         last_end = time.monotonic()
-        while self.backend.version < t.max_steps and not self.stop_requested():
+        while self.backend.version < t.max_steps and not self.ranks.any(self.stop_requested()):
+            start = (self.reader.position(), self.consumed, self.dropped_stale)
             samples = self.next_batch()
-            if samples is None:
+            if self.ranks.any(samples is None):
+                # Every rank stops at the same step boundary; one that already had its
+                # batch puts it back, so the checkpoint's stream position is before it.
+                self.reader.seek(start[0])
+                self.consumed, self.dropped_stale = start[1], start[2]
                 break
+            assert samples is not None
             started = time.monotonic()
-            stats, step_info = train_step(self.backend, samples, self.config)
+            stats, step_info = train_step(self.backend, samples, self.config, self.ranks)
+            if self.ranks.world_size > 1:
+                self.record_shard(stats.rank_sample_ids or [])
             train_s = time.monotonic() - started
             sync = self.broadcast()
             self.publish()
@@ -306,6 +437,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--servers", default="", help="Comma-separated server base URLs to broadcast weights to.")
     parser.add_argument("--model", default=None, help="Initial weights (default: config model.path).")
     parser.add_argument("--resume", action="store_true", help="Continue from checkpoints/latest.")
+    parser.add_argument("--weight-sync-backend", default="gloo", choices=["gloo", "nccl"],
+                        help="torch.distributed backend of the weight broadcast (placement.py picks it).")
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
@@ -317,17 +450,21 @@ def main(argv: list[str]) -> int:
     if args.resume and checkpoint is None:
         print(f"trainer: --resume but {run_dir / CHECKPOINTS_DIR / 'latest'} does not exist", file=sys.stderr)
         return 2
+    # A multi-rank DeepSpeed backend joins the default group here (RANK/WORLD_SIZE from the launcher).
     backend = make_backend(config, args.model or config.model.path)
+    ranks = TrainerRanks.from_backend(backend)
+    # Every rank reads the whole stream (each takes its share of each batch).
     reader = open_reader(config.stream.kind, run_dir, stream_redis_url(config, run_dir))
-    sink = JsonlSink(run_dir / METRICS_FILE)
+    # Rank 0 logs the (rank-reduced) metrics; an empty MultiSink drops the others' lines.
+    sink: MetricsSink = JsonlSink(run_dir / METRICS_FILE) if ranks.rank == 0 else MultiSink()
     broadcaster = None
     servers = [url for url in args.servers.split(",") if url]
-    if servers:
+    if servers and ranks.rank == 0:
         from rl_core.weight_sync import WeightBroadcaster
 
-        broadcaster = WeightBroadcaster(servers, backend="gloo")
+        broadcaster = WeightBroadcaster(servers, backend=args.weight_sync_backend)
         broadcaster.connect()
-    trainer = Trainer(config, run_dir, backend, reader, sink, broadcaster)
+    trainer = Trainer(config, run_dir, backend, reader, sink, broadcaster, ranks)
     if checkpoint is not None:
         trainer.resume(checkpoint)
         print(f"trainer: resumed from {checkpoint} at version {backend.version}", flush=True)
@@ -338,5 +475,5 @@ def main(argv: list[str]) -> int:
             broadcaster.close()
         reader.close()
         sink.close()
-    print(f"trainer: finished at version {backend.version}", flush=True)
+    print(f"trainer: rank {ranks.rank}/{ranks.world_size} finished at version {backend.version}", flush=True)
     return 0

@@ -1,5 +1,7 @@
 """`python -m rl_core run` as a real process: bad inputs refused before anything
-starts, a server killed mid-run, SIGTERM, and a SIGKILLed launcher (no orphans)."""
+starts, a server killed mid-run, SIGTERM, and a SIGKILLed launcher (no orphans).
+The GPU placement of the children (which GPUs each sees, trainer ranks) is checked on
+the commands and environments the launcher builds: no GPU is needed for that."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import psutil
 import pytest
 import yaml
 
+from rl_core.config import RunConfig
+from rl_core.launcher import LaunchError, place_run, server_children, trainer_children
 from rl_core.metrics import read_metrics
 
 
@@ -108,6 +112,69 @@ def test_dataset_row_without_answer_is_refused_before_start(tiny_model: Path, tm
     assert not (tmp_path / "run" / "logs").exists()
 
 
+def gpu_run_config(**sections: dict) -> RunConfig:
+    data: dict = {
+        "inference": {"engine": "vllm", "device": "cuda", "num_servers": 2, "gpus_per_server": 2, "tensor_parallel_size": 2},
+        "trainer": {"backend": "deepspeed", "device": "cuda:3", "gpus": 4, "zero_stage": 3},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return RunConfig.model_validate(data)
+
+
+def test_children_get_exactly_their_gpus_on_an_eight_gpu_node(tmp_path: Path) -> None:
+    config = gpu_run_config()
+    placement = place_run(config, list(range(8)))
+    assert config.trainer.device == "cuda"  # renumbered inside each process: cuda:3 would not exist there
+    servers = server_children(config, placement, "/models/m", vllm_python="/opt/vllm/bin/python")
+    assert [spec.name for spec in servers] == ["server0", "server1"]
+    assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in servers] == ["0,1", "2,3"]
+    for spec in servers:
+        assert spec.command[0] == "/opt/vllm/bin/python"
+        assert spec.command[spec.command.index("--tensor-parallel-size") + 1] == "2"
+        assert spec.command[spec.command.index("--device") + 1] == "cuda"
+    ranks = trainer_children(config, placement, tmp_path, "/models/m", ["http://a", "http://b"], False, 29501, python="py")
+    assert [spec.name for spec in ranks] == ["trainer", "trainer1", "trainer2", "trainer3"]
+    assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in ranks] == ["4", "5", "6", "7"]
+    assert [spec.env["RANK"] for spec in ranks] == ["0", "1", "2", "3"]
+    assert {spec.env["WORLD_SIZE"] for spec in ranks} == {"4"} and {spec.env["MASTER_PORT"] for spec in ranks} == {"29501"}
+    assert {spec.env["LOCAL_RANK"] for spec in ranks} == {"0"}  # each sees its one GPU as cuda:0
+    command = ranks[0].command
+    assert command[:4] == ["py", "-m", "rl_core", "trainer"] and all(spec.command == command for spec in ranks)
+    assert command[command.index("--servers") + 1] == "http://a,http://b"
+    assert command[command.index("--weight-sync-backend") + 1] == "nccl"
+
+
+def test_cpu_run_children_see_no_gpu_and_cpu_ranks_rendezvous(tmp_path: Path) -> None:
+    config = RunConfig.model_validate({"inference": {"num_servers": 2}, "trainer": {"backend": "deepspeed", "cpu_ranks": 2}})
+    placement = place_run(config, [0, 1])  # GPUs present, but a CPU run must not touch them
+    servers = server_children(config, placement, "/models/m", python="py")
+    assert [spec.env for spec in servers] == [{"CUDA_VISIBLE_DEVICES": ""}] * 2
+    assert servers[1].command[:4] == ["py", "-m", "rl_core", "serve"]
+    ranks = trainer_children(config, placement, tmp_path, "/models/m", ["http://a"], True, 4000, python="py")
+    assert [(spec.name, spec.env["RANK"], spec.env["LOCAL_RANK"], spec.env["CUDA_VISIBLE_DEVICES"]) for spec in ranks] == [
+        ("trainer", "0", "0", ""), ("trainer1", "1", "1", "")]
+    assert "--resume" in ranks[1].command
+    assert ranks[0].command[ranks[0].command.index("--weight-sync-backend") + 1] == "gloo"
+    single = trainer_children(RunConfig(), place_run(RunConfig(), []), tmp_path, "/m", [], False, 4000, python="py")
+    assert [(spec.name, spec.env) for spec in single] == [("trainer", {"CUDA_VISIBLE_DEVICES": ""})]
+
+
+def test_a_node_without_the_gpus_is_refused_by_place_run() -> None:
+    with pytest.raises(LaunchError, match=r"placement: the run needs 8 GPUs .* but the node has 4 \(0,1,2,3\)"):
+        place_run(gpu_run_config(), [0, 1, 2, 3])
+
+
+def test_cli_refuses_a_run_this_node_cannot_place_before_starting(tiny_model: Path, tmp_path: Path) -> None:
+    # More GPUs than any machine this runs on has: refused whatever the node.
+    config = write_config(tmp_path / "c.yaml", tiny_model, inference={"device": "cuda", "num_servers": 64, "gpus_per_server": 1},
+                          trainer={"samples_per_step": 8, "max_steps": 3, "device": "cuda", "gpus": 1})
+    result = run_cli(str(config), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "placement: the run needs 65 GPUs" in result.stderr and "inference.num_servers" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_server_killed_mid_run_fails_naming_it_and_keeps_metrics(tiny_model: Path, tmp_path: Path) -> None:
@@ -140,6 +207,9 @@ def test_sigterm_cancels_and_leaves_no_child(tiny_model: Path, tmp_path: Path) -
         wait_for(lambda: status(out).get("state") == "running", 180, "state running")
         children = children_of(launcher.pid)
         assert {"serve", "trainer", "actor"} <= {word for p in children for word in p.cmdline()}
+        # Placement applied for real: the CPU run's server and trainer see no GPU.
+        placed = [p for p in children if {"serve", "trainer"} & set(p.cmdline())]
+        assert len(placed) == 2 and all(p.environ().get("CUDA_VISIBLE_DEVICES") == "" for p in placed)
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(60) == 130
     finally:

@@ -25,7 +25,7 @@ def test_pipelinerl_default_four_plus_four_on_eight_gpus() -> None:
     assert placement.trainer.env() == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     assert (placement.tensor_parallel_size, placement.trainer_world_size, placement.zero_stage) == (4, 4, 3)
     assert placement.gpus_used == 8 and placement.unused_gpus == ()
-    assert "trainer: GPUs 4,5,6,7" in placement.summary()
+    assert "trainer-rank3: GPUs 7" in placement.summary() and "weight_sync=nccl" in placement.summary()
 
 
 def test_servers_get_disjoint_sets_from_the_visible_indices() -> None:
@@ -90,3 +90,42 @@ def test_detect_gpus_on_this_machine_is_a_list() -> None:
     # No GPU (or no driver) here: an empty list, never an exception.
     found = detect_gpus()
     assert isinstance(found, list) and all(isinstance(index, int) for index in found)
+
+
+def test_trainer_ranks_get_one_gpu_each_and_their_rendezvous_env() -> None:
+    placement = check_placement(gpu_config(), 8)
+    assert [rank.gpus for rank in placement.trainer_ranks] == [(4,), (5,), (6,), (7,)]
+    env = placement.rank_env(2, master_port=29555)
+    # The rank sees only GPU 6, renumbered cuda:0, so DeepSpeed's device index (LOCAL_RANK) is 0.
+    assert env == {"CUDA_VISIBLE_DEVICES": "6", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+    assert placement.weight_sync_backend == "nccl"
+    with pytest.raises(ValueError, match="rank must be in 0..3"):
+        placement.rank_env(4, master_port=29555)
+
+
+def test_cpu_ranks_for_a_deepspeed_trainer_on_cpu() -> None:
+    config = RunConfig.model_validate({"trainer": {"backend": "deepspeed", "zero_stage": 3, "cpu_ranks": 2}})
+    placement = check_placement(config, 0)
+    assert placement.trainer_world_size == 2 and placement.weight_sync_backend == "gloo"
+    assert [placement.rank_env(rank, 1234)["LOCAL_RANK"] for rank in (0, 1)] == ["0", "1"]
+    assert placement.rank_env(1, 1234)["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(PlacementError, match="cpu_ranks=2 needs trainer.backend 'deepspeed'"):
+        check_placement(RunConfig.model_validate({"trainer": {"cpu_ranks": 2}}), 0)
+    with pytest.raises(PlacementError, match="cpu_ranks=2 is for trainer.device 'cpu'"):
+        check_placement(gpu_config(trainer={"cpu_ranks": 2}), 8)
+
+
+def test_one_gpu_machine_shares_it_only_when_asked() -> None:
+    one_each = {"inference": {"gpus_per_server": 1, "tensor_parallel_size": 1}, "trainer": {"gpus": 1}}
+    with pytest.raises(PlacementError, match="needs 2 GPUs .* has 1"):
+        check_placement(gpu_config(**one_each), 1)
+    shared = gpu_config(inference=one_each["inference"], trainer={"gpus": 1, "share_inference_gpus": True})
+    placement = check_placement(shared, 1)
+    assert placement.servers[0].gpus == (0,) and placement.trainer_ranks[0].gpus == (0,)
+    assert placement.gpus_used == 1 and placement.shared_gpus
+    assert placement.weight_sync_backend == "gloo"  # NCCL refuses two ranks on one GPU
+    with pytest.raises(PlacementError, match="only 1 GPU"):
+        check_placement(gpu_config(inference=one_each["inference"], trainer={"gpus": 2, "share_inference_gpus": True}), 1)
+    with pytest.raises(PlacementError, match="share_inference_gpus needs"):
+        check_placement(RunConfig.model_validate({"trainer": {"share_inference_gpus": True}}), 0)
