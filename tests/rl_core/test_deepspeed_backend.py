@@ -199,35 +199,7 @@ def scenario_broadcast(result_file: str, model_path: str) -> None:
     }))
 
 
-def _rank_micro_batches(step: int, rank: int):
-    import torch
-
-    generator = torch.Generator().manual_seed(1000 * rank + step)
-    return [torch.randint(3, 500, (2, 10), generator=generator)]
-
-
-def scenario_two_ranks(result_file: str, model_path: str, rank: str, port: str) -> None:
-    """One of two data-parallel ZeRO-3 ranks (gloo): each trains on its own data; every
-    rank iterates the gathering broadcast generator (a collective), rank 0 saves it."""
-    import torch
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE="2", LOCAL_RANK=rank)
-    from rl_core.deepspeed_backend import DeepSpeedBackend
-
-    torch.set_num_threads(1)
-    backend = DeepSpeedBackend(_config(3), model_path, broadcast_bucket_bytes=128 * 1024)
-    for step in range(2):
-        for input_ids in _rank_micro_batches(step, int(rank)):
-            logprobs, _ = backend.token_logprobs(input_ids, None, None)
-            backend.backward(-logprobs[:, 1:].sum() / 2.0)
-        backend.optimizer_step()
-    gathered = {name: tensor.clone() for name, tensor in backend.parameters_for_broadcast()}
-    torch.save(gathered, result_file + f".rank{rank}.pt")
-    Path(result_file + f".rank{rank}").write_text(json.dumps({"version": backend.version}))
-
-
-SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast,
-             "two_ranks": scenario_two_ranks}
+SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast}
 
 
 # --- the tests -------------------------------------------------------------------
@@ -269,44 +241,130 @@ def test_deepspeed_zero3_weights_reach_a_reference_server_intact(untrained_tiny_
     assert result["logprobs"] == pytest.approx(result["expected_logprobs"], abs=1e-4)
 
 
-def test_deepspeed_zero3_two_ranks_gather_the_data_parallel_weights(untrained_tiny_model: Path, tmp_path: Path) -> None:
-    """Two real processes (gloo): ZeRO-3 shards every parameter across them; after two
-    steps both gather identical full weights, equal to one torch model trained on the
-    rank-averaged loss (DeepSpeed averages gradients over data-parallel ranks)."""
+def _stream_samples(count: int, seed: int):
+    """Scored rollouts of different lengths, so the ranks' shares pack into different
+    numbers of micro-batches (the padding path) and both signs of advantage appear."""
+    import random
+
+    from rl_core.contracts import RolloutSample
+
+    rng = random.Random(seed)
+    samples = []
+    for index in range(count):
+        completion = [rng.randrange(10, 400) for _ in range(rng.randrange(2, 14))]
+        advantage = 1.0 if index % 2 == 0 else -1.0
+        samples.append(RolloutSample(
+            sample_id=f"s{index}", group_id=f"g{index // 4}", prompt_id=f"p{index // 4}",
+            prompt_token_ids=[rng.randrange(10, 400) for _ in range(6)], completion_token_ids=completion,
+            behaviour_logprobs=[-6.0] * len(completion), token_versions=[0] * len(completion),
+            reward=max(0.0, advantage), success=advantage > 0, advantage=advantage,
+        ))
+    return samples
+
+
+@pytest.mark.timeout(900)
+def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_server(
+    untrained_tiny_model: Path, tmp_path: Path
+) -> None:
+    """The real trainer CLI as the launcher starts it with `trainer.cpu_ranks: 2` (two
+    processes, gloo, ZeRO-3) against a real reference server: after 2 steps the server
+    generates exactly with the consolidated checkpoint weights, the ranks trained disjoint
+    halves of each batch, and the result equals one torch process on the whole batches."""
+    import httpx
     import torch
+    from transformers import AutoModelForCausalLM
 
+    from rl_core.config import RunConfig, config_to_yaml
     from rl_core.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
+    from rl_core.launcher import free_port, place_run, trainer_children
+    from rl_core.metrics import read_metrics
+    from rl_core.stream import FileStreamWriter
     from rl_core.torch_backend import TorchBackend
-    from rl_core.weight_sync import free_port
+    from rl_core.trainer import SHARDS_FILE, latest_checkpoint, train_step
+    from rl_core.vllm_engine import start_vllm_server
 
-    result = str(tmp_path / "two_ranks")
-    port = str(free_port())
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DEFAULT)))
-    procs = [
-        subprocess.Popen([sys.executable, str(THIS_FILE), "two_ranks", result, str(untrained_tiny_model), str(rank), port],
-                         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in (0, 1)
-    ]
-    outputs = [proc.communicate(timeout=480)[0] for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(output[-3000:] for output in outputs)
-    rank0 = torch.load(result + ".rank0.pt")
-    rank1 = torch.load(result + ".rank1.pt")
-    assert list(rank0) == list(rank1)
-    assert all(torch.equal(rank0[name], rank1[name]) for name in rank0)
+    config = RunConfig.model_validate({
+        "model": {"path": str(untrained_tiny_model)},
+        "trainer": {"backend": "deepspeed", "zero_stage": 3, "cpu_ranks": 2, "samples_per_step": 8, "max_steps": 2,
+                    "micro_batch_tokens": 32, "lr": 1e-2, "warmup_steps": 0, "grad_clip": 0.5},
+        "actor": {"max_lag": 3},
+    })
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(config_to_yaml(config))
+    samples = _stream_samples(16, seed=1)
+    from rl_core.loss import pack_micro_batches
+    from rl_core.trainer import shard_for_rank
 
-    config = _config(3).trainer
-    reference = TorchBackend(untrained_tiny_model, lr=config.lr, weight_decay=config.weight_decay, warmup_steps=config.warmup_steps,
-                             total_steps=config.max_steps, grad_clip=config.grad_clip)
-    initial = {name: tensor.clone() for name, tensor in reference.parameters_for_broadcast()}
-    for step in range(2):
-        for rank in (0, 1):
-            for input_ids in _rank_micro_batches(step, rank):
-                logprobs, _ = reference.token_logprobs(input_ids, None, None)
-                reference.backward(-logprobs[:, 1:].sum() / 2.0 / 2)  # mean over the 2 ranks
-        reference.optimizer_step()
-    expected = dict(reference.parameters_for_broadcast())
+    counts = [[len(pack_micro_batches(shard_for_rank(batch, rank, 2), 32)) for rank in (0, 1)] for batch in (samples[:8], samples[8:])]
+    assert any(a != b for a, b in counts), "the data must make one rank pad its micro-batches (ZeRO-3 collectives)"
+    writer = FileStreamWriter(run_dir)
+    writer.append(samples)
+    writer.close()
+
+    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DEFAULT)))
+    server = start_vllm_server(
+        [sys.executable, "-m", "rl_core", "serve", "--model", str(untrained_tiny_model), "--port", "0", "--threads", "1"],
+        timeout_s=300,
+    )
+    procs: list[subprocess.Popen] = []
+    try:
+        specs = trainer_children(config, place_run(config, []), run_dir, untrained_tiny_model, [server.url], False, free_port())
+        assert [spec.name for spec in specs] == ["trainer", "trainer1"]
+        for spec in specs:
+            log = open(tmp_path / f"{spec.name}.log", "wb")
+            procs.append(subprocess.Popen(spec.command, cwd=REPO_ROOT, env={**env, **spec.env}, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        codes = [proc.wait(timeout=720) for proc in procs]
+        logs = "\n".join((tmp_path / f"{spec.name}.log").read_text()[-3000:] for spec in specs)
+        assert codes == [0, 0], logs
+        health = httpx.get(server.url + "/health", trust_env=False).json()
+        model_name = httpx.get(server.url + "/v1/models", trust_env=False).json()["data"][0]["id"]
+        body = {"model": model_name, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0.0,
+                "max_tokens": 8, "logprobs": True}
+        choice_json = httpx.post(server.url + "/v1/chat/completions", json=body, trust_env=False, timeout=120).json()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        server.stop()
+
+    # Each step's batch was split between the ranks: disjoint, non-empty, together the batch.
+    shards = [json.loads(line) for line in (run_dir / SHARDS_FILE).read_text().splitlines()]
+    for step, batch in ((1, samples[:8]), (2, samples[8:])):
+        by_rank = {record["rank"]: set(record["sample_ids"]) for record in shards if record["step"] == step}
+        assert set(by_rank) == {0, 1} and by_rank[0] and by_rank[1], shards
+        assert not by_rank[0] & by_rank[1]
+        assert by_rank[0] | by_rank[1] == {sample.sample_id for sample in batch}
+    metrics = [record for record in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in record]
+    assert [record["weights/version"] for record in metrics] == [1.0, 2.0]  # rank 0 alone logs
+    assert [record["train/samples_consumed"] for record in metrics] == [8.0, 16.0]
+
+    # The server holds the consolidated (gathered) weights rank 0 checkpointed at version 2.
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None and checkpoint.name == "step_000002" and health["version"] == 2
+    trained = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+    choice = choice_json["choices"][0]
+    ids = torch.tensor([choice_json["prompt_token_ids"]])
+    with torch.no_grad():
+        for token, entry in zip(choice["token_ids"], choice["logprobs"]["content"]):
+            step_logprobs = torch.log_softmax(trained(ids).logits[0, -1], -1)
+            assert token == int(step_logprobs.argmax())
+            assert entry["logprob"] == pytest.approx(float(step_logprobs[token]), abs=1e-4)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    assert choice["token_versions"] == [2] * len(choice["token_ids"])
+
+    # Two ranks on halves == one process on the whole batches (DeepSpeed averages the ranks).
+    single = TorchBackend(untrained_tiny_model, lr=1e-2, warmup_steps=0, total_steps=2, grad_clip=0.5)
+    initial = {name: tensor.clone() for name, tensor in single.parameters_for_broadcast()}
+    for batch in (samples[:8], samples[8:]):
+        train_step(single, batch, config)
+    expected = dict(single.parameters_for_broadcast())
+    got = dict(trained.named_parameters())
     assert max(float((expected[n] - initial[n]).abs().max()) for n in expected) > 1e-2
-    assert max(float((rank0[n] - expected[n]).abs().max()) for n in expected) < 5e-4
+    assert max(float((got[n].detach() - expected[n]).abs().max()) for n in expected) < 5e-4
 
 
 def test_deepspeed_backend_refuses_a_missing_model_dir(tmp_path: Path) -> None:
