@@ -13,7 +13,10 @@ every trained token's lag <= max_lag.
 
 Sync mode (baseline): generate `sync_steps_per_batch * S` samples with frozen weights,
 write them all at once, wait until the trainer consumed them (and broadcast the new
-weights), repeat. Same code path, one switch.
+weights), repeat. Same code path, one switch. With `accelerations.tail_batching` on, a
+sync batch is one RollPacker round (`TailBatchPlanner`): a short round launches 1.25x
+the prompts with 1.25x responses each, keeps the first prompts to complete and aborts
+the rest, whose prompts wait in the long-tail queue until a full long round of them runs.
 
 Evaluation runs on the same servers without stopping training: `success/heldout`
 (the task's held-out set) at step 0, every `eval.heldout_every_n_steps` and at the
@@ -30,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rl_core.config import RunConfig, load_config
 from rl_core.contracts import GenerationResult, RolloutSample, SamplingParams
@@ -79,12 +82,17 @@ class Actor:
         self.sink = sink
         self.task = task or load_task(config.task)
         self.router = router or make_router(config)
-        # RollPacker tail batching (async window); None = plain groups, one request with n.
+        # RollPacker tail batching: the async window's tracker, or the sync rounds' planner;
+        # both None = plain groups, one request with n each.
         self.tail = None
+        self.tail_planner = None
         if config.accelerations.tail_batching.enabled:
-            from rl_core.scheduling import make_async_tail_tracker
+            from rl_core.scheduling import make_async_tail_tracker, make_tail_planner
 
-            self.tail = make_async_tail_tracker(config)
+            if config.mode == "sync":
+                self.tail_planner = make_tail_planner(config)
+            else:
+                self.tail = make_async_tail_tracker(config)
         self.group_servers: dict[str, int] = {}
         self.problems_by_id = {problem.id: problem for problem in self.task.train}
         self.server_loads = [0.0] * len(clients)  # sequences in flight per server (rollouts + evals)
@@ -106,6 +114,7 @@ class Actor:
             max_new_tokens=config.sampling.max_new_tokens,
         )
         self.rng = random.Random(config.seed)
+        self.tail_epochs: dict[str, int] = {}  # epoch of each prompt drawn into a sync tail round, until trained
         self.spec_counters: dict[str, float] | None = None  # last reading of the servers' spec_* totals
         self.spec_poller: asyncio.Task | None = None
 
@@ -178,6 +187,56 @@ class Actor:
             return None
         self.router.observe(problem.id, [len(r.token_ids) for r in kept])
         return kept
+
+    async def run_tail_round(self, draw_fresh: Any, epochs: dict[str, int]) -> list[RolloutSample]:
+        """One sync batch as a RollPacker round: every response is its own request (so they
+        finish one by one); a prompt's surplus requests are aborted once it has its group, and
+        every request still running when the round is done; the kept groups are scored."""
+        from rl_core.scheduling import TailRound
+
+        assert self.tail_planner is not None
+        round_: TailRound = self.tail_planner.plan_round(draw_fresh)
+        tag = f"round{round_.index:06d}"
+        results: dict[str, dict[int, GenerationResult]] = {pid: {} for pid in round_.prompt_ids}
+        prefixes: dict[str, tuple[int, str]] = {}  # prompt id -> (server, request id prefix)
+        tasks: dict[asyncio.Task, tuple[str, int]] = {}
+        for index, prompt_id in enumerate(round_.prompt_ids):
+            problem = self.problems_by_id[prompt_id]
+            server = self.router.pick(prompt_id, round_.responses_per_prompt, self.server_loads)
+            prefixes[prompt_id] = (server, f"{tag}-p{index}")
+            for key in range(round_.responses_per_prompt):
+                task = asyncio.create_task(self.generate_on(
+                    server, self.task.messages(problem), self.sampling, 1, prompt_id, f"{tag}-p{index}-r{key}"))
+                tasks[task] = (prompt_id, key)
+        aborted: set[str] = set()
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                prompt_id, key = tasks[task]
+                result = task.result()[0]
+                if result.finish_reason == "abort":
+                    continue  # aborted below: it never counts as finished
+                if round_.on_response(prompt_id, key):
+                    results[prompt_id][key] = result
+            # Aborted on the server rather than cancelled here: the request then ends with
+            # its partial result, and no connection is torn down mid-response.
+            to_abort = [pid for pid in round_.prompts_to_abort() if pid not in aborted]
+            for prompt_id in to_abort:
+                aborted.add(prompt_id)
+                server, prefix = prefixes[prompt_id]
+                await self.clients[server].abort([prefix])
+        outcome = self.tail_planner.close_round(round_)
+        samples: list[RolloutSample] = []
+        for prompt_id, keys in outcome.kept.items():
+            kept = [results[prompt_id][key] for key in keys]
+            self.router.observe(prompt_id, [len(r.token_ids) for r in kept])
+            group_id = f"g{self.groups_started:08d}"
+            self.groups_started += 1
+            samples += await self.score_group(self.problems_by_id[prompt_id], epochs.pop(prompt_id, 0), group_id, kept)
+        for prompt_id in outcome.deferred:
+            self.router.observe(prompt_id, [])
+        return samples
 
     async def score_group(self, problem: Problem, epoch: int, group_id: str, results: list[GenerationResult]) -> list[RolloutSample]:
         from rl_core.rewards import score_many
@@ -310,6 +369,8 @@ class Actor:
         metrics.update(self.router.metrics())
         if self.tail is not None:
             metrics.update(self.tail.metrics())
+        if self.tail_planner is not None:
+            metrics.update(self.tail_planner.metrics())
         self.sink.log(self.version, metrics)
         self.window = Window()
 
@@ -366,7 +427,9 @@ class Actor:
             if done:
                 break
             self.start_periodic_evals()
-            while self.may_submit():
+            if self.tail_planner is not None and self.may_submit():
+                problems = self.launch_tail_round(problems)
+            while self.tail_planner is None and self.may_submit():
                 epoch, problem = next(problems)
                 kind = "plain"
                 if self.tail is not None:
@@ -396,6 +459,26 @@ class Actor:
                 self.on_group_done(task.result())
             self.log_window()
         await self.finish()
+
+    def launch_tail_round(self, problems: Iterator[tuple[int, Problem]]) -> Iterator[tuple[int, Problem]]:
+        """Start the next sync batch as one tail-batching round (`run_tail_round`); it counts as
+        the whole batch launched, so the sync throttle waits for it. Returns the prompt stream."""
+        epochs = self.tail_epochs
+
+        def draw_fresh(count: int) -> list[str]:
+            drawn = []
+            while len(drawn) < count:
+                epoch, problem = next(problems)
+                if problem.id in epochs:  # already queued as long-tail from an earlier epoch
+                    continue
+                epochs[problem.id] = epoch
+                drawn.append(problem.id)
+            return drawn
+
+        task = asyncio.create_task(self.run_tail_round(draw_fresh, epochs))
+        self.sync_launched = self.config.sync_steps_per_batch * self.samples_per_step
+        self.in_flight.add(task)
+        return problems
 
     async def finish(self) -> None:
         """Training is over: drop the rollouts still in flight, then the final evaluations."""

@@ -5,6 +5,7 @@ file the real trainer publishes, so the max_lag throttle can be checked step by 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -193,3 +194,51 @@ async def test_final_benchmark_eval_writes_evals(tiny_model: Path, server_url: s
     assert (tmp_path / line["results_file"]).is_file()
     assert line["results_file"] == "eval/step_000007_math500.jsonl"
     assert any("success/heldout" in r and r["step"] == 7 for r in read_metrics(tmp_path / "metrics.jsonl"))
+
+
+@pytest.mark.timeout(300)
+async def test_sync_tail_rounds_train_every_prompt_once(tiny_model: Path, server_url: str, tmp_path: Path) -> None:
+    """RollPacker in sync mode: each batch is a round. Short rounds draw 1.5 x B prompts with
+    1.5 x G responses each and keep the first B prompts to complete; the others are aborted and
+    queued; once the queue holds B prompts a long round trains exactly those. No drawn prompt
+    is lost or trained twice: trained + queued is exactly the prefix of the prompt stream."""
+    from rl_core.client import InferenceClient
+
+    config = actor_config(
+        tiny_model, mode="sync", actor={"group_size": 2, "groups_in_flight": 4, "max_lag": 1},
+        trainer={"samples_per_step": 4},
+        accelerations={"tail_batching": {"enabled": True, "prompt_overprovision": 1.5, "response_overprovision": 1.5}},
+    )
+    writer = FileStreamWriter(tmp_path)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    client = InferenceClient(server_url)
+    actor = Actor(config, tmp_path, [client], writer, sink)
+    assert actor.tail is None and actor.tail_planner is not None and actor.tail_planner.batch_prompts == 2
+    publish(tmp_path, version=0, consumed=0)
+    runner = asyncio.create_task(actor.run())
+    kinds: list[str] = []
+    for batch in range(3):  # short, short (2 prompts deferred by now), long
+        await wait_until(lambda: writer.count() >= 4 * (batch + 1) and not actor.in_flight)
+        assert writer.count() == 4 * (batch + 1)  # one whole sync batch at a time
+        kinds.append("long" if actor.tail_planner.metrics()["sched/round"] == 1.0 else "short")
+        publish(tmp_path, version=batch + 1, consumed=writer.count(), done=batch == 2)
+    await asyncio.wait_for(runner, 120)
+    await client.aclose()
+    sink.close()
+
+    assert kinds == ["short", "short", "long"]
+    samples = FileStreamReader(tmp_path).read(100, 0.1)
+    groups: dict[str, list] = {}
+    for sample in samples:
+        groups.setdefault(sample.group_id, []).append(sample)
+    assert all(len(members) == 2 and len({s.prompt_id for s in members}) == 1 for members in groups.values())
+    trained = [members[0].prompt_id for members in groups.values()]
+    assert len(trained) == len(set(trained)) == 6
+    queued = actor.tail_planner.pending()
+    drawn = 2 * 3  # two short rounds of ceil(1.5 x 2) prompts; the long round draws none
+    stream = [problem.id for _, problem in itertools.islice(actor.task.train_stream(), drawn)]
+    assert sorted(trained + queued) == sorted(stream)
+    assert set(actor.tail_epochs) == set(queued)  # the queued prompts keep their epoch until trained
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    aborted = [r["sched/aborted"] for r in records if "sched/aborted" in r]
+    assert aborted and max(aborted) > 0  # a short round aborts the surplus and the unfinished prompt
