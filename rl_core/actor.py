@@ -227,6 +227,7 @@ class Actor:
                 server, prefix = prefixes[prompt_id]
                 await self.clients[server].abort([prefix])
         outcome = self.tail_planner.close_round(round_)
+        self.sink.log(self.version, self.tail_planner.metrics())  # one line per round: sched/round, aborted, queue
         samples: list[RolloutSample] = []
         for prompt_id, keys in outcome.kept.items():
             kept = [results[prompt_id][key] for key in keys]
@@ -369,8 +370,6 @@ class Actor:
         metrics.update(self.router.metrics())
         if self.tail is not None:
             metrics.update(self.tail.metrics())
-        if self.tail_planner is not None:
-            metrics.update(self.tail_planner.metrics())
         self.sink.log(self.version, metrics)
         self.window = Window()
 

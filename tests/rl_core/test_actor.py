@@ -240,5 +240,9 @@ async def test_sync_tail_rounds_train_every_prompt_once(tiny_model: Path, server
     assert sorted(trained + queued) == sorted(stream)
     assert set(actor.tail_epochs) == set(queued)  # the queued prompts keep their epoch until trained
     records = read_metrics(tmp_path / "metrics.jsonl")
-    aborted = [r["sched/aborted"] for r in records if "sched/aborted" in r]
-    assert aborted and max(aborted) > 0  # a short round aborts the surplus and the unfinished prompt
+    rounds = [r for r in records if "sched/round" in r]
+    assert [r["sched/round"] for r in rounds] == [0.0, 0.0, 1.0]
+    assert [r["sched/long_tail_queue"] for r in rounds] == [1.0, 2.0, 0.0]
+    # A short round launches 3 x 3 requests and 2 x 2 are kept: at least the third prompt's
+    # unfinished requests are aborted. The long round launches exactly 2 x 2.
+    assert all(r["sched/aborted"] > 0 for r in rounds[:2]) and rounds[2]["sched/aborted"] == 0
