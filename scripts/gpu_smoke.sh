@@ -125,11 +125,14 @@ import json, statistics, sys
 records = [json.loads(line) for line in open(sys.argv[1])]
 def values(key):
     return [r[key] for r in records if key in r]
-pauses, rollout, train = values("weights/update_pause_s"), values("rollout/tokens_per_s"), values("train/tokens_per_s")
+# The actor logs rollout/tokens_per_s every interval, 0 while it waits (max_lag throttle,
+# final evaluation): the figure is the rate while generating.
+pauses, train = values("weights/update_pause_s"), values("train/tokens_per_s")
+rollout = [value for value in values("rollout/tokens_per_s") if value > 0]
 if not pauses or not rollout or not train:
     sys.exit(f"gpu_smoke: metrics.jsonl lacks figures (pauses={len(pauses)} rollout={len(rollout)} train={len(train)})")
 print(f"{'figure':<28}{'median':>10}{'max':>10}{'n':>5}")
-for name, data in (("update pause s", pauses), ("rollout tokens/s", rollout), ("trainer tokens/s", train)):
+for name, data in (("update pause s", pauses), ("rollout tokens/s (busy)", rollout), ("trainer tokens/s", train)):
     print(f"{name:<28}{statistics.median(data):>10.3f}{max(data):>10.3f}{len(data):>5}")
 print(f"RESULT smoke_update_pause_s {statistics.median(pauses):.4f}")
 print(f"RESULT smoke_rollout_tokens_per_s {statistics.median(rollout):.1f}")
