@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Protocol
 import torch
 
 from rl_core.contracts import GenerationResult, SamplingParams
-from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_draft
+from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,16 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "Seeds the sampling of requests that bring no seed of their own."})
     initial_draft_len: int = field(default=2, metadata={"help": "Speculation: draft length a request starts with."})
     max_draft_len: int = field(default=16, metadata={"help": "Speculation: draft length cap (doubled on full acceptance)."})
+    spec_step_token_budget: int = field(
+        default=0,
+        metadata={"help": "Speculation: drafted tokens per step at most, shared evenly by the running sequences "
+                  "(0 = no cap). Worth setting where a forward's cost grows with its tokens (CPU); see bench/histospec.py."},
+    )
+    forward_overhead_tokens: int = field(
+        default=16,
+        metadata={"help": "Cost of one extra forward pass, in padded tokens: rows of different widths run in "
+                  "separate forwards when padding them together would cost more than this (see width_groups)."},
+    )
 
 
 @dataclass
@@ -536,31 +546,40 @@ class ReferenceEngine:
     def _advance(self, seqs: list[_Sequence], prefixes: list[list[int]], version: int) -> None:
         """Feed each sequence its tokens not yet in the cache (`prefixes`: the prompt at
         prefill, the last sampled token afterwards), plus a draft where the drafter has
-        one, and append the token(s) the target model yields."""
+        one, and append the token(s) the target model yields. Rows are left-padded to a
+        common width per forward, so rows of very different widths (one-token decodes next
+        to 17-token verifies) run in separate forwards, grouped by `width_groups`."""
         drafts = self._drafts(seqs, prefixes)
-        plain = [row for row, draft in enumerate(drafts) if not draft]
-        if plain:
-            plain_seqs = [seqs[row] for row in plain]
-            logits = self._forward(plain_seqs, [prefixes[row] for row in plain], keep=1)
-            for row in plain:
-                seqs[row].cache_len += len(prefixes[row])
-            self._sample_and_append(plain_seqs, logits[:, -1], version)
-        speculating = [row for row, draft in enumerate(drafts) if draft]
-        if not speculating:
-            return
-        # A separate forward: padding one-token rows to the draft width would
-        # multiply their cost by the draft length.
-        spec_seqs = [seqs[row] for row in speculating]
-        queries = [prefixes[row] + drafts[row] for row in speculating]
-        keep = max(len(drafts[row]) + 1 for row in speculating)
-        logits = self._forward(spec_seqs, queries, keep=keep)
-        for position, row in enumerate(speculating):
-            seq, draft = seqs[row], drafts[row]
-            params = seq.params
-            # The last len(draft)+1 columns: the distributions after the prefix and after each draft token.
-            rows = logits[position, keep - len(draft) - 1 :]
-            uniforms = [seq.rng.random() for _ in range(2 * len(draft) + 1)] if params.temperature > 0 else []
-            tokens, logprobs, accepted = verify_draft(rows, draft, params.temperature, params.top_p, uniforms)
+        queries = [prefix + draft for prefix, draft in zip(prefixes, drafts)]
+        for rows in width_groups([len(query) for query in queries], self.config.forward_overhead_tokens):
+            group = [seqs[row] for row in rows]
+            group_drafts = [drafts[row] for row in rows]
+            keep = max(len(draft) for draft in group_drafts) + 1
+            logits = self._forward(group, [queries[row] for row in rows], keep=keep)
+            for seq, row in zip(group, rows):
+                seq.cache_len += len(prefixes[row])
+            plain = [index for index, draft in enumerate(group_drafts) if not draft]
+            if plain:
+                plain_logits = logits[:, -1] if len(plain) == len(rows) else logits[plain, -1]
+                self._sample_and_append([group[index] for index in plain], plain_logits, version)
+            speculating = [index for index, draft in enumerate(group_drafts) if draft]
+            if speculating:
+                self._verify_and_append(
+                    [group[index] for index in speculating], [group_drafts[index] for index in speculating],
+                    logits[speculating] if len(speculating) < len(rows) else logits, version,
+                )
+
+    def _verify_and_append(self, seqs: list[_Sequence], drafts: list[list[int]], logits: torch.Tensor, version: int) -> None:
+        """Check each row's draft against the target (`logits[b, -len(draft)-1:]` are the
+        distributions after the prefix and after each draft token) and append what it yields."""
+        uniforms = [
+            [seq.rng.random() for _ in range(2 * len(draft) + 1)] if seq.params.temperature > 0 else []
+            for seq, draft in zip(seqs, drafts)
+        ]
+        outcomes = verify_drafts(
+            logits, drafts, [seq.params.temperature for seq in seqs], [seq.params.top_p for seq in seqs], uniforms
+        )
+        for seq, draft, (tokens, logprobs, accepted) in zip(seqs, drafts, outcomes):
             self.counters["spec_drafted_tokens"] += len(draft)
             self.counters["spec_accepted_tokens"] += accepted
             self.counters["spec_verify_steps"] += 1
@@ -570,19 +589,25 @@ class ReferenceEngine:
                 seq.draft_len = max(1, seq.draft_len // 2)
             # The cache now validly holds the prefix and the accepted draft prefix;
             # entries of rejected draft tokens get overwritten before anyone reads them.
-            seq.cache_len += len(prefixes[row]) + accepted
+            seq.cache_len += accepted
             for token, logprob in zip(tokens, logprobs):
                 if self._append(seq, token, logprob, version):
                     break
 
     def _drafts(self, seqs: list[_Sequence], prefixes: list[list[int]]) -> list[list[int]]:
         drafts: list[list[int]] = []
+        # The step's draft-token budget, shared evenly: on a compute-bound device a verified
+        # token costs as much as a decoded one, so a full batch gets short drafts and a
+        # draining batch (the long tail of a round) long ones.
+        budget = self.config.spec_step_token_budget
+        per_row = max(self.config.max_draft_len if budget <= 0 else budget // max(len(seqs), 1), 0)
         for seq, prefix in zip(seqs, prefixes):
             draft: list[int] = []
             if self.drafter is not None and seq.history_key is not None:
                 # Room for the draft plus the token the target adds after it.
                 room = min(
                     seq.draft_len,
+                    per_row,
                     seq.params.max_new_tokens - len(seq.token_ids) - 1,
                     self.max_seq_len - (seq.cache_len + len(prefix)) - 1,
                 )

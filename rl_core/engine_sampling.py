@@ -84,7 +84,7 @@ def sample_rows(
 def verify_draft(
     logits: torch.Tensor, draft: list[int], temperature: float, top_p: float, uniforms: list[float]
 ) -> tuple[list[int], list[float], int]:
-    """Lossless check of a drafted continuation against the target model.
+    """Lossless check of one drafted continuation against the target model.
 
     `logits[i]` is the target's next-token distribution after the sequence's
     last token plus `draft[:i]` (so there are `len(draft) + 1` rows). Returns
@@ -97,39 +97,113 @@ def verify_draft(
     the standard speculative-sampling rule, which leaves every emitted token
     distributed exactly as p. `uniforms` needs `2 * len(draft) + 1` values.
     """
-    if temperature <= 0.0:
-        rows = logits.float()
+    return verify_drafts(logits.unsqueeze(0), [draft], [temperature], [top_p], [uniforms])[0]
+
+
+def verify_drafts(
+    logits: torch.Tensor, drafts: list[list[int]], temperatures: list[float], top_ps: list[float],
+    uniforms: list[list[float]],
+) -> list[tuple[list[int], list[float], int]]:
+    """`verify_draft` for a batch of rows in a few tensor operations (the per-row version cost
+    a dozen small ops per row and step). `logits` is `[B, keep, V]`, left-aligned so that row
+    b's distributions are its last `len(drafts[b]) + 1` columns; each row uses its uniforms in
+    the same order as `verify_draft` (accept test i uses `uniforms[i]`, the final draw the next)."""
+    batch, keep, vocab = logits.shape
+    device = logits.device
+    outcomes: list[tuple[list[int], list[float], int]] = [([], [], 0)] * batch
+    greedy = [b for b in range(batch) if temperatures[b] <= 0.0]
+    sampled = [b for b in range(batch) if temperatures[b] > 0.0]
+    if greedy:
+        rows = logits[greedy].float()
         best = rows.argmax(dim=-1).tolist()
-        row_logprobs = torch.log_softmax(rows, dim=-1)
-        accepted = 0
-        while accepted < len(draft) and draft[accepted] == best[accepted]:
-            accepted += 1
-        tokens = draft[:accepted] + [best[accepted]]
-        logprobs = [float(row_logprobs[i, token]) for i, token in enumerate(tokens)]
-        return tokens, logprobs, accepted
-    count = logits.shape[0]
-    probs = adjusted_probs(
-        logits, torch.full((count,), temperature, device=logits.device), torch.full((count,), top_p, device=logits.device)
-    )
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    next_uniform = iter(uniforms)
-    for i, proposed in enumerate(draft):
-        p_proposed = float(probs[i, proposed])
-        if next(next_uniform) < p_proposed:
-            tokens.append(proposed)
-            logprobs.append(float(torch.log(probs[i, proposed])))
-            continue
-        residual = probs[i : i + 1].clone()
-        residual[0, proposed] = 0.0
-        replacement = int(draw(residual, torch.tensor([next(next_uniform)], device=logits.device))[0])
-        tokens.append(replacement)
-        logprobs.append(float(torch.log(probs[i, replacement])))
-        return tokens, logprobs, i
-    bonus = int(draw(probs[count - 1 : count], torch.tensor([next(next_uniform)], device=logits.device))[0])
-    tokens.append(bonus)
-    logprobs.append(float(torch.log(probs[count - 1, bonus])))
-    return tokens, logprobs, len(draft)
+        chosen_rows, chosen_cols, chosen_tokens, spans = [], [], [], []
+        for index, b in enumerate(greedy):
+            draft, offset = drafts[b], keep - len(drafts[b]) - 1
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == best[index][offset + accepted]:
+                accepted += 1
+            tokens = draft[:accepted] + [best[index][offset + accepted]]
+            spans.append((b, tokens, accepted))
+            chosen_rows += [index] * len(tokens)
+            chosen_cols += range(offset, offset + len(tokens))
+            chosen_tokens += tokens
+        logprobs = torch.log_softmax(rows[chosen_rows, chosen_cols], dim=-1)
+        picked = logprobs.gather(-1, torch.tensor(chosen_tokens, device=device).unsqueeze(-1)).squeeze(-1).tolist()
+        position = 0
+        for b, tokens, accepted in spans:
+            outcomes[b] = (tokens, picked[position : position + len(tokens)], accepted)
+            position += len(tokens)
+    if sampled:
+        count = len(sampled)
+        temperature = torch.tensor([temperatures[b] for b in sampled], device=device).repeat_interleave(keep)
+        top_p = torch.tensor([top_ps[b] for b in sampled], device=device).repeat_interleave(keep)
+        probs = adjusted_probs(logits[sampled].reshape(count * keep, vocab), temperature, top_p).view(count, keep, vocab)
+        # p(draft token) at every drafted column, padded with token 0 where a row has no draft.
+        padded = [[0] * (keep - 1 - len(drafts[b])) + drafts[b] for b in sampled]
+        drafted_p: list[list[float]] = [[] for _ in sampled]
+        if keep > 1:
+            drafted_p = probs[:, : keep - 1].gather(-1, torch.tensor(padded, device=device).unsqueeze(-1)).squeeze(-1).tolist()
+        final_rows, final_cols, excluded, final_uniforms, spans = [], [], [], [], []
+        for index, b in enumerate(sampled):
+            draft, offset, row_uniforms = drafts[b], keep - len(drafts[b]) - 1, uniforms[b]
+            accepted = 0
+            while accepted < len(draft) and row_uniforms[accepted] < drafted_p[index][offset + accepted]:
+                accepted += 1
+            rejected = accepted < len(draft)
+            final_rows.append(index)
+            final_cols.append(offset + accepted)
+            excluded.append(draft[accepted] if rejected else -1)
+            # verify_draft's order: accept tests consume uniforms[0..accepted], then the draw.
+            final_uniforms.append(row_uniforms[accepted + 1] if rejected else row_uniforms[len(draft)])
+            spans.append((b, index, draft[:accepted], offset, accepted))
+        final = probs[final_rows, final_cols].clone()
+        rejected_rows = [i for i, token in enumerate(excluded) if token >= 0]
+        if rejected_rows:
+            final[rejected_rows, [excluded[i] for i in rejected_rows]] = 0.0
+        drawn = draw(final, torch.tensor(final_uniforms, device=device)).tolist()
+        emitted_rows, emitted_cols, emitted_tokens = [], [], []
+        for (b, index, kept, offset, accepted), token in zip(spans, drawn):
+            tokens = kept + [token]
+            emitted_rows += [index] * len(tokens)
+            emitted_cols += range(offset, offset + len(tokens))
+            emitted_tokens += tokens
+        logprobs = probs[emitted_rows, emitted_cols].gather(
+            -1, torch.tensor(emitted_tokens, device=device).unsqueeze(-1)
+        ).squeeze(-1).log().tolist()
+        position = 0
+        for (b, index, kept, offset, accepted), token in zip(spans, drawn):
+            tokens = kept + [token]
+            outcomes[b] = (tokens, logprobs[position : position + len(tokens)], accepted)
+            position += len(tokens)
+    return outcomes
+
+
+def width_groups(widths: list[int], overhead_tokens: int) -> list[list[int]]:
+    """Split rows (indices into `widths`, their query lengths) into forwards. A forward pads
+    every row to its widest one, so it costs about `overhead_tokens + rows x max width`; the
+    partition of the rows sorted by width that minimises the total is found exactly by a
+    dynamic programme over the distinct widths (at most ~20 per step, so it is cheap)."""
+    if not widths:
+        return []
+    distinct = sorted(set(widths))
+    counts = [widths.count(width) for width in distinct]
+    # best[j]: cheapest cost of the first j distinct widths; cut[j]: where its last group starts.
+    best = [0.0] + [float("inf")] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        rows = 0
+        for i in range(j, 0, -1):
+            rows += counts[i - 1]
+            cost = best[i - 1] + overhead_tokens + rows * distinct[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    groups: list[list[int]] = []
+    j = len(distinct)
+    while j > 0:
+        members = set(distinct[cut[j] : j])
+        groups.append([row for row, width in enumerate(widths) if width in members])
+        j = cut[j]
+    return groups[::-1]
 
 
 def check_request(prompt: list[int], params: SamplingParams, vocab_size: int, max_seq_len: int) -> None:

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from rl_core.contracts import SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
-from rl_core.engine_sampling import verify_draft
+from rl_core.engine_sampling import verify_draft, verify_drafts, width_groups
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 
@@ -347,3 +347,33 @@ def test_speculation_across_a_weight_update(model_dir: Path, hf_model, prompts) 
     switch = result.token_versions.index(1)
     assert result.token_ids == continue_on_old_cache(old, new, prompt, result.token_ids, switch)
     assert engine.stats()["spec_accepted_tokens"] > 0
+
+
+def test_batched_verify_matches_row_by_row() -> None:
+    # The engine verifies every speculating row of a forward at once; each row must come out
+    # exactly as verifying it alone (same tokens, logprobs, accepted count, same uniforms used).
+    generator = torch.Generator().manual_seed(1)
+    keep, vocab = 6, 11
+    logits = torch.randn(6, keep, vocab, generator=generator) * 2
+    best = logits.argmax(dim=-1).tolist()
+    drafts = [best[0][:5], [3, 4], [], best[3][2:4] + [0], [7] * 5, best[5][4:5]]
+    temperatures = [0.0, 0.0, 1.0, 1.0, 0.7, 1.0]
+    top_ps = [1.0, 1.0, 1.0, 0.9, 1.0, 1.0]
+    uniforms = [torch.rand(2 * len(d) + 1, generator=generator).tolist() if t > 0 else [] for d, t in zip(drafts, temperatures)]
+    batched = verify_drafts(logits, drafts, temperatures, top_ps, uniforms)
+    for row, (draft, temperature, top_p, row_uniforms) in enumerate(zip(drafts, temperatures, top_ps, uniforms)):
+        alone = verify_draft(logits[row, keep - len(draft) - 1 :], draft, temperature, top_p, row_uniforms)
+        assert batched[row][0] == alone[0] and batched[row][2] == alone[2]
+        assert batched[row][1] == pytest.approx(alone[1], abs=1e-6)
+    assert batched[0][2] == len(drafts[0]) == 5  # a greedy draft equal to the argmax is accepted whole
+
+
+def test_width_groups_splits_only_when_padding_costs_more_than_a_forward() -> None:
+    # 60 one-token decodes and 4 seventeen-token verifies: padding them together would feed
+    # 64 x 17 tokens, two forwards feed 60 + 68 plus one overhead.
+    assert width_groups([1] * 60 + [17] * 4, overhead_tokens=16) == [list(range(60)), [60, 61, 62, 63]]
+    assert width_groups([1, 1, 2, 2, 3], overhead_tokens=16) == [[0, 1, 2, 3, 4]]  # splitting saves < 16
+    assert width_groups([30, 1, 31, 1], overhead_tokens=16) == [[1, 3], [0, 2]]
+    assert width_groups([5, 1], overhead_tokens=0) == [[1], [0]]
+    assert sorted(sum(width_groups([3, 9, 1, 17, 2, 2, 5], 4), [])) == list(range(7))  # every row exactly once
+    assert width_groups([], 16) == []
