@@ -22,53 +22,18 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from rl_core.contracts import GenerationResult, SamplingParams
+from rl_core.engine_config import Drafter, EngineConfig
 from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class Drafter(Protocol):
-    """What the engine needs from a speculative drafter (HistoSpec in `speculation.py`)."""
-
-    def draft(self, history_key: str, generated_token_ids: list[int], max_tokens: int) -> list[int]: ...
-
-    def add_response(self, history_key: str, token_ids: list[int]) -> None: ...
-
-
-@dataclass
-class EngineConfig:
-    max_batch_size: int = field(default=64, metadata={"help": "Most sequences decoded together (KV-cache slots)."})
-    max_seq_len: int | None = field(
-        default=None,
-        metadata={"help": "Longest prompt+response per sequence; None = min(model max positions, 4096)."},
-    )
-    initial_cache_len: int = field(
-        default=256, metadata={"help": "Positions preallocated per slot at start; doubled on demand up to max_seq_len."}
-    )
-    max_prefill_tokens: int = field(
-        default=4096, metadata={"help": "Prompt tokens admitted per step at most (at least one request always is)."}
-    )
-    seed: int = field(default=0, metadata={"help": "Seeds the sampling of requests that bring no seed of their own."})
-    initial_draft_len: int = field(default=2, metadata={"help": "Speculation: draft length a request starts with."})
-    max_draft_len: int = field(default=16, metadata={"help": "Speculation: draft length cap (doubled on full acceptance)."})
-    spec_step_token_budget: int = field(
-        default=0,
-        metadata={"help": "Speculation: drafted tokens per step at most, shared evenly by the running sequences "
-                  "(0 = no cap). Worth setting where a forward's cost grows with its tokens (CPU); see bench/histospec.py."},
-    )
-    forward_overhead_tokens: int = field(
-        default=16,
-        metadata={"help": "Cost of one extra forward pass, in padded tokens: rows of different widths run in "
-                  "separate forwards when padding them together would cost more than this (see width_groups)."},
-    )
 
 
 @dataclass

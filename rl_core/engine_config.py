@@ -1,0 +1,43 @@
+"""The reference engine's settings and what it needs from a speculative drafter
+(kept apart from `engine.py` so that module stays about the decode loop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Drafter(Protocol):
+    """What the engine needs from a speculative drafter (HistoSpec in `speculation.py`)."""
+
+    def draft(self, history_key: str, generated_token_ids: list[int], max_tokens: int) -> list[int]: ...
+
+    def add_response(self, history_key: str, token_ids: list[int]) -> None: ...
+
+
+@dataclass
+class EngineConfig:
+    max_batch_size: int = field(default=64, metadata={"help": "Most sequences decoded together (KV-cache slots)."})
+    max_seq_len: int | None = field(
+        default=None,
+        metadata={"help": "Longest prompt+response per sequence; None = min(model max positions, 4096)."},
+    )
+    initial_cache_len: int = field(
+        default=256, metadata={"help": "Positions preallocated per slot at start; doubled on demand up to max_seq_len."}
+    )
+    max_prefill_tokens: int = field(
+        default=4096, metadata={"help": "Prompt tokens admitted per step at most (at least one request always is)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Seeds the sampling of requests that bring no seed of their own."})
+    initial_draft_len: int = field(default=2, metadata={"help": "Speculation: draft length a request starts with."})
+    max_draft_len: int = field(default=16, metadata={"help": "Speculation: draft length cap (doubled on full acceptance)."})
+    spec_step_token_budget: int = field(
+        default=0,
+        metadata={"help": "Speculation: drafted tokens per step at most, shared evenly by the running sequences "
+                  "(0 = no cap). Worth setting where a forward's cost grows with its tokens (CPU); see bench/histospec.py."},
+    )
+    forward_overhead_tokens: int = field(
+        default=16,
+        metadata={"help": "Cost of one extra forward pass, in padded tokens: rows of different widths run in "
+                  "separate forwards when padding them together would cost more than this (see width_groups)."},
+    )
