@@ -7,21 +7,25 @@ repeated `--reps` times in alternating order; the best time of each is compared.
 process's CPU seconds: with one torch thread it equals wall time on an idle machine, while on
 the 2 shared cores wall time mostly measures the neighbours' load.
 
-Two settings are measured:
-- greedy (temperature 0): the outputs must be identical token for token (lossless check);
-  this is `histospec_speedup`;
-- sampled (temperature 1, the RL setting): speed-up and acceptance rate of sampled rollouts.
-  The tiny model was warm-started with 50% label noise, so its sampled final answers are close
-  to random — a draft is accepted up to the answer and rejected there.
+The headline (`histospec_speedup`) is the setting the tiny-cpu demo really runs: sampled at
+T=1 (RL rollouts are sampled, never greedy), `--prompts 8` groups of `--samples 8` responses =
+64 sequences decoding together, which is `actor.groups_in_flight x actor.group_size` of
+examples/tiny-cpu.yaml and the batch its one server holds. Also reported:
+- sampled with `--small-prompts` groups (a server's batch while a round drains or when few
+  groups are in flight);
+- greedy (temperature 0) at several batch sizes: the outputs must be identical token for token
+  (the lossless check, `greedy_identical`).
+On this CPU a forward pass costs about the same per token whether the token is drafted or not
+once the batch holds a few dozen tokens, so drafts save only the per-step overhead and the gain
+shrinks as the batch grows; on a GPU, where a decode step is memory-bound, it does not.
 
 `--perturb S` adds Gaussian noise of relative size S to the weights between epoch 1 and 2, a
 stand-in for the policy moving by one RL step (0 = the same policy).
 
     .venv/bin/python bench/histospec.py            # ~2-4 min on the 2-core CPU sandbox
 
-Ends with `RESULT histospec_speedup`, `RESULT histospec_acceptance`, `RESULT greedy_identical`
-(greedy, `--prompts` sequences), `RESULT histospec_speedup_greedy_batchN` (smaller greedy batches),
-`RESULT histospec_speedup_sampled`, `RESULT histospec_acceptance_sampled`.
+Ends with `RESULT histospec_speedup`, `RESULT histospec_acceptance` (sampled, the demo's batch),
+`RESULT greedy_identical`, `RESULT histospec_speedup_greedy_batchN`, `RESULT histospec_speedup_sampled_batchN`.
 """
 
 from __future__ import annotations
@@ -88,7 +92,10 @@ def perturb_(model: torch.nn.Module, scale: float, seed: int) -> None:
 
 def measure(model, tokenizer, keys, prompts, args, temperature: float) -> dict[str, float]:
     params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    engine_config = EngineConfig(max_batch_size=max(1, len(prompts) * args.samples), seed=args.seed)
+    engine_config = EngineConfig(
+        max_batch_size=max(1, len(prompts) * args.samples), seed=args.seed,
+        spec_step_token_budget=args.step_token_budget, forward_overhead_tokens=args.forward_overhead_tokens,
+    )
     spec_config = HistoSpecConfig(
         enabled=True,
         history_responses=max(args.samples, 1) * 2,
@@ -137,10 +144,15 @@ def measure(model, tokenizer, keys, prompts, args, temperature: float) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR), help="HF model dir (tiny model built if missing).")
-    parser.add_argument("--prompts", type=int, default=48, help="Distinct prompts (history keys); the main batch.")
-    parser.add_argument("--greedy-batches", default="8,16", help="Smaller greedy batches also measured (comma list).")
-    parser.add_argument("--samples", type=int, default=4, help="Responses per prompt in the sampled setting.")
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="Token budget per response.")
+    parser.add_argument("--prompts", type=int, default=8, help="Groups (distinct prompts) of the headline sampled batch.")
+    parser.add_argument("--samples", type=int, default=8, help="Responses per prompt in the sampled settings (group size).")
+    parser.add_argument("--small-prompts", type=int, default=2, help="Groups of the small sampled batch (0 = skip).")
+    parser.add_argument("--greedy-batches", default="8,16,48", help="Greedy batch sizes measured (comma list).")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="Token budget per response (tiny-cpu.yaml: 48).")
+    parser.add_argument("--step-token-budget", type=int, default=EngineConfig().spec_step_token_budget,
+                        help="EngineConfig.spec_step_token_budget (drafted tokens per step, 0 = no cap).")
+    parser.add_argument("--forward-overhead-tokens", type=int, default=EngineConfig().forward_overhead_tokens,
+                        help="EngineConfig.forward_overhead_tokens (width grouping of a step's rows).")
     parser.add_argument("--num-terms", type=int, default=2, help="Operands per synthetic problem (the tiny model is trained on 2).")
     parser.add_argument("--reps", type=int, default=3, help="Timed repetitions of each engine (best is kept).")
     parser.add_argument("--perturb", type=float, default=0.0, help="Relative weight noise between epochs (policy drift).")
@@ -160,43 +172,49 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     task = TaskConfig(seed=args.seed, num_terms=args.num_terms)
-    keys, prompts = encode_prompts(tokenizer, task, args.prompts)
+    greedy_batches = sorted({int(b) for b in args.greedy_batches.split(",") if b})
+    keys, prompts = encode_prompts(tokenizer, task, max([args.prompts, args.small_prompts, *greedy_batches]))
 
     started = time.time()
     original = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    greedy_args = argparse.Namespace(**{**vars(args), "samples": 1})
     rows = []  # (setting, responses, figures)
+    sampled_by_groups = {}
+    for groups in sorted({args.prompts, args.small_prompts} - {0}, reverse=True):
+        sampled_by_groups[groups] = measure(model, tokenizer, keys[:groups], prompts[:groups], args, temperature=1.0)
+        model.load_state_dict(original)
+        rows.append((f"sampled T=1, {groups}x{args.samples}", groups * args.samples, sampled_by_groups[groups]))
+    greedy_args = argparse.Namespace(**{**vars(args), "samples": 1})
     greedy_by_batch = {}
-    for batch in sorted({int(b) for b in args.greedy_batches.split(",") if b} | {len(prompts)}):
+    for batch in greedy_batches:
         greedy_by_batch[batch] = measure(model, tokenizer, keys[:batch], prompts[:batch], greedy_args, temperature=0.0)
         model.load_state_dict(original)
-        rows.append(("greedy (T=0)", batch, greedy_by_batch[batch]))
-    greedy = greedy_by_batch[len(prompts)]
-    sampled = measure(model, tokenizer, keys, prompts, args, temperature=1.0)
-    model.load_state_dict(original)
-    rows.append((f"sampled (T=1, n={args.samples})", len(prompts) * args.samples, sampled))
+        rows.append((f"greedy T=0, {batch}x1", batch, greedy_by_batch[batch]))
 
-    print(f"\nHistoSpec on {model_dir.name}: up to {len(prompts)} prompts, max_new_tokens={args.max_new_tokens}, "
-          f"perturb={args.perturb}, threads={args.threads}, {time.time() - started:.0f}s total (CPU seconds per decode)")
+    print(f"\nHistoSpec on {model_dir.name}: max_new_tokens={args.max_new_tokens}, perturb={args.perturb}, "
+          f"threads={args.threads}, step_token_budget={args.step_token_budget}, "
+          f"forward_overhead_tokens={args.forward_overhead_tokens}, {time.time() - started:.0f}s total "
+          f"(CPU seconds per decode), load average {os.getloadavg()[0]:.1f}")
     print(f"{'setting':<22}{'responses':>10}{'plain tok/s':>13}{'spec tok/s':>12}{'speedup':>9}{'accept':>8}{'identical':>10}")
     for name, count, figures in rows:
         print(
             f"{name:<22}{count:>10}{figures['plain_tok_s']:>13.1f}{figures['spec_tok_s']:>12.1f}"
-            f"{figures['speedup']:>8.2f}x{figures['acceptance']:>8.2f}{'yes' if figures['identical'] else 'no':>10}"
+            f"{figures['speedup']:>8.2f}x{figures['acceptance']:>8.2f}{'yes' if figures['identical'] else '-':>10}"
         )
     print(
-        "On a CPU a forward pass costs about the same per token whether the token is drafted or not, so a draft\n"
-        "saves only the per-step overhead: the gain shrinks as the batch grows (on a memory-bound GPU it does not)."
+        "Headline: sampled at the demo's batch. On a CPU a forward costs about the same per token whether the token\n"
+        "is drafted or not once the batch holds a few dozen tokens, so drafts save only the per-step overhead: the\n"
+        "gain shrinks as the batch grows (on a memory-bound GPU it does not)."
     )
-    identical = all(figures["identical"] for figures in greedy_by_batch.values())
-    print(f"RESULT histospec_speedup {greedy['speedup']:.3f}")
-    print(f"RESULT histospec_acceptance {greedy['acceptance']:.3f}")
-    print(f"RESULT greedy_identical {int(identical)}")
+    headline = sampled_by_groups[args.prompts]
+    print(f"RESULT histospec_speedup {headline['speedup']:.3f}")
+    print(f"RESULT histospec_acceptance {headline['acceptance']:.3f}")
+    print(f"RESULT greedy_identical {int(all(figures['identical'] for figures in greedy_by_batch.values()))}")
+    for groups, figures in sampled_by_groups.items():
+        if groups != args.prompts:
+            print(f"RESULT histospec_speedup_sampled_batch{groups * args.samples} {figures['speedup']:.3f}")
+            print(f"RESULT histospec_acceptance_sampled_batch{groups * args.samples} {figures['acceptance']:.3f}")
     for batch, figures in greedy_by_batch.items():
-        if batch != len(prompts):
-            print(f"RESULT histospec_speedup_greedy_batch{batch} {figures['speedup']:.3f}")
-    print(f"RESULT histospec_speedup_sampled {sampled['speedup']:.3f}")
-    print(f"RESULT histospec_acceptance_sampled {sampled['acceptance']:.3f}")
+        print(f"RESULT histospec_speedup_greedy_batch{batch} {figures['speedup']:.3f}")
     return 0
 
 
