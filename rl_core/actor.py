@@ -176,12 +176,22 @@ class Actor:
                     keep, to_abort = self.tail.on_response(group_id)
                     if keep:
                         kept.append(result)
-                    for other in to_abort:
-                        await self.clients[self.group_servers[other]].abort([other])
-        finally:
+                    # Servers looked up before the first await: a deferred group may leave meanwhile.
+                    targets = [(self.group_servers[other], other) for other in to_abort]
+                    for server_index, other in targets:
+                        await self.clients[server_index].abort([other])
+        except BaseException:
             for task in pending:
                 task.cancel()
+            raise
+        finally:
             self.group_servers.pop(group_id, None)
+        # The group is closed, so its unfinished requests were aborted on the server (by this
+        # group when complete, by the overtaking group when deferred): they end with partial
+        # results within a step. Awaited rather than cancelled: cancelling a request mid-flight
+        # tears down its HTTP connection, and runs with it on died of httpx.ReadError.
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         if len(kept) < self.group_size:
             self.router.observe(problem.id, [])
             return None
