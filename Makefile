@@ -37,9 +37,11 @@ $(VENV)/.installed: pyproject.toml
 # Services + migrations + demo user + tiny model + Daphne + Celery worker + the demo run.
 # Ctrl-C stops everything it started; a second `make demo` reuses what exists.
 tiny-model: venv
-	@if [ ! -f var/models/tiny/bootstrap.json ]; then \
-	  $(PY) -m rl_core bootstrap-tiny $(TINY_CACHE) --threads 2 && \
-	  mkdir -p var/models && rm -rf var/models/tiny && ln -sfn $(TINY_CACHE) var/models/tiny; \
+	@if [ -d var/models/tiny ] && [ ! -L var/models/tiny ]; then \
+	  echo "var/models/tiny is your own directory: left as is (remove it to use the built recipe)"; \
+	else \
+	  if [ ! -f $(TINY_CACHE)/bootstrap.json ]; then $(PY) -m rl_core bootstrap-tiny $(TINY_CACHE) --threads 2 --force; fi && \
+	  mkdir -p var/models && ln -sfn $(TINY_CACHE) var/models/tiny; \
 	fi
 
 demo: venv tiny-model

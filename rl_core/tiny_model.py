@@ -7,14 +7,17 @@ There is no model hub here, so the demo model is made from scratch:
    `PreTrainedTokenizerFast` with a ChatML chat template, `<|im_end|>` as EOS;
 2. a Qwen2-architecture causal LM (head_dim 64, as vLLM's CPU backend needs),
    randomly initialised from the seed;
-3. a seeded supervised warm start on the synthetic arithmetic task, whose
-   reference solutions are worked in columns (`rl_core.tasks.column_step`), so
-   the model learns one-digit facts that transfer to held-out problems. It
-   stops once sampled success on a validation set (never the held-out set)
-   reaches `WarmStartSpec.target_success`: the model then answers right more
-   often greedily (~47%) than when sampling at temperature 1.0 (~33%), which
-   is the headroom RL removes first. Optional label noise (near-miss final
-   answers) widens that gap further.
+3. a seeded supervised warm start on the synthetic arithmetic task whose
+   corpus mixes two kinds of answer, like a base model that sometimes reasons
+   and sometimes blurts: worked solutions in columns (`rl_core.tasks.column_step`,
+   one-digit facts that transfer to held-out problems) and quick guesses
+   (`\\boxed{}` at once, within 3 of the answer, right about 1 time in 7). The
+   model learns both and picks a guess most of the time, so it starts near
+   35-45% held-out success at temperature 1.0 while working out problems
+   would score ~80%: the headroom RL has to find, by learning from reward
+   alone that working a problem out pays (response length rises as it does).
+   Fixed step count and learning rate, so the recipe (and its time: a few
+   minutes with 2 threads) does not depend on the machine.
 
 Everything is seeded; `bootstrap.json` records the recipe and the measured
 held-out success rate.
@@ -28,7 +31,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import sys
 import time
@@ -68,17 +70,15 @@ class TinyModelSpec:
 
 @dataclass
 class WarmStartSpec:
-    """The supervised warm start. It stops as soon as the sampled success on a validation
-    set (disjoint from training and held-out problems) reaches `target_success`, so the
-    demo model starts inside the 10–60% band with room for RL, whatever the machine speed."""
+    """The supervised warm start: a fixed number of AdamW steps on the mixed corpus."""
 
-    max_steps: int = 1500
+    max_steps: int = 800  # ~80% worked-solution success by then (lr 1e-3); 3e-3 learnt 5x slower
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-3
     warmup_steps: int = 30
-    label_noise: float = 0.0  # fraction of targets whose final answer is a near miss (widens sampled vs greedy)
-    target_success: float = 0.25  # stop once validation success at temperature 1.0 reaches this
-    check_every: int = 100  # steps between validation checks
+    guess_share: float = 0.6  # fraction of targets that are a quick guess instead of a worked solution
+    guess_spread: int = 3  # a guess is the answer plus a uniform offset in [-spread, spread]
+    check_every: int = 200  # steps between validation checks (logged in bootstrap.json)
     validation_problems: int = 64
     eval_samples_per_problem: int = 4  # samples per held-out problem when measuring success
     eval_problems: int = 64  # held-out problems measured (the default task holds out 64)
@@ -180,17 +180,19 @@ def build_model(tokenizer, spec: TinyModelSpec, seed: int):
 # ---------------------------------------------------------------------------
 
 
-def _noisy_solution(problem: Problem, rng: random.Random, label_noise: float) -> str:
-    """The reference solution, or (with prob. `label_noise`) one whose final result is off by 1–3."""
-    solution = problem.solution or f"\\boxed{{{problem.answer}}}"
-    if rng.random() >= label_noise:
-        return solution
-    wrong = int(problem.answer) + rng.choice([-3, -2, -1, 1, 2, 3])
-    lines = solution.split("\n")
-    if len(lines) >= 2:  # the last worked step ends in its result ("... = 24" or "..., so 24")
-        lines[-2] = re.sub(r"-?\d+$", str(wrong), lines[-2])
-    lines[-1] = f"\\boxed{{{wrong}}}"
-    return "\n".join(lines)
+def warm_start_target(problem: Problem, rng: random.Random, spec: WarmStartSpec) -> str:
+    """The response the warm start imitates for `problem`: a worked solution, or (with
+    probability `spec.guess_share`) a quick guess, `\\boxed{}` at once with an answer
+    off by up to `spec.guess_spread` (0 included)."""
+    if rng.random() >= spec.guess_share:
+        return problem.solution or f"\\boxed{{{problem.answer}}}"
+    guess = int(problem.answer) + rng.randint(-spec.guess_spread, spec.guess_spread)
+    return f"\\boxed{{{guess}}}"
+
+
+def is_quick_guess(response: str) -> bool:
+    """Whether a response is the guess kind (no worked step before the box)."""
+    return response.lstrip().startswith("\\boxed")
 
 
 def _encode_example(tokenizer, problem: Problem, response: str, system_prompt: str) -> tuple[list[int], list[int]]:
@@ -260,7 +262,7 @@ def warm_start(model, tokenizer, task_config: TaskConfig, spec: WarmStartSpec, s
     while step < spec.max_steps:
         model.train()
         batch = [rng.choice(train) for _ in range(spec.batch_size)]
-        encoded = [_encode_example(tokenizer, p, _noisy_solution(p, rng, spec.label_noise), task_config.system_prompt) for p in batch]
+        encoded = [_encode_example(tokenizer, p, warm_start_target(p, rng, spec), task_config.system_prompt) for p in batch]
         loss = _batch_loss(model, encoded, tokenizer.pad_token_id)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -278,24 +280,22 @@ def warm_start(model, tokenizer, task_config: TaskConfig, spec: WarmStartSpec, s
             mean_loss = sum(losses[-spec.check_every :]) / spec.check_every
             history.append({"step": step, "loss": round(mean_loss, 4), "validation_success": success})
             log(f"warm start step {step}: loss {mean_loss:.3f}, validation success {success:.3f}")
-            if success >= spec.target_success:
-                break
     model.eval()
     return {"steps": step, "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])), "history": history,
             "train_problems": len(train), "validation_problems": len(validation)}
 
 
 @torch.no_grad()
-def measure_success(
+def sample_and_score(
     model, tokenizer, problems: list[Problem], system_prompt: str, *, samples_per_problem: int, temperature: float, max_new_tokens: int, seed: int
-) -> float:
-    """Fraction of sampled responses whose last \\boxed{} equals the answer (HF generate, left-padded batches)."""
+) -> list[tuple[str, bool]]:
+    """(response text, whether its last \\boxed{} equals the answer) for every sample (HF generate, left-padded batches)."""
     from rl_core.rewards import score_answer
 
     torch.manual_seed(seed)
     prompts = [build_messages(p, system_prompt) for p in problems for _ in range(samples_per_problem)]
     answers = [p.answer for p in problems for _ in range(samples_per_problem)]
-    correct = 0
+    scored: list[tuple[str, bool]] = []
     for start in range(0, len(prompts), 64):
         chunk = prompts[start : start + 64]
         encoded = tokenizer.apply_chat_template(chunk, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True)
@@ -309,9 +309,25 @@ def measure_success(
             pad_token_id=tokenizer.pad_token_id,
         )
         texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-        for text, answer in zip(texts, answers[start : start + 64]):
-            correct += score_answer(text, answer).success
-    return correct / max(1, len(prompts))
+        scored.extend((text, score_answer(text, answer).success) for text, answer in zip(texts, answers[start : start + 64]))
+    return scored
+
+
+def measure_success(model, tokenizer, problems: list[Problem], system_prompt: str, **sampling) -> float:
+    """Fraction of sampled responses whose last \\boxed{} equals the answer."""
+    scored = sample_and_score(model, tokenizer, problems, system_prompt, **sampling)
+    return sum(ok for _, ok in scored) / max(1, len(scored))
+
+
+def describe_behaviour(scored: list[tuple[str, bool]]) -> dict[str, float]:
+    """How often the model guesses, and how well each kind of response scores."""
+    guesses = [ok for text, ok in scored if is_quick_guess(text)]
+    worked = [ok for text, ok in scored if not is_quick_guess(text)]
+    return {
+        "guess_share": len(guesses) / max(1, len(scored)),
+        "guess_success": sum(guesses) / max(1, len(guesses)),
+        "worked_success": sum(worked) / max(1, len(worked)),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -356,7 +372,7 @@ def build_tiny_model(
             trained = warm_start_fn(model, tokenizer, task_config, warm, seed, log=log)
             sampling = SamplingConfig()
             heldout = load_task(task_config).heldout[: warm.eval_problems]
-            success = measure_success(
+            scored = sample_and_score(
                 model,
                 tokenizer,
                 heldout,
@@ -366,6 +382,7 @@ def build_tiny_model(
                 max_new_tokens=sampling.max_new_tokens,
                 seed=seed,
             )
+            success = sum(ok for _, ok in scored) / max(1, len(scored))
             greedy = measure_success(
                 model, tokenizer, heldout, task_config.system_prompt, samples_per_problem=1, temperature=0.0,
                 max_new_tokens=sampling.max_new_tokens, seed=seed,
@@ -376,10 +393,12 @@ def build_tiny_model(
                 "task": task_config.model_dump(mode="json"),
                 "heldout_success_temperature_1": success,
                 "heldout_success_greedy": greedy,
+                "heldout_behaviour_temperature_1": describe_behaviour(scored),
                 "heldout_problems": len(heldout),
                 "max_new_tokens": sampling.max_new_tokens,
             }
-            log(f"held-out success: {success:.3f} at temperature 1.0, {greedy:.3f} greedy")
+            log(f"held-out success: {success:.3f} at temperature 1.0, {greedy:.3f} greedy; "
+                f"{record['warm_start']['heldout_behaviour_temperature_1']}")
         record["build_seconds"] = round(time.time() - started, 1)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}"

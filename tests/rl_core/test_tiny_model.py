@@ -11,7 +11,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rl_core.tiny_model import IM_END, WarmStartSpec, build_tiny_model, ensure_tiny_model, is_built
+import random
+
+from rl_core.tasks import make_arithmetic_problem
+from rl_core.tiny_model import (
+    IM_END,
+    WarmStartSpec,
+    build_tiny_model,
+    describe_behaviour,
+    ensure_tiny_model,
+    is_built,
+    is_quick_guess,
+    warm_start_target,
+)
 
 
 def test_builds_a_qwen2_model_that_hf_auto_classes_load(untrained_tiny_model: Path) -> None:
@@ -86,3 +98,26 @@ def test_default_model_warm_start_lands_in_the_target_band(tiny_model: Path) -> 
     record = json.loads((tiny_model / "bootstrap.json").read_text())
     success = record["warm_start"]["heldout_success_temperature_1"]
     assert 0.10 <= success <= 0.60, success
+    # ... and that room is reachable: worked solutions score far above quick guesses.
+    behaviour = record["warm_start"]["heldout_behaviour_temperature_1"]
+    assert behaviour["worked_success"] >= behaviour["guess_success"] + 0.3, behaviour
+    assert 0.2 <= behaviour["guess_share"] <= 0.9, behaviour
+
+
+def test_warm_start_targets_mix_worked_solutions_and_near_guesses() -> None:
+    problem = make_arithmetic_problem([17, 8], ["+"])
+    rng = random.Random(0)
+    always_worked = [warm_start_target(problem, rng, WarmStartSpec(guess_share=0.0)) for _ in range(20)]
+    assert always_worked == [problem.solution] * 20 and not is_quick_guess(problem.solution)
+    guesses = [warm_start_target(problem, rng, WarmStartSpec(guess_share=1.0, guess_spread=3)) for _ in range(300)]
+    assert all(is_quick_guess(g) for g in guesses)
+    values = {int(g.removeprefix("\\boxed{").removesuffix("}")) for g in guesses}
+    assert values == set(range(22, 29))  # 25 +- 3, every offset drawn, none further
+    rng = random.Random(1)
+    share = sum(is_quick_guess(warm_start_target(problem, rng, WarmStartSpec(guess_share=0.6))) for _ in range(2000)) / 2000
+    assert 0.55 <= share <= 0.65
+
+
+def test_describe_behaviour_splits_guesses_from_worked_answers() -> None:
+    scored = [("\\boxed{3}", True), ("\\boxed{4}", False), ("\\boxed{5}", False), ("1 + 2: 1+2=3, so 3\n\\boxed{3}", True)]
+    assert describe_behaviour(scored) == {"guess_share": 0.75, "guess_success": 1 / 3, "worked_success": 1.0}
