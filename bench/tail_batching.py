@@ -116,17 +116,23 @@ def run_round(engine: ReferenceEngine, round_: TailRound, profile: LengthProfile
             future.add_done_callback(lambda f, p=prompt_id, k=key: events.put((p, k, f)))
             futures[request_id] = future
     resolved = 0
-    aborted = False
+    aborted: set[str] = set()
     while resolved < len(futures):
         prompt_id, key, future = events.get(timeout=600)
         resolved += 1
         if future.result().finish_reason == "abort":
             continue
         round_.on_response(prompt_id, key)
-        if round_.done and not aborted:
-            aborted = True
-            for request_id, other in futures.items():
-                if not other.done():
+        # As the actor does: a prompt that has its G responses stops its surplus ones at once
+        # (they would otherwise decode, for nothing, until the round is done), and once the
+        # round is done every request still running stops.
+        for done_prompt in round_.prompts_to_abort():
+            if done_prompt in aborted:
+                continue
+            aborted.add(done_prompt)
+            for other_key in range(round_.responses_per_prompt):
+                request_id = f"r{round_.index}:{done_prompt}:{other_key}"
+                if not futures[request_id].done():
                     engine.abort(request_id)
     return time.perf_counter() - started, time.process_time() - cpu_started
 
