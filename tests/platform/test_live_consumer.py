@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from inflight.asgi import application
-from inflight.live.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, coalesce_batches
+from inflight.live import consumers
+from inflight.live.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, PushPacer, coalesce_batches
 from inflight.runs import services
 from inflight.runs.models import RunStatus
 from inflight.runs.services import PointIn
@@ -56,7 +57,11 @@ def _points(first_line: int, count: int) -> list[PointIn]:
     return [PointIn(line=first_line + i, name="reward/mean", step=first_line + i, t=1000.0 + first_line + i, value=float(i)) for i in range(count)]
 
 
-async def test_owner_receives_batches_status_and_evals(owner) -> None:
+async def test_owner_receives_batches_status_and_evals(owner, monkeypatch) -> None:
+    # One push allowed per 2 s: the second and third batch surely land inside that window,
+    # however slowly a loaded machine stores them.
+    monkeypatch.setattr(consumers, "PUSH_INTERVAL_S", 2.0)
+    monkeypatch.setattr(consumers, "PUSH_BURST", 1.0)
     run = await database_sync_to_async(services.create_run)(owner, "live", {})
     socket = await _connect(run.pk, owner)
     assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
@@ -120,6 +125,36 @@ def test_coalescing_never_hides_a_gap() -> None:
     pushes = coalesce_batches(batches)
     assert [(push["from_seq"], push["seq"]) for push in pushes] == [(5, 7), (9, 9)]
     assert [point[1] for point in pushes[0]["points"]] == [5, 6, 7]
+
+
+def test_push_pacer_allows_a_prompt_push_after_jitter_and_caps_the_rate() -> None:
+    pacer = PushPacer(interval_s=0.25, burst=1.5, tokens=1.5)
+    assert pacer.wait_s(0.0) == 0.0
+    pacer.take(0.0)
+    # The next batch comes 150 ms later (the worker's 250 ms poll, arriving early): it goes at once.
+    assert pacer.wait_s(0.15) == 0.0
+    pacer.take(0.15)
+    # A third one right behind it waits for the bucket: at most one interval.
+    wait = pacer.wait_s(0.16)
+    assert 0.0 < wait <= 0.25
+    # A steady flood of batches every 10 ms for 10 s: pushes as the pacer allows them.
+    pacer = PushPacer(interval_s=0.25, burst=1.5, tokens=1.5)
+    pushes: list[float] = []
+    now, next_push = 0.0, 0.0
+    while now < 10.0:
+        if now >= next_push:
+            wait = pacer.wait_s(now)
+            if wait == 0.0:
+                pacer.take(now)
+                pushes.append(now)
+            else:
+                next_push = now + wait
+        now = round(now + 0.01, 6)
+    per_window = [sum(1 for t in pushes if start <= t < start + 1.0) for start in [i / 100 for i in range(0, 900)]]
+    assert max(per_window) <= 5  # never more than ~4 a second (5 in the worst window)
+    assert 39 <= len(pushes) <= 42  # 4 a second sustained, plus the initial half push
+    gaps = [b - a for a, b in zip(pushes, pushes[1:])]
+    assert max(gaps) <= 0.25 + 0.011  # no point waits longer than one interval
 
 
 async def _connect_list(user: Any | None) -> WebsocketCommunicator:

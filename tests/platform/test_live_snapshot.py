@@ -111,3 +111,72 @@ def test_incremental_snapshots_stay_equal_to_the_reference_as_the_grid_grows(own
     state.coarsen_to(snapshot["shift"] + 2)
     assert coarse["series"]["train/loss"] == state.to_snapshot()["series"]["train/loss"]
     assert coarse["width"] == 4 * snapshot["width"]
+
+
+def _summary_seq(run_id: int) -> int | None:
+    from inflight.live.models import SnapshotCursor
+
+    return SnapshotCursor.objects.filter(run_id=run_id).values_list("seq", flat=True).first()
+
+
+def test_ingest_folds_each_batch_so_no_read_has_to(owner) -> None:
+    """After every ingest the stored buckets already reach `metrics_seq` (no snapshot was
+    read in between), across grid doublings, a re-sent and a partly re-sent batch."""
+    from inflight.runs.models import Run
+
+    rng = random.Random(17)
+    run = services.create_run(owner, "r", {})
+    names = ("reward/mean", "train/loss")
+    stored: list[PointIn] = []
+    line = 0
+    for steps in (range(0, 600), range(600, 1_100), range(1_100, 3_000), range(3_000, 3_010)):
+        batch = _batch(rng, line, steps, names)
+        line += len(steps)
+        services.ingest_metrics(run.pk, batch)
+        stored += batch
+        assert _summary_seq(run.pk) == Run.objects.get(pk=run.pk).metrics_seq
+    # a partly re-sent batch: only its new lines count, and they are folded too
+    overlap = _batch(rng, line - 5, range(3_005, 3_020), names)
+    assert services.ingest_metrics(run.pk, overlap) == 5
+    known = {(p.line, p.name) for p in stored}
+    stored += [p for p in overlap if (p.line, p.name) not in known]
+    assert _summary_seq(run.pk) == 5
+    snapshot = run_snapshot(run)
+    expected = snapshot_from_points([(p.name, p.step, p.t, p.value) for p in stored], seq=5)
+    assert {key: snapshot[key] for key in expected} == expected
+
+
+def test_a_run_stored_before_ingest_folded_is_caught_up(owner) -> None:
+    """Points stored without folding (as ingest did before it folded its batches) are folded
+    by the next ingest, or by the next snapshot read, whichever comes first."""
+    from inflight.runs.models import MetricPoint, Run
+
+    rng = random.Random(19)
+    names = ("reward/mean", "train/loss")
+    for catch_up_by in ("ingest", "read"):
+        run = services.create_run(owner, f"legacy-{catch_up_by}", {})
+        legacy = _batch(rng, 0, range(0, 1_500), names)
+        MetricPoint.objects.bulk_create(
+            [MetricPoint(run_id=run.pk, line=p.line, name=p.name, step=p.step, t=p.t, value=p.value, seq=1 + p.line // 500) for p in legacy]
+        )
+        Run.objects.filter(pk=run.pk).update(metrics_seq=3)
+        stored = list(legacy)
+        if catch_up_by == "ingest":
+            batch = _batch(rng, 1_500, range(1_500, 1_600), names)
+            assert services.ingest_metrics(run.pk, batch) == 4
+            stored += batch
+            assert _summary_seq(run.pk) == 4
+        else:
+            assert _summary_seq(run.pk) is None
+        snapshot = run_snapshot(run)
+        expected = snapshot_from_points([(p.name, p.step, p.t, p.value) for p in stored], seq=snapshot["seq"])
+        assert snapshot["seq"] == (4 if catch_up_by == "ingest" else 3)
+        assert {key: snapshot[key] for key in expected} == expected
+
+
+def test_repeated_keys_inside_one_batch_store_the_first(owner) -> None:
+    run = services.create_run(owner, "r", {})
+    batch = [PointIn(0, "loss", 0, 1.0, 0.5), PointIn(0, "loss", 0, 1.0, 9.0), PointIn(1, "loss", 1, 2.0, 0.25)]
+    assert services.ingest_metrics(run.pk, batch) == 1
+    snapshot = run_snapshot(run)
+    assert snapshot["series"]["loss"]["last"] == [0.5, 0.25]

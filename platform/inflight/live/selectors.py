@@ -3,17 +3,16 @@
 A snapshot is, per metric, `GROUP BY step >> shift` with min, max and the
 lexicographically largest `ARRAY[step, t, value]` (PostgreSQL compares float8
 arrays element by element: exactly the (step, t, value) order of
-`downsample.merge_buckets`). Rather than scanning every point of the run on
-every page load, the buckets live in `SnapshotBucket` and each request first
-folds in only the batches stored since the last one (`seq` > cursor, found
-through MetricPoint's `(run, seq)` index). Folding is exact because every
-aggregate is associative and idempotent; growing the grid merges pairs of
-buckets, which equals grouping the raw points on the wider grid.
+`downsample.merge_buckets`). The buckets are kept up to date by the ingest itself
+(`folding.fold_ingest_batch`, in the transaction that stores each batch), so a
+request only reads them.
 
-Consistency: a batch takes its `seq` by updating the run row (a row lock held
-until it commits), so once `metrics_seq` reads S every batch <= S has committed.
-Batches that commit later have seq > S and are left for the next request, so
-the snapshot holds exactly batches 1..S — the cursor from which the client
+Consistency without locks: the read is ONE statement, so it sees one database
+snapshot in which the buckets, their cursor and `Run.metrics_seq` were committed
+together; it is used only when the cursor equals `metrics_seq`. A run whose cursor
+lags (batches stored before ingest folded them) is caught up under the cursor lock
+first (`folding.fold_pending_batches`) and then read while that lock is held.
+The snapshot thus holds exactly batches 1..seq — the cursor from which the client
 continues with pushes.
 """
 
@@ -24,57 +23,29 @@ from typing import Any, Iterable
 
 from django.db import connection, transaction
 
-from inflight.live.downsample import shift_for_max_step
+from inflight.live.folding import fold_pending_batches
 from inflight.live.models import SnapshotBucket, SnapshotCursor
-from inflight.runs.models import MetricPoint, Run
+from inflight.runs.models import Run
 
-_POINTS = MetricPoint._meta.db_table
 _RUNS = Run._meta.db_table
 _BUCKETS = SnapshotBucket._meta.db_table
 _CURSORS = SnapshotCursor._meta.db_table
 
-_NEW_MAX_STEP_SQL = f"SELECT max(step) FROM {_POINTS} WHERE run_id = %s AND seq > %s AND seq <= %s"
-
-# Merge pairs (2**d at once) of the run's buckets: the grid doubled d times.
-_COARSEN_SQL = f"""
-WITH old AS (DELETE FROM {_BUCKETS} WHERE run_id = %(run)s RETURNING *),
-merged AS (
-    SELECT name, bucket >> %(d)s AS bucket, min(min_value) AS lo, max(max_value) AS hi,
-           max(ARRAY[last_step::float8, last_t, last_value]) AS last
-    FROM old GROUP BY name, bucket >> %(d)s
+# The whole read is this one statement (one database snapshot): the run's cursor, only if it
+# equals `metrics_seq`, and its buckets as JSON built in PostgreSQL — one text value instead
+# of ~100k Python floats (PostgreSQL 12+ prints float8 in shortest round-trip form, so
+# nothing is rounded). No row: the cursor lags or does not exist yet.
+# `{rows}` yields (name, bucket, lo, hi, last_step, last_t, last_value) and may use the
+# summary's columns `s.shift` (stored grid) and `s.out_shift` (requested grid).
+_READ_JSON_SQL = f"""
+WITH summary AS (
+    SELECT c.seq, c.shift, c.max_step, GREATEST(c.shift, %(min_shift)s::int) AS out_shift
+    FROM {_CURSORS} c JOIN {_RUNS} r ON r.id = c.run_id
+    WHERE c.run_id = %(run)s AND c.seq = r.metrics_seq
 )
-INSERT INTO {_BUCKETS} (run_id, name, bucket, min_value, max_value, last_step, last_t, last_value)
-SELECT %(run)s, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM merged
-"""
-
-# Fold the points of batches (since, upto] into the buckets.
-_FOLD_SQL = f"""
-INSERT INTO {_BUCKETS} AS b (run_id, name, bucket, min_value, max_value, last_step, last_t, last_value)
-SELECT %(run)s, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM (
-    SELECT name, step >> %(shift)s AS bucket, min(value) AS lo, max(value) AS hi,
-           max(ARRAY[step::float8, t, value]) AS last
-    FROM {_POINTS}
-    WHERE run_id = %(run)s AND seq > %(since)s AND seq <= %(upto)s
-    GROUP BY name, step >> %(shift)s
-) AS fresh
-ON CONFLICT (run_id, name, bucket) DO UPDATE SET
-    min_value = LEAST(b.min_value, EXCLUDED.min_value),
-    max_value = GREATEST(b.max_value, EXCLUDED.max_value),
-    last_step = CASE WHEN {{newer}} THEN EXCLUDED.last_step ELSE b.last_step END,
-    last_t = CASE WHEN {{newer}} THEN EXCLUDED.last_t ELSE b.last_t END,
-    last_value = CASE WHEN {{newer}} THEN EXCLUDED.last_value ELSE b.last_value END
-""".format(
-    newer="ARRAY[EXCLUDED.last_step::float8, EXCLUDED.last_t, EXCLUDED.last_value] "
-    "> ARRAY[b.last_step::float8, b.last_t, b.last_value]"
-)
-
-# The read builds the JSON in PostgreSQL: one text value instead of ~100k Python floats
-# (PostgreSQL 12+ prints float8 in shortest round-trip form, so nothing is rounded).
-# `{{rows}}` yields (name, bucket, lo, hi, last_step, last_t, last_value).
-_READ_JSON_SQL = """
 SELECT json_build_object(
-    'run', %(run)s::bigint, 'seq', %(seq)s::bigint, 'shift', %(shift)s::int, 'width', %(width)s::bigint,
-    'max_step', %(max_step)s::bigint,
+    'run', %(run)s::bigint, 'seq', s.seq, 'shift', s.out_shift, 'width', 1::bigint << s.out_shift,
+    'max_step', s.max_step,
     'series', COALESCE((
         SELECT json_object_agg(name, columns ORDER BY name) FROM (
             SELECT name, json_build_object(
@@ -85,10 +56,11 @@ SELECT json_build_object(
                 't', array_agg(last_t ORDER BY bucket),
                 'last', array_agg(last_value ORDER BY bucket)
             ) AS columns
-            FROM ({rows}) AS r GROUP BY name
+            FROM ({{rows}}) AS r GROUP BY name
         ) AS per_series
-    ), '{{}}'::json)
+    ), '{{{{}}}}'::json)
 )::text
+FROM summary s
 """
 
 _STORED_ROWS = f"""
@@ -99,50 +71,31 @@ FROM {_BUCKETS} WHERE run_id = %(run)s {{name_filter}}
 # Rows on a coarser grid than the stored one (the compare page's shared grid).
 _COARSER_ROWS = f"""
 SELECT name, bucket, lo, hi, last[1]::bigint AS last_step, last[2] AS last_t, last[3] AS last_value FROM (
-    SELECT name, bucket >> %(d)s AS bucket, min(min_value) AS lo, max(max_value) AS hi,
+    SELECT name, bucket >> (s.out_shift - s.shift) AS bucket, min(min_value) AS lo, max(max_value) AS hi,
            max(ARRAY[last_step::float8, last_t, last_value]) AS last
     FROM {_BUCKETS} WHERE run_id = %(run)s {{name_filter}}
-    GROUP BY name, bucket >> %(d)s
+    GROUP BY name, bucket >> (s.out_shift - s.shift)
 ) AS coarse
 """
 
 
-def _bring_up_to_date(run_id: int) -> SnapshotCursor:
-    """Fold every committed batch into the run's buckets; returns the cursor (locked until commit)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {_CURSORS} (run_id, seq, shift) VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", [run_id])
-    # One request at a time folds a run's batches; the others wait here, then find little to do.
-    state = SnapshotCursor.objects.select_for_update().get(run_id=run_id)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT metrics_seq FROM {_RUNS} WHERE id = %s", [run_id])
-        upto = int(cursor.fetchone()[0])
-        if upto <= state.seq:
-            return state
-        cursor.execute(_NEW_MAX_STEP_SQL, [run_id, state.seq, upto])
-        new_max = cursor.fetchone()[0]
-        if new_max is not None and (state.max_step is None or new_max > state.max_step):
-            state.max_step = int(new_max)
-        # The first fold of a big run groups every point: keep the aggregation in memory
-        # (the default 4MB would spill the planner's sort to disk).
-        cursor.execute("SET LOCAL work_mem = '64MB'")
-        shift = max(state.shift, shift_for_max_step(state.max_step))
-        if shift > state.shift:
-            cursor.execute(_COARSEN_SQL, {"run": run_id, "d": shift - state.shift})
-            state.shift = shift
-        cursor.execute(_FOLD_SQL, {"run": run_id, "shift": state.shift, "since": state.seq, "upto": upto})
-    state.seq = upto
-    state.save(update_fields=["seq", "shift", "max_step"])
-    return state
-
-
 def fold_new_batches(run_id: int) -> int:
-    """Fold the batches stored since the last snapshot into the run's buckets; returns the cursor seq.
+    """Fold the batches stored but not yet folded into the run's buckets; returns the cursor seq.
 
-    Cheap when called after every ingest batch (it reads only that batch), and it keeps the
-    first page view of a large run from paying for the whole run at once.
-    """
-    with transaction.atomic():
-        return _bring_up_to_date(run_id).seq
+    Ingest folds its own batches, so this finds work only for runs stored before it did
+    (and costs one locked read otherwise)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        return fold_pending_batches(cursor, run_id).seq
+
+
+def _read_snapshot_json(run_id: int, names: list[str] | None, min_shift: int) -> str | None:
+    name_filter = "AND name = ANY(%(names)s)" if names is not None else ""
+    # The stored grid needs no regrouping; a coarser one is asked for by the compare page only.
+    rows = (_STORED_ROWS if min_shift <= 0 else _COARSER_ROWS).format(name_filter=name_filter)
+    with connection.cursor() as cursor:
+        cursor.execute(_READ_JSON_SQL.format(rows=rows), {"run": run_id, "min_shift": max(0, min_shift), "names": names})
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def run_snapshot_json(run: Run, names: Iterable[str] | None = None, min_shift: int = 0) -> str:
@@ -155,18 +108,18 @@ def run_snapshot_json(run: Run, names: Iterable[str] | None = None, min_shift: i
     for a coarser grid (the compare page puts several runs on one grid).
     """
     names = sorted(set(names)) if names is not None else None
+    text = _read_snapshot_json(run.pk, names, int(min_shift))
+    if text is not None:
+        return text
     with transaction.atomic():
-        state = _bring_up_to_date(run.pk)
-        shift = max(state.shift, int(min_shift))
-        name_filter = "AND name = ANY(%(names)s)" if names is not None else ""
-        rows = (_STORED_ROWS if shift == state.shift else _COARSER_ROWS).format(name_filter=name_filter)
-        params = {
-            "run": run.pk, "seq": state.seq, "shift": shift, "width": 1 << shift, "max_step": state.max_step,
-            "d": shift - state.shift, "names": names,
-        }
+        # Lagging (or never ingested): catch up, then read while the cursor lock keeps
+        # ingests from moving it — the read then finds cursor == metrics_seq.
         with connection.cursor() as cursor:
-            cursor.execute(_READ_JSON_SQL.format(rows=rows), params)
-            return cursor.fetchone()[0]
+            fold_pending_batches(cursor, run.pk)
+        text = _read_snapshot_json(run.pk, names, int(min_shift))
+    if text is None:  # cannot happen while the cursor lock is held; say so rather than serve a wrong cursor
+        raise RuntimeError(f"run {run.pk}: snapshot cursor does not match metrics_seq after a locked catch-up")
+    return text
 
 
 def run_snapshot(run: Run, names: Iterable[str] | None = None, min_shift: int = 0) -> dict[str, Any]:

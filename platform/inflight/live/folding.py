@@ -1,0 +1,184 @@
+"""Write side of the live charts: keeping each run's downsampled buckets up to date.
+
+Every ingest batch folds its own points into the run's `SnapshotBucket`s inside the
+transaction that stores them (`fold_ingest_batch`), so the buckets and their cursor
+(`SnapshotCursor.seq`) always equal `Run.metrics_seq` once the batch commits. A page view
+then only reads (see `selectors`): the first snapshot of a 1M-point run costs what every
+later one costs, instead of folding every point at once.
+
+Folding is exact because every aggregate (min, max, the lexicographically largest
+`ARRAY[step, t, value]`) is associative and idempotent, and growing the grid merges pairs
+of buckets, which equals grouping the raw points on the wider grid.
+
+`fold_pending_batches` catches up a run whose cursor lags (runs ingested before batches
+folded themselves): it reads the unfolded batches back through MetricPoint's
+`(run, seq)` index.
+
+Locking: an ingest locks the run row (seq bump) and then the cursor row; a catch-up locks
+only the cursor row and reads `metrics_seq` without a lock. The order never inverts, so
+the two cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.live.downsample import shift_for_max_step
+from inflight.live.models import SnapshotBucket, SnapshotCursor
+from inflight.runs.models import MetricPoint, Run
+
+_POINTS = MetricPoint._meta.db_table
+_RUNS = Run._meta.db_table
+_BUCKETS = SnapshotBucket._meta.db_table
+_CURSORS = SnapshotCursor._meta.db_table
+
+
+@dataclass
+class FoldCursor:
+    """A locked `SnapshotCursor` row: batches 1..seq are folded, on a grid of width 2**shift."""
+
+    run_id: int
+    seq: int
+    shift: int
+    max_step: int | None
+
+
+# Creates the cursor of a run's first batch, and locks it (DO UPDATE locks an existing row).
+_LOCK_CURSOR_SQL = f"""
+INSERT INTO {_CURSORS} AS c (run_id, seq, shift) VALUES (%(run)s, 0, 0)
+ON CONFLICT (run_id) DO UPDATE SET seq = c.seq
+RETURNING seq, shift, max_step
+"""
+
+_SAVE_CURSOR_SQL = f"UPDATE {_CURSORS} SET seq = %(seq)s, shift = %(shift)s, max_step = %(max_step)s WHERE run_id = %(run)s"
+
+_NEW_MAX_STEP_SQL = f"SELECT max(step) FROM {_POINTS} WHERE run_id = %(run)s AND seq > %(since)s AND seq <= %(upto)s"
+
+# Merge pairs (2**d at once) of the run's buckets: the grid doubled d times.
+_COARSEN_SQL = f"""
+WITH old AS (DELETE FROM {_BUCKETS} WHERE run_id = %(run)s RETURNING *),
+merged AS (
+    SELECT name, bucket >> %(d)s AS bucket, min(min_value) AS lo, max(max_value) AS hi,
+           max(ARRAY[last_step::float8, last_t, last_value]) AS last
+    FROM old GROUP BY name, bucket >> %(d)s
+)
+INSERT INTO {_BUCKETS} (run_id, name, bucket, min_value, max_value, last_step, last_t, last_value)
+SELECT %(run)s, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM merged
+"""
+
+# Upsert of fresh buckets `(name, bucket, lo, hi, last)` into the stored ones.
+_UPSERT_BUCKETS = f"""
+INSERT INTO {_BUCKETS} AS b (run_id, name, bucket, min_value, max_value, last_step, last_t, last_value)
+SELECT %(run)s, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM ({{fresh}}) AS fresh
+ON CONFLICT (run_id, name, bucket) DO UPDATE SET
+    min_value = LEAST(b.min_value, EXCLUDED.min_value),
+    max_value = GREATEST(b.max_value, EXCLUDED.max_value),
+    last_step = CASE WHEN {{newer}} THEN EXCLUDED.last_step ELSE b.last_step END,
+    last_t = CASE WHEN {{newer}} THEN EXCLUDED.last_t ELSE b.last_t END,
+    last_value = CASE WHEN {{newer}} THEN EXCLUDED.last_value ELSE b.last_value END
+"""
+_NEWER = (
+    "ARRAY[EXCLUDED.last_step::float8, EXCLUDED.last_t, EXCLUDED.last_value] "
+    "> ARRAY[b.last_step::float8, b.last_t, b.last_value]"
+)
+
+
+def _fresh_buckets(source: str) -> str:
+    return (
+        "SELECT name, step >> %(shift)s AS bucket, min(value) AS lo, max(value) AS hi, "
+        f"max(ARRAY[step::float8, t, value]) AS last FROM {source} GROUP BY name, step >> %(shift)s"
+    )
+
+
+# Fold the stored points of batches (since, upto] (the catch-up path).
+_FOLD_STORED_SQL = _UPSERT_BUCKETS.format(
+    fresh=_fresh_buckets(f"{_POINTS} WHERE run_id = %(run)s AND seq > %(since)s AND seq <= %(upto)s"), newer=_NEWER
+)
+
+
+def insert_and_fold_sql(insert_points_returning: str) -> str:
+    """One statement that stores a batch and folds exactly the points it stored.
+
+    `insert_points_returning` is the caller's `INSERT … ON CONFLICT DO NOTHING RETURNING
+    name, step, t, value` (its own placeholders must be named); duplicates return no row,
+    so they are not folded twice (harmless anyway) and do not count. The statement returns
+    `(stored points, their largest step)`. Valid only while the batch cannot move the grid:
+    the caller checks that the batch's largest step keeps `shift`.
+    """
+    return (
+        f"WITH stored AS ({insert_points_returning}), "
+        f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}) "
+        "SELECT count(*), max(step) FROM stored"
+    )
+
+
+def lock_cursor(cursor: Any, run_id: int) -> FoldCursor:
+    cursor.execute(_LOCK_CURSOR_SQL, {"run": run_id})
+    seq, shift, max_step = cursor.fetchone()
+    return FoldCursor(run_id=run_id, seq=int(seq), shift=int(shift), max_step=None if max_step is None else int(max_step))
+
+
+def save_cursor(cursor: Any, state: FoldCursor) -> None:
+    cursor.execute(_SAVE_CURSOR_SQL, {"run": state.run_id, "seq": state.seq, "shift": state.shift, "max_step": state.max_step})
+
+
+def fold_stored_batches(cursor: Any, state: FoldCursor, upto: int) -> FoldCursor:
+    """Fold the stored points of batches `state.seq+1 .. upto` (cursor row locked by the caller)."""
+    if upto <= state.seq:
+        return state
+    cursor.execute(_NEW_MAX_STEP_SQL, {"run": state.run_id, "since": state.seq, "upto": upto})
+    new_max = cursor.fetchone()[0]
+    if new_max is not None and (state.max_step is None or new_max > state.max_step):
+        state.max_step = int(new_max)
+    # A catch-up of a big run groups every point: keep the aggregation in memory (the
+    # default 4MB would spill the planner's sort to disk).
+    cursor.execute("SET LOCAL work_mem = '64MB'")
+    shift = max(state.shift, shift_for_max_step(state.max_step))
+    if shift > state.shift:
+        cursor.execute(_COARSEN_SQL, {"run": state.run_id, "d": shift - state.shift})
+        state.shift = shift
+    cursor.execute(_FOLD_STORED_SQL, {"run": state.run_id, "shift": state.shift, "since": state.seq, "upto": upto})
+    state.seq = upto
+    save_cursor(cursor, state)
+    return state
+
+
+def fold_pending_batches(cursor: Any, run_id: int) -> FoldCursor:
+    """Lock the run's cursor and fold every committed batch it lacks; the lock lasts until commit.
+
+    Once `metrics_seq` reads S every batch <= S has committed (a batch takes its seq by
+    updating the run row, a lock held until it commits); later batches fold themselves
+    after this transaction releases the cursor.
+    """
+    state = lock_cursor(cursor, run_id)
+    cursor.execute(f"SELECT metrics_seq FROM {_RUNS} WHERE id = %(run)s", {"run": run_id})
+    return fold_stored_batches(cursor, state, int(cursor.fetchone()[0]))
+
+
+def fold_ingest_batch(
+    cursor: Any, run_id: int, seq: int, batch_max_step: int, insert_points_returning: str, params: dict[str, Any]
+) -> int:
+    """Store batch `seq` of a run and fold it into the buckets, in the caller's transaction
+    (which holds the run row lock of the seq bump). Returns how many points were new.
+
+    The common case is one statement (`insert_and_fold_sql`). When the cursor lags (a run
+    ingested before batches folded themselves) or the batch may widen the grid, the points
+    are stored first and then folded from the table, exactly as a catch-up does.
+    """
+    state = lock_cursor(cursor, run_id)
+    grid_kept = shift_for_max_step(max(batch_max_step, state.max_step or 0)) <= state.shift
+    if state.seq == seq - 1 and grid_kept:
+        cursor.execute(insert_and_fold_sql(insert_points_returning), {**params, "shift": state.shift})
+        stored, stored_max_step = cursor.fetchone()
+        if stored:
+            state.seq = seq
+            if state.max_step is None or stored_max_step > state.max_step:
+                state.max_step = int(stored_max_step)
+            save_cursor(cursor, state)
+        return int(stored)
+    cursor.execute(f"WITH stored AS ({insert_points_returning}) SELECT count(*) FROM stored", params)
+    stored = int(cursor.fetchone()[0])
+    if stored:
+        fold_stored_batches(cursor, state, seq)
+    return stored
