@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import logging
 import random
 import sys
 import time
@@ -44,6 +45,16 @@ from rl_core.tasks import Problem, TaskData, load_task
 from rl_core.trainer import read_progress, stream_redis_url
 
 METRICS_EVERY_S = 2.0
+CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
+log = logging.getLogger(__name__)
+
+
+def connection_dropped(exc: BaseException) -> bool:
+    """True for a client error caused by the connection going away (not a refusal by the server)."""
+    import httpx
+
+    cause = exc.__cause__
+    return isinstance(cause, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ConnectError))
 
 
 @dataclass
@@ -122,10 +133,24 @@ class Actor:
 
     async def generate_on(self, server: int, messages: list[dict[str, str]], sampling: SamplingParams, n: int,
                           prompt_id: str | None, request_id_prefix: str | None = None) -> list[GenerationResult]:
+        """One request to `server`. A request whose connection dropped is sent again (twice at most),
+        under a new id that keeps `request_id_prefix` as its prefix, so aborts by prefix still reach it:
+        a pooled keep-alive connection that the server closes just as a request goes out fails with
+        httpx.ReadError (the server logs ClientDisconnect and never starts it). One request per
+        response (tail batching) keeps many such connections idling, and runs died of it."""
         self.server_loads[server] += n
         try:
-            return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id,
-                                                        request_id_prefix=request_id_prefix)
+            for attempt in range(CONNECTION_RETRIES + 1):
+                prefix = request_id_prefix if attempt == 0 or request_id_prefix is None else f"{request_id_prefix}-retry{attempt}"
+                try:
+                    return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id,
+                                                                request_id_prefix=prefix)
+                except Exception as exc:
+                    if attempt == CONNECTION_RETRIES or not connection_dropped(exc):
+                        raise
+                    log.warning("request %s to server %d lost its connection (%r); sending it again",
+                                prefix, server, exc.__cause__)
+            raise AssertionError("unreachable")
         finally:
             self.server_loads[server] -= n
 

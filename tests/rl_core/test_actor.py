@@ -246,3 +246,40 @@ async def test_sync_tail_rounds_train_every_prompt_once(tiny_model: Path, server
     # A short round launches 3 x 3 requests and 2 x 2 are kept: at least the third prompt's
     # unfinished requests are aborted. The long round launches exactly 2 x 2.
     assert all(r["sched/aborted"] > 0 for r in rounds[:2]) and rounds[2]["sched/aborted"] == 0
+
+
+class DroppingClient:
+    """Fakes what cannot be provoked on demand: a pooled keep-alive connection the server closes
+    just as a request goes out (httpx.ReadError). The first `drops` calls fail that way."""
+
+    def __init__(self, drops: int) -> None:
+        self.drops = drops
+        self.prefixes: list[str | None] = []
+
+    async def generate(self, messages, sampling, n=1, prompt_id=None, request_id_prefix=None):
+        import httpx
+
+        from rl_core.client import ServerError
+        from rl_core.contracts import GenerationResult
+
+        self.prefixes.append(request_id_prefix)
+        if len(self.prefixes) <= self.drops:
+            raise ServerError("http://fake", "POST /v1/chat/completions failed") from httpx.ReadError("")
+        return [GenerationResult(request_id=f"{request_id_prefix}-0", prompt_token_ids=[1], token_ids=[2],
+                                 logprobs=[-0.1], token_versions=[0], finish_reason="stop")]
+
+
+async def test_a_request_whose_connection_dropped_is_sent_again_under_its_prefix(tiny_model: Path, tmp_path: Path) -> None:
+    from rl_core.client import ServerError
+
+    config = actor_config(tiny_model)
+    client = DroppingClient(drops=2)
+    actor = Actor(config, tmp_path, [client], FileStreamWriter(tmp_path), JsonlSink(tmp_path / "m.jsonl"))
+    (result,) = await actor.generate_on(0, [], actor.sampling, 1, "p", "g00000001-r2")
+    assert result.token_ids == [2] and actor.server_loads == [0.0]
+    # Resent ids keep the group's prefix, so an abort of "g00000001" still reaches them.
+    assert client.prefixes == ["g00000001-r2", "g00000001-r2-retry1", "g00000001-r2-retry2"]
+    actor.clients = [DroppingClient(drops=3)]
+    with pytest.raises(ServerError):  # three drops in a row: the error reaches the caller
+        await actor.generate_on(0, [], actor.sampling, 1, "p", "g2")
+    assert actor.server_loads == [0.0]
