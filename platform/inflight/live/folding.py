@@ -98,7 +98,8 @@ _FOLD_STORED_SQL = _UPSERT_BUCKETS.format(
 
 
 def insert_and_fold_sql(insert_points_returning: str) -> str:
-    """One statement that stores a batch and folds exactly the points it stored.
+    """One statement that stores a batch, folds exactly the points it stored and moves the
+    cursor to the batch (`%(seq)s`) — one round trip for the whole write.
 
     `insert_points_returning` is the caller's `INSERT … ON CONFLICT DO NOTHING RETURNING
     name, step, t, value` (its own placeholders must be named); duplicates return no row,
@@ -108,7 +109,9 @@ def insert_and_fold_sql(insert_points_returning: str) -> str:
     """
     return (
         f"WITH stored AS ({insert_points_returning}), "
-        f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}) "
+        f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}), "
+        f"moved AS (UPDATE {_CURSORS} SET seq = %(seq)s, max_step = GREATEST(max_step, (SELECT max(step) FROM stored)) "
+        "WHERE run_id = %(run)s AND EXISTS (SELECT 1 FROM stored)) "
         "SELECT count(*), max(step) FROM stored"
     )
 
@@ -170,13 +173,7 @@ def fold_ingest_batch(
     grid_kept = shift_for_max_step(max(batch_max_step, state.max_step or 0)) <= state.shift
     if state.seq == seq - 1 and grid_kept:
         cursor.execute(insert_and_fold_sql(insert_points_returning), {**params, "shift": state.shift})
-        stored, stored_max_step = cursor.fetchone()
-        if stored:
-            state.seq = seq
-            if state.max_step is None or stored_max_step > state.max_step:
-                state.max_step = int(stored_max_step)
-            save_cursor(cursor, state)
-        return int(stored)
+        return int(cursor.fetchone()[0])
     cursor.execute(f"WITH stored AS ({insert_points_returning}) SELECT count(*) FROM stored", params)
     stored = int(cursor.fetchone()[0])
     if stored:
