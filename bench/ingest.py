@@ -14,7 +14,8 @@ measures side by side in this one run:
               Channels' WebsocketCommunicator on the real Redis channel layer) while batches
               arrive every 250 ms (the worker's tail interval): time from the ingest call of a
               point's batch to the client receiving that point (the consumer paces pushes to
-              4 a second with a burst of 1.5, `inflight.live.consumers.PushPacer`).
+              4 a second with a burst of 1.5, `inflight.live.consumers.PushPacer`); measured
+              also with a fixed 250 ms window (burst 1.0: the pacing before), side by side.
 
 Goals: ingest_points_per_s >= 20,000 (at 2,000-point batches, ~100 metrics lines of 20
 metrics: what one 250 ms tail of a busy run holds), ws_latency_p95_ms <= 200.
@@ -158,6 +159,16 @@ def main() -> int:
         from inflight.runs import services
 
         latency_run = services.create_run(owner, "bench-latency", {})
+        # Side by side: the consumer's pacing as shipped (burst 1.5) and a fixed 250 ms window
+        # (burst 1.0: push only when the last push is >= 250 ms old, else at the window's end).
+        from inflight.live import consumers
+
+        shipped_burst = consumers.PUSH_BURST
+        consumers.PUSH_BURST = 1.0
+        window_run = services.create_run(owner, "bench-latency-window", {})
+        window_latencies, _ = asyncio.run(latency(owner, window_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
+        window_latencies.sort()
+        consumers.PUSH_BURST = shipped_burst
         latencies, push_times = asyncio.run(latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
         latencies.sort()
         most_pushes_in_1s = max(sum(1 for t in push_times if start <= t < start + 1.0) for start in push_times)
@@ -177,11 +188,14 @@ def main() -> int:
 
         p50 = statistics.median(latencies)
         p95 = latencies[int(0.95 * (len(latencies) - 1))]
+        window_p95 = window_latencies[int(0.95 * (len(window_latencies) - 1))]
+        print(f"ws latency with a fixed 250 ms window: p50 {statistics.median(window_latencies):.1f} ms, p95 {window_p95:.1f} ms, max {window_latencies[-1]:.1f} ms")
         print(f"ws latency over {len(latencies)} points in {args.latency_batches} batches: p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {latencies[-1]:.1f} ms")
         print(f"pushes: {len(push_times)} over {push_times[-1] - push_times[0]:.1f} s, most in any 1 s window: {most_pushes_in_1s}")
         print(f"RESULT ingest_points_per_s {by_key[(2000, 'services')]:.0f}")
         print(f"RESULT ingest_speedup_vs_orm {by_key[(2000, 'services')] / by_key[(2000, 'orm')]:.2f}")
         print(f"RESULT ws_latency_p95_ms {p95:.1f}")
+        print(f"RESULT ws_latency_p95_fixed_window_ms {window_p95:.1f}")
     finally:
         from django.db import connections
 
