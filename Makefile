@@ -36,12 +36,14 @@ $(VENV)/.installed: pyproject.toml
 
 # Services + migrations + demo user + tiny model + Daphne + Celery worker + the demo run.
 # Ctrl-C stops everything it started; a second `make demo` reuses what exists.
+# A real directory there that bootstrap-tiny did not build (no bootstrap.json) is the
+# user's own model and is left alone; an earlier build there is replaced by the link.
 tiny-model: venv
-	@if [ -d var/models/tiny ] && [ ! -L var/models/tiny ]; then \
-	  echo "var/models/tiny is your own directory: left as is (remove it to use the built recipe)"; \
+	@if [ -d var/models/tiny ] && [ ! -L var/models/tiny ] && [ ! -f var/models/tiny/bootstrap.json ]; then \
+	  echo "var/models/tiny is your own model directory: left as is (remove it to use the built tiny model)"; \
 	else \
 	  if [ ! -f $(TINY_CACHE)/bootstrap.json ]; then $(PY) -m rl_core bootstrap-tiny $(TINY_CACHE) --threads 2 --force; fi && \
-	  mkdir -p var/models && ln -sfn $(TINY_CACHE) var/models/tiny; \
+	  mkdir -p var/models && rm -rf var/models/tiny && ln -sfn $(TINY_CACHE) var/models/tiny; \
 	fi
 
 demo: venv tiny-model
