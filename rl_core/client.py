@@ -17,6 +17,9 @@ import httpx
 from rl_core.contracts import GenerationResult, SamplingParams
 
 
+KEEPALIVE_EXPIRY_S = 2.0  # seconds an idle pooled connection is kept by the client
+
+
 class ServerError(RuntimeError):
     def __init__(self, url: str, message: str, status: int | None = None) -> None:
         super().__init__(f"inference server {url}: {message}")
@@ -28,7 +31,11 @@ class InferenceClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0, model: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1.
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+        # Idle pooled connections are dropped well before the server's keep-alive timeout
+        # (server.SERVER_KEEPALIVE_S), so a request never races the server closing its connection.
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout_s, trust_env=False, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        )
         self._model = model
 
     async def _request(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

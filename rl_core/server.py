@@ -309,6 +309,9 @@ def _completion_json(
 
 
 
+SERVER_KEEPALIVE_S = 30  # idle keep-alive of the HTTP server, well above client.KEEPALIVE_EXPIRY_S
+
+
 def bind_listening_socket(host: str, port: int) -> socket.socket | None:
     """Bind before serving so port 0 resolves to the real port the READY line announces;
     None (with the reason on stderr) when the address is taken."""
@@ -329,7 +332,10 @@ async def serve_until_stopped(app: Any, sock: socket.socket) -> None:
     import uvicorn
 
     host, port = sock.getsockname()[:2]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    # The server keeps idle connections longer than clients do (client.KEEPALIVE_EXPIRY_S):
+    # a client must never send on a pooled connection the server is closing at that instant
+    # (the request is lost with httpx.ReadError before the server sees it).
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, timeout_keep_alive=SERVER_KEEPALIVE_S))
 
     async def announce() -> None:
         while not server.started:
