@@ -326,6 +326,11 @@ class Actor:
 
     def on_group_done(self, samples: list[RolloutSample]) -> None:
         if self.config.mode == "sync":
+            if not samples and self.tail_planner is None:
+                # A dropped (zero-advantage) group does not fill the batch: another one is
+                # launched with the same frozen weights. Otherwise the batch comes up short, its
+                # remainder is trained with the next batch, after an update (lag 1 in sync mode).
+                self.sync_launched -= self.group_size
             self.sync_buffer.extend(samples)
             batch = self.config.sync_steps_per_batch * self.samples_per_step
             if self.sync_launched >= batch and not self.in_flight:

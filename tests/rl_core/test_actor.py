@@ -87,6 +87,14 @@ def test_max_lag_budget_and_sync_batches(tiny_model: Path, tmp_path: Path) -> No
     actor.consumed = 8
     assert actor.may_submit()
 
+    # A dropped zero-advantage group does not count toward the batch: a replacement is
+    # launched before the batch is written, so every sample of it has the same version.
+    actor.sync_launched = 8
+    actor.in_flight = {"last group"}  # type: ignore[assignment]  # stands in for the task
+    actor.on_group_done([])
+    assert actor.sync_launched == 6 and actor.may_submit()
+    actor.in_flight = set()
+
 
 async def wait_until(predicate, timeout_s: float = 120.0) -> None:
     loop = asyncio.get_running_loop()
