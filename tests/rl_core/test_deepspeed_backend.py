@@ -171,11 +171,7 @@ def scenario_broadcast(result_file: str, model_path: str) -> None:
         broadcaster.connect()
         stats = broadcaster.broadcast(backend.parameters_for_broadcast(), backend.version)
         broadcaster.close()
-        health = httpx.get(server.url + "/health", trust_env=False).json()
-        model_name = httpx.get(server.url + "/v1/models", trust_env=False).json()["data"][0]["id"]
-        body = {"model": model_name, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0.0,
-                "max_tokens": 10, "logprobs": True}
-        choice_json = httpx.post(server.url + "/v1/chat/completions", json=body, trust_env=False, timeout=120).json()
+        health, choice_json = greedy_chat(server.url, max_tokens=10)
     finally:
         server.stop()
     # What the server generated must be what the trainer's weights generate.
@@ -204,6 +200,15 @@ SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpo
 
 # --- the tests -------------------------------------------------------------------
 
+
+
+def greedy_chat(url: str, max_tokens: int) -> tuple[dict, dict]:
+    """The server's /health and its greedy answer (with logprobs) to a fixed question."""
+    health = httpx.get(url + "/health", trust_env=False).json()
+    model_name = httpx.get(url + "/v1/models", trust_env=False).json()["data"][0]["id"]
+    body = {"model": model_name, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0.0,
+            "max_tokens": max_tokens, "logprobs": True}
+    return health, httpx.post(url + "/v1/chat/completions", json=body, trust_env=False, timeout=120).json()
 
 def test_deepspeed_every_zero_stage_takes_the_torch_backends_steps(untrained_tiny_model: Path, tmp_path: Path) -> None:
     result = run_scenario("match_torch", tmp_path, str(untrained_tiny_model))
@@ -319,11 +324,7 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
         codes = [proc.wait(timeout=720) for proc in procs]
         logs = "\n".join((tmp_path / f"{spec.name}.log").read_text()[-3000:] for spec in specs)
         assert codes == [0, 0], logs
-        health = httpx.get(server.url + "/health", trust_env=False).json()
-        model_name = httpx.get(server.url + "/v1/models", trust_env=False).json()["data"][0]["id"]
-        body = {"model": model_name, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0.0,
-                "max_tokens": 8, "logprobs": True}
-        choice_json = httpx.post(server.url + "/v1/chat/completions", json=body, trust_env=False, timeout=120).json()
+        health, choice_json = greedy_chat(server.url, max_tokens=8)
     finally:
         for proc in procs:
             if proc.poll() is None:
