@@ -204,6 +204,8 @@ SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpo
 
 def greedy_chat(url: str, max_tokens: int) -> tuple[dict, dict]:
     """The server's /health and its greedy answer (with logprobs) to a fixed question."""
+    import httpx
+
     health = httpx.get(url + "/health", trust_env=False).json()
     model_name = httpx.get(url + "/v1/models", trust_env=False).json()["data"][0]["id"]
     body = {"model": model_name, "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0.0,

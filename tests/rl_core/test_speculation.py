@@ -226,18 +226,21 @@ def test_sampled_tokens_keep_the_model_distribution_when_drafts_are_often_wrong(
     # Find a position whose token is nearly certain, followed by one that is genuinely uncertain
     # (an answer digit): the engine prompt ends just before the certain token, which the prefill
     # samples; the uncertain one is the drafted position.
-    base = _chat_prompt(tokenizer, "Compute 13 + 11.")
-    context = list(base)
     found = None
     with torch.no_grad():
-        for _ in range(16):
-            probs = torch.softmax(model(torch.tensor([context])).logits[0, -1].float(), dim=-1)
-            top = probs.topk(2)
-            if found is not None and 0.2 <= float(top.values[0]) <= 0.85 and float(top.values[1]) >= 0.05:
-                found = (found[0], found[1], probs)
+        # Several prompts, so the search does not hang on one model build's exact answer.
+        for question in ("Compute 13 + 11.", "Compute 7 + 5.", "Compute 18 - 9.", "Compute 4 + 16.", "Compute 12 + 19."):
+            context, found = list(_chat_prompt(tokenizer, question)), None
+            for _ in range(40):
+                probs = torch.softmax(model(torch.tensor([context])).logits[0, -1].float(), dim=-1)
+                top = probs.topk(2)
+                if found is not None and 0.15 <= float(top.values[0]) <= 0.9 and float(top.values[1]) >= 0.1:
+                    found = (found[0], found[1], probs)
+                    break
+                found = (list(context), int(top.indices[0])) if float(top.values[0]) > 0.95 else None
+                context.append(int(top.indices[0]))
+            if found is not None and len(found) == 3:
                 break
-            found = (list(context), int(top.indices[0])) if float(top.values[0]) > 0.95 else None
-            context.append(int(top.indices[0]))
     assert found is not None and len(found) == 3, "no certain-then-uncertain position in the greedy answer"
     prompt, certain_token, exact = found
     second_best = int(exact.topk(2).indices[1])
@@ -262,8 +265,9 @@ def test_sampled_tokens_keep_the_model_distribution_when_drafts_are_often_wrong(
     # Drafted tokens = 2 per request; rejections happen (almost only) at the uncertain position.
     assert engine.counters["spec_drafted_tokens"] == 2 * samples
     rejected = engine.counters["spec_drafted_tokens"] - engine.counters["spec_accepted_tokens"]
-    assert 0.3 * samples < rejected < 0.9 * samples, "both accept and reject paths must be exercised"
-    assert accepted_second > 0.2 * samples
+    assert 0.3 * samples < rejected < 0.95 * samples, "both accept and reject paths must be exercised"
+    # The second-best draft is accepted with its probability: about p * samples times.
+    assert accepted_second > 0.5 * float(exact[second_best]) * samples
 
     observed: dict[int, int] = {}
     for token in drafted_positions:
