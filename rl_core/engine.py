@@ -29,7 +29,7 @@ import torch
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine_config import Drafter, EngineConfig
 from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
-from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention
+from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ class ReferenceEngine:
             version = self.version  # weights cannot change until the step is over
             try:
                 with torch.inference_mode():
-                    leaders, followers = self._share_prompts(admitted, decoding)
+                    leaders, followers = split_shared_prompts(admitted, decoding)
                     if leaders:
                         self._prefill(leaders, version)
                     for follower, source in followers:
@@ -385,25 +385,6 @@ class ReferenceEngine:
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
                 finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
             self._resolve(finished)
-
-    def _share_prompts(
-        self, admitted: list[_Sequence], decoding: list[_Sequence]
-    ) -> tuple[list[_Sequence], list[tuple[_Sequence, _Sequence]]]:
-        """Split newly admitted sequences into ones to prefill and (follower, source) pairs
-        whose prompt is identical to a sequence already cached or prefilled this step — the
-        n samples of one chat request, or a group of attempts at one problem."""
-        sources = {tuple(seq.prompt_token_ids): seq for seq in decoding}
-        leaders: list[_Sequence] = []
-        followers: list[tuple[_Sequence, _Sequence]] = []
-        for seq in admitted:
-            key = tuple(seq.prompt_token_ids)
-            source = sources.get(key)
-            if source is not None and len(key) >= 2:
-                followers.append((seq, source))
-            else:
-                leaders.append(seq)
-                sources.setdefault(key, seq)
-        return leaders, followers
 
     def _admit_locked(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []

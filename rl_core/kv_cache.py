@@ -18,7 +18,7 @@ The object duck-types the part of `transformers.Cache` the decoder layers use
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -174,3 +174,31 @@ def register_engine_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ENGINE_ATTENTION, masked_gqa_sdpa)
+
+
+class _HasPrompt(Protocol):
+    prompt_token_ids: list[int]
+
+
+PromptHolder = TypeVar("PromptHolder", bound=_HasPrompt)
+
+
+def split_shared_prompts(
+    admitted: Sequence[PromptHolder], cached: Sequence[PromptHolder]
+) -> tuple[list[PromptHolder], list[tuple[PromptHolder, PromptHolder]]]:
+    """Split newly admitted sequences into ones to prefill and (follower, source) pairs
+    whose prompt is identical to a sequence already cached or prefilled this step — the
+    n samples of one chat request, or a group of attempts at one problem: a follower
+    copies its source's prompt KV instead of computing it again."""
+    sources = {tuple(seq.prompt_token_ids): seq for seq in cached}
+    leaders: list[PromptHolder] = []
+    followers: list[tuple[PromptHolder, PromptHolder]] = []
+    for seq in admitted:
+        key = tuple(seq.prompt_token_ids)
+        source = sources.get(key)
+        if source is not None and len(key) >= 2:
+            followers.append((seq, source))
+        else:
+            leaders.append(seq)
+            sources.setdefault(key, seq)
+    return leaders, followers
