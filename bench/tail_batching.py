@@ -11,16 +11,28 @@ runaway) and enforced by the request's `max_new_tokens` with end-of-sequence dis
 engine really decodes exactly that many tokens. A prompt's length is a property of the prompt,
 so a deferred prompt is long again in its long round — the case tail batching is built for.
 
-    .venv/bin/python bench/tail_batching.py      # ~3-5 min on the 2-core CPU sandbox
+The prompts come from a fixed set of `--prompt-set` ids, drawn `--epochs` times over (RL trains
+several epochs on its data, which is what lets history help): with `defer_from_history` (the
+default), from its second epoch on a prompt that was long-tail last time goes straight to the
+long-tail queue instead of being launched in a short round only to be cut, and a prompt it knows
+as short that a short round cut anyway (over-provisioning always cuts some) retries in the next
+short round instead of taking a long round's slot. Three modes run
+interleaved: without tail batching, tail batching as RollPacker publishes it (no history), and
+tail batching with history deferral (the switch as shipped).
+
+    .venv/bin/python bench/tail_batching.py      # ~3 min on the 2-core CPU sandbox
+
+A small prompt set is a small sample of the profile (40 prompts hold 6 long ones, and by chance
+no short round of theirs draws three): the default 96 prompts x 3 epochs is ~3 minutes.
 
 Ends with `RESULT tail_batching_speedup <baseline CPU time per trained prompt / tail-batched>` (CPU time: see
-the note the script prints), plus the wall-clock and decode-step ratios.
+the note the script prints; the switch as shipped, with history deferral), plus the wall-clock,
+decode-step and token ratios and `tail_batching_speedup_no_history` (RollPacker as published).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import queue
@@ -120,9 +132,10 @@ def run_round(engine: ReferenceEngine, round_: TailRound, profile: LengthProfile
     while resolved < len(futures):
         prompt_id, key, future = events.get(timeout=600)
         resolved += 1
-        if future.result().finish_reason == "abort":
+        result = future.result()
+        if result.finish_reason == "abort":
             continue
-        round_.on_response(prompt_id, key)
+        round_.on_response(prompt_id, key, len(result.token_ids))
         # As the actor does: a prompt that has its G responses stops its surplus ones at once
         # (they would otherwise decode, for nothing, until the round is done), and once the
         # round is done every request still running stops.
@@ -141,18 +154,22 @@ class ModeRunner:
     """One mode (tail batching on or off): its own planner and engine, run round by round so
     the two modes can be interleaved — a busy shared machine then slows both alike."""
 
-    def __init__(self, model: torch.nn.Module, enabled: bool, args: argparse.Namespace, profile: LengthProfile) -> None:
+    def __init__(
+        self, model: torch.nn.Module, enabled: bool, history: bool, args: argparse.Namespace, profile: LengthProfile
+    ) -> None:
         config = TailBatchingConfig(
-            enabled=enabled, prompt_overprovision=args.prompt_overprovision, response_overprovision=args.response_overprovision
+            enabled=enabled, prompt_overprovision=args.prompt_overprovision,
+            response_overprovision=args.response_overprovision, defer_from_history=history,
         )
         self.planner = TailBatchPlanner(args.batch_prompts, args.group_size, config)
         self.profile = profile
-        self.steps = args.steps
-        self.counter = itertools.count()
+        # Every (prompt, epoch) to train, in order; each mode trains all of them.
+        self.to_draw = [(f"p{index}", epoch) for epoch in range(args.epochs) for index in range(args.prompt_set)]
+        self.epoch_of: dict[str, int] = {}  # drawn prompt -> its epoch, until trained
         slots = math.ceil(args.batch_prompts * args.prompt_overprovision) * math.ceil(args.group_size * args.response_overprovision)
         self.engine = ReferenceEngine(model, None, config=EngineConfig(max_batch_size=max(slots, 1), seed=args.seed)).start()
         self.attempts: dict[str, int] = {}
-        self.trained: list[str] = []
+        self.trained: list[tuple[str, int]] = []
         self.rows: list[tuple] = []
         self.total_s = 0.0
         self.total_cpu_s = 0.0
@@ -161,7 +178,20 @@ class ModeRunner:
         self.finished = False
 
     def draw(self, count: int) -> list[str]:
-        return [f"p{next(self.counter)}" for _ in range(count)]
+        """The next prompts of the epoch-by-epoch pass over the prompt set. A prompt still waiting
+        (long-tail queue or retry) from its previous epoch keeps its place in line until it is
+        trained, so every mode trains every (prompt, epoch) exactly once."""
+        out: list[str] = []
+        for entry in list(self.to_draw):
+            if len(out) >= count:
+                break
+            prompt_id, epoch = entry
+            if prompt_id in self.epoch_of or prompt_id in out:
+                continue
+            self.to_draw.remove(entry)
+            self.epoch_of[prompt_id] = epoch
+            out.append(prompt_id)
+        return out
 
     def warm_up(self) -> None:
         """One untimed round of short requests: first-call costs must not land on round 0."""
@@ -170,13 +200,17 @@ class ModeRunner:
             future.result(timeout=600)
 
     def next_round(self) -> bool:
-        """Run one round; False once this mode has drawn `steps` batches and drained its queue."""
+        """Run one round; False once this mode has drawn every epoch and drained its queue."""
         if self.finished:
             return False
         index = self.planner.rounds_planned
-        # After `steps` rounds no fresh prompts are drawn and the long-tail queue is drained, so
-        # both modes are charged for every prompt they started.
-        round_ = self.planner.plan_round(self.draw) if index < self.steps else self.planner.plan_flush_round()
+        # Once every epoch is drawn the long-tail queue is drained, so every mode is charged for
+        # every prompt it started.
+        exhausted = not self.to_draw
+        round_ = self.planner.plan_flush_round() if exhausted else self.planner.plan_round(self.draw)
+        if round_ is not None and not round_.prompt_ids:
+            self.planner.close_round(round_)
+            round_ = self.planner.plan_flush_round()
         if round_ is None:
             self.finished = True
             self.engine.stop()
@@ -187,8 +221,8 @@ class ModeRunner:
         steps = int(self.engine.counters["steps"] - steps_before)
         self.decoded_tokens += int(self.engine.counters["generated_tokens"] - tokens_before)
         outcome = self.planner.close_round(round_)
-        self.trained.extend(outcome.kept)
-        assert len(self.trained) == len(set(self.trained)), "a prompt was trained twice"
+        self.trained.extend((prompt_id, self.epoch_of.pop(prompt_id)) for prompt_id in outcome.kept)
+        assert len(self.trained) == len(set(self.trained)), "a prompt was trained twice in one epoch"
         self.total_s += seconds
         self.total_cpu_s += cpu_seconds
         self.decode_steps += steps
@@ -213,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR), help="HF model dir (tiny model built if missing).")
     parser.add_argument("--batch-prompts", type=int, default=8, help="Prompts per trained batch (B).")
     parser.add_argument("--group-size", type=int, default=4, help="Responses per prompt (G).")
-    parser.add_argument("--steps", type=int, default=12, help="Rounds per mode (tail batching then drains its queue).")
+    parser.add_argument("--prompt-set", type=int, default=96, help="Distinct prompts, drawn once per epoch.")
+    parser.add_argument("--epochs", type=int, default=3, help="Passes over the prompt set (then the queue is drained).")
     parser.add_argument("--prompt-overprovision", type=float, default=1.25)
     parser.add_argument("--response-overprovision", type=float, default=1.25)
     parser.add_argument("--seed", type=int, default=0)
@@ -223,43 +258,54 @@ def main(argv: list[str] | None = None) -> int:
     profile = LengthProfile(seed=args.seed)
 
     started = time.time()
-    runners = {False: ModeRunner(model, False, args, profile), True: ModeRunner(model, True, args, profile)}
+    modes = {  # label -> (tail batching on, defer_from_history)
+        "without": (False, False),
+        "tail batching, no history": (True, False),
+        "tail batching": (True, True),
+    }
+    runners = {label: ModeRunner(model, enabled, history, args, profile) for label, (enabled, history) in modes.items()}
     for runner in runners.values():
         runner.warm_up()
     while any([runner.next_round() for runner in runners.values()]):
         pass
+    for label, runner in runners.items():
+        assert len(runner.trained) == args.prompt_set * args.epochs, f"{label}: {len(runner.trained)} prompts trained"
     print(
         "\nTail batching (RollPacker), sync rounds on the reference engine. Decoding is real; response lengths are "
         "synthesised\n(long-tailed profile, enforced via max_new_tokens with EOS disabled) because the tiny model's "
         f"answers have no long tail.\nB={args.batch_prompts} prompts x G={args.group_size} responses, "
         f"over-provision {args.prompt_overprovision}x prompts / {args.response_overprovision}x responses, "
-        f"modes interleaved round by round, {time.time() - started:.0f}s total"
+        f"{args.prompt_set} prompts x {args.epochs} epochs, modes interleaved round by round, "
+        f"{time.time() - started:.0f}s total, load average {os.getloadavg()[0]:.1f}"
     )
-    for enabled, label in ((False, "without"), (True, "with tail batching")):
+    for label, runner in runners.items():
         print(f"\n{label}:")
         print(f"{'round':>6}{'kind':>7}{'launched':>9}{'kept':>6}{'aborted':>9}{'queue':>7}{'steps':>7}{'wall s':>8}{'cpu s':>8}")
-        for index, kind, launched, kept, aborted, queued, steps, seconds, cpu_seconds in runners[enabled].rows:
+        for index, kind, launched, kept, aborted, queued, steps, seconds, cpu_seconds in runner.rows:
             print(f"{index:>6}{kind:>7}{launched:>9}{kept:>6}{aborted:>9}{queued:>7}{steps:>7}{seconds:>8.2f}{cpu_seconds:>8.2f}")
-    base, tail = runners[False].summary(), runners[True].summary()
-    print(f"\n{'mode':<20}{'prompts':>8}{'wall s':>9}{'cpu s':>8}{'wall s/prompt':>15}{'cpu s/prompt':>14}{'steps/prompt':>14}{'tokens/prompt':>15}")
-    for label, figures in (("without", base), ("with tail batching", tail)):
+    figures = {label: runner.summary() for label, runner in runners.items()}
+    print(f"\n{'mode':<28}{'prompts':>8}{'wall s':>9}{'cpu s':>8}{'wall s/prompt':>15}{'cpu s/prompt':>14}{'steps/prompt':>14}{'tokens/prompt':>15}")
+    for label, row in figures.items():
         print(
-            f"{label:<20}{figures['prompts']:>8}{figures['total_s']:>9.2f}{figures['total_cpu_s']:>8.2f}"
-            f"{figures['s_per_prompt']:>15.3f}{figures['cpu_s_per_prompt']:>14.3f}{figures['steps_per_prompt']:>14.1f}"
-            f"{figures['tokens_per_prompt']:>15.1f}"
+            f"{label:<28}{row['prompts']:>8}{row['total_s']:>9.2f}{row['total_cpu_s']:>8.2f}"
+            f"{row['s_per_prompt']:>15.3f}{row['cpu_s_per_prompt']:>14.3f}{row['steps_per_prompt']:>14.1f}"
+            f"{row['tokens_per_prompt']:>15.1f}"
         )
     print(
         "Where the time goes: a step of this engine costs a fixed overhead plus a share per running sequence, so\n"
         "tail batching saves the steps a round spends waiting on its tail, but pays for every token it decodes and\n"
-        "then drops (surplus responses, and the partial answers of deferred prompts, redone in a long round)."
+        "then drops (surplus responses, and the partial answers of deferred prompts, redone in a long round).\n"
+        "History deferral stops paying the second part from a prompt's second epoch on."
     )
     print(
         "Rollout time is taken as process CPU seconds: with one torch thread, CPU time equals wall time on an idle\n"
         "machine, while on the 2 shared cores wall time mostly measures the neighbours' load (wall ratio shown too)."
     )
+    base, tail, plain_tail = figures["without"], figures["tail batching"], figures["tail batching, no history"]
     print(f"RESULT tail_batching_wall_speedup {base['s_per_prompt'] / tail['s_per_prompt']:.3f}")
     print(f"RESULT tail_batching_step_ratio {base['steps_per_prompt'] / tail['steps_per_prompt']:.3f}")
     print(f"RESULT tail_batching_token_ratio {tail['tokens_per_prompt'] / base['tokens_per_prompt']:.3f}")
+    print(f"RESULT tail_batching_speedup_no_history {base['cpu_s_per_prompt'] / plain_tail['cpu_s_per_prompt']:.3f}")
     print(f"RESULT tail_batching_speedup {base['cpu_s_per_prompt'] / tail['cpu_s_per_prompt']:.3f}")
     return 0
 

@@ -252,7 +252,7 @@ class Actor:
                 result = task.result()[0]
                 if result.finish_reason == "abort":
                     continue  # aborted below: it never counts as finished
-                if round_.on_response(prompt_id, key):
+                if round_.on_response(prompt_id, key, len(result.token_ids)):
                     results[prompt_id][key] = result
             # Aborted on the server rather than cancelled here: the request then ends with
             # its partial result, and no connection is torn down mid-response.

@@ -206,6 +206,16 @@ class TailBatchingConfig(_Section):
     enabled: bool = Field(False, description="RollPacker tail batching: defer long-tail prompts to long rounds.")
     prompt_overprovision: float = Field(1.25, ge=1.0, description="Short rounds launch this many times the prompts.")
     response_overprovision: float = Field(1.25, ge=1.0, description="... and this many times the responses per prompt.")
+    defer_from_history: bool = Field(
+        True,
+        description="Sync mode, from a prompt's second epoch on: a prompt that was long-tail the last time it ran "
+        "goes straight to the long-tail queue instead of taking a short-round slot it would waste (RhymeRL: a "
+        "prompt's response lengths repeat from epoch to epoch).",
+    )
+    history_long_factor: float = Field(
+        2.0, gt=1.0, description="With defer_from_history: a prompt counts as long-tail when its last group's median "
+        "length exceeded this multiple of the median over recent groups.",
+    )
 
 
 class AccelerationsConfig(_Section):

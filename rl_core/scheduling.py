@@ -19,6 +19,7 @@ the actor with prompt ids and finished-response events.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol, Sequence
@@ -260,6 +261,7 @@ class TailRound:
     _finished: dict[str, list[int]] = field(default_factory=dict)  # kept response keys per prompt
     _reported: dict[str, set[int]] = field(default_factory=dict)  # every reported key, to refuse repeats
     _complete_order: list[str] = field(default_factory=list)
+    _lengths: dict[str, list[int]] = field(default_factory=dict)  # token counts of kept responses, when reported
     _finished_count: int = 0
     closed: bool = False
 
@@ -271,8 +273,9 @@ class TailRound:
     def launched(self) -> int:
         return len(self.prompt_ids) * self.responses_per_prompt
 
-    def on_response(self, prompt_id: str, response_key: int) -> bool:
-        """A response finished. True: hold on to it — it is one of its prompt's first
+    def on_response(self, prompt_id: str, response_key: int, length: int | None = None) -> bool:
+        """A response finished (`length`: its token count, which lets the planner remember which
+        prompts run long). True: hold on to it — it is one of its prompt's first
         `keep_responses`, and it is trained if its prompt is kept (`RoundOutcome.kept` is the final
         word; a prompt still incomplete when the round is done is deferred and its partial
         answers dropped). False: surplus — an extra response of a complete prompt, or one that
@@ -292,6 +295,8 @@ class TailRound:
         if len(finished) >= self.keep_responses:
             return False
         finished.append(response_key)
+        if length is not None:
+            self._lengths.setdefault(prompt_id, []).append(int(length))
         if len(finished) == self.keep_responses:
             self._complete_order.append(prompt_id)
         return True
@@ -302,6 +307,50 @@ class TailRound:
         if self.done:
             return list(self.prompt_ids)
         return list(self._complete_order)
+
+
+class LongTailHistory:
+    """Which prompts were long-tail the last time they ran whole: RhymeRL's observation (a
+    prompt's response lengths repeat from one epoch to the next) applied to RollPacker's queue.
+    From its second epoch on, such a prompt can go straight to the long-tail queue instead of
+    taking a short-round slot where it would only decode until it is aborted and deferred again.
+
+    A prompt is long when its last kept group's median length exceeded `long_factor` × the median
+    of recent groups' medians. Being deferred alone does not count: a short round defers its
+    slowest fifth even when no prompt is long, and the prompt's group in the long round then
+    says what it really is. Before `min_groups` groups were seen, nothing counts as long."""
+
+    def __init__(self, long_factor: float = 2.0, window: int = 512, min_groups: int = 8) -> None:
+        if long_factor <= 1.0:
+            raise ValueError(f"long_factor must be > 1, got {long_factor}")
+        self.long_factor = long_factor
+        self.min_groups = min_groups
+        self.last_median: dict[str, float] = {}
+        self.recent_medians: deque[float] = deque(maxlen=window)
+        self._threshold: float | None = None
+
+    def threshold(self) -> float | None:
+        """The median length above which a group counts as long (None until `min_groups`)."""
+        return self._threshold
+
+    def is_long(self, prompt_id: str) -> bool:
+        threshold, median = self._threshold, self.last_median.get(prompt_id)
+        return threshold is not None and median is not None and median > threshold
+
+    def is_short(self, prompt_id: str) -> bool:
+        """Known, and not long (a prompt never seen whole is neither)."""
+        threshold, median = self._threshold, self.last_median.get(prompt_id)
+        return threshold is not None and median is not None and median <= threshold
+
+    def record_group(self, prompt_id: str, lengths: Sequence[int]) -> None:
+        """A kept group of `prompt_id` with these response token counts (empty: nothing learnt)."""
+        if not lengths:
+            return
+        median = statistics.median_low(lengths)
+        self.last_median[prompt_id] = float(median)
+        self.recent_medians.append(float(median))
+        if len(self.recent_medians) >= self.min_groups:
+            self._threshold = self.long_factor * statistics.median_low(self.recent_medians)
 
 
 class TailBatchPlanner:
@@ -323,7 +372,38 @@ class TailBatchPlanner:
         self.long_tail: deque[str] = deque()
         self.rounds_planned = 0
         self.open_round: TailRound | None = None
+        self.history = LongTailHistory(long_factor=config.history_long_factor)
+        # Deferred prompts the history knows as short (cut by the over-provisioning, not by their
+        # length) retry in the next short round once, instead of taking a long round's slot.
+        self.retry: deque[str] = deque()
+        self._retried: set[str] = set()
+        self._deferred_from_history = 0
         self._last: dict[str, float] = {}
+
+    def _draw_short_round_prompts(self, draw_fresh: Callable[[int], Sequence[str]], wanted: int) -> list[str]:
+        """`wanted` fresh prompts for a short round; with `defer_from_history`, drawn prompts the
+        history knows as long-tail join the long-tail queue instead (and more are drawn, at most
+        4 × wanted in all, so a data set of only long prompts cannot spin here)."""
+        if not self.config.defer_from_history:
+            return list(draw_fresh(wanted))
+        prompts: list[str] = []
+        while self.retry and len(prompts) < wanted:
+            prompts.append(self.retry.popleft())
+        drawn = 0
+        while len(prompts) < wanted and drawn < 4 * wanted:
+            fresh = list(draw_fresh(wanted - len(prompts)))
+            if not fresh:
+                break
+            drawn += len(fresh)
+            for prompt_id in fresh:
+                if not self.history.is_long(prompt_id):
+                    prompts.append(prompt_id)
+                    continue
+                if prompt_id in self.long_tail:
+                    raise ValueError(f"prompt {prompt_id!r} drawn while it is already in the long-tail queue")
+                self.long_tail.append(prompt_id)
+                self._deferred_from_history += 1
+        return prompts
 
     def plan_round(self, draw_fresh: Callable[[int], Sequence[str]]) -> TailRound:
         """The next round. `draw_fresh(k)` returns up to k new prompt ids (fewer when the data
@@ -339,10 +419,18 @@ class TailBatchPlanner:
             kind, per_prompt, keep = "long", self.group_size, len(prompts)
         else:
             wanted = math.ceil(self.batch_prompts * self.config.prompt_overprovision)
-            prompts = list(draw_fresh(wanted))
-            kind = "short"
-            per_prompt = math.ceil(self.group_size * self.config.response_overprovision)
-            keep = min(self.batch_prompts, len(prompts))
+            prompts = self._draw_short_round_prompts(draw_fresh, wanted)
+            if prompts or not (self.long_tail or self.retry):
+                kind = "short"
+                per_prompt = math.ceil(self.group_size * self.config.response_overprovision)
+                keep = min(self.batch_prompts, len(prompts))
+            else:  # every drawn prompt was known long-tail, or the data ended: run the queue instead
+                flush = self.plan_flush_round()
+                assert flush is not None  # the queue or the retries hold a prompt
+                return flush
+        return self._open(kind, prompts, per_prompt, keep)
+
+    def _open(self, kind: RoundKind, prompts: list[str], per_prompt: int, keep: int) -> TailRound:
         if len(set(prompts)) != len(prompts):
             raise ValueError(f"round {self.rounds_planned} would hold a prompt twice: {prompts}")
         round_ = TailRound(
@@ -362,20 +450,12 @@ class TailBatchPlanner:
         end of a run or data; None when the queue is empty."""
         if self.open_round is not None:
             raise RuntimeError(f"round {self.open_round.index} is still open: close_round() it first")
+        self.long_tail.extend(self.retry)  # the end: no short round is coming for them to retry in
+        self.retry.clear()
         if not self.long_tail:
             return None
         prompts = [self.long_tail.popleft() for _ in range(min(self.batch_prompts, len(self.long_tail)))]
-        round_ = TailRound(
-            index=self.rounds_planned,
-            kind="long",
-            prompt_ids=prompts,
-            responses_per_prompt=self.group_size,
-            keep_prompts=len(prompts),
-            keep_responses=self.group_size,
-        )
-        self.rounds_planned += 1
-        self.open_round = round_
-        return round_
+        return self._open("long", prompts, self.group_size, len(prompts))
 
     def close_round(self, round_: TailRound) -> RoundOutcome:
         """Close the open round: the first `keep_prompts` complete prompts are the batch, every
@@ -391,19 +471,30 @@ class TailBatchPlanner:
         kept = {prompt_id: list(round_._finished[prompt_id]) for prompt_id in kept_ids}
         kept_set = set(kept_ids)
         deferred = [prompt_id for prompt_id in round_.prompt_ids if prompt_id not in kept_set]
-        self.long_tail.extend(deferred)
+        for prompt_id in deferred:
+            if self.config.defer_from_history and self.history.is_short(prompt_id) and prompt_id not in self._retried:
+                self._retried.add(prompt_id)
+                self.retry.append(prompt_id)
+            else:
+                self._retried.discard(prompt_id)
+                self.long_tail.append(prompt_id)
+        self._retried.difference_update(kept_ids)
+        for prompt_id in kept_ids:
+            self.history.record_group(prompt_id, round_._lengths.get(prompt_id, []))
         aborted = round_.launched - round_._finished_count
         self.open_round = None
         self._last = {
             "sched/round": 1.0 if round_.kind == "long" else 0.0,
             "sched/aborted": float(aborted),
             "sched/long_tail_queue": float(len(self.long_tail)),
+            "sched/deferred_from_history": float(self._deferred_from_history),
         }
+        self._deferred_from_history = 0
         return RoundOutcome(kind=round_.kind, kept=kept, deferred=deferred, aborted=aborted)
 
     def pending(self) -> list[str]:
-        """Prompts drawn but not trained yet (long-tail queue), e.g. to report at the end of a run."""
-        return list(self.long_tail)
+        """Prompts drawn but not trained yet (long-tail queue and retries), e.g. to report at the end of a run."""
+        return list(self.long_tail) + list(self.retry)
 
     def metrics(self) -> dict[str, float]:
         """`sched/round` (0 short/plain, 1 long), `sched/aborted`, `sched/long_tail_queue` of the last closed round."""

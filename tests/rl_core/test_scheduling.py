@@ -17,6 +17,7 @@ from rl_core.scheduling import (
     HistoPipeRouter,
     LeastLoadedRouter,
     LengthPredictor,
+    LongTailHistory,
     TailBatchPlanner,
     assign_batch,
     least_loaded,
@@ -286,6 +287,124 @@ def test_data_running_out_shrinks_the_short_round() -> None:
     planner = TailBatchPlanner(4, 1, TailBatchingConfig(enabled=True))
     round_ = planner.plan_round(_Source(limit=3))
     assert len(round_.prompt_ids) == 3 and round_.keep_prompts == 3
+
+
+def test_long_tail_history_flags_groups_far_above_the_typical_median() -> None:
+    history = LongTailHistory(long_factor=2.0, min_groups=4)
+    history.record_group("a", [10, 30, 20])
+    history.record_group("d", [200, 180, 30])
+    assert not history.is_long("d") and history.threshold() is None  # too few groups to know what is typical
+    for prompt_id, lengths in (("b", [20]), ("c", [22])):
+        history.record_group(prompt_id, lengths)
+    # Group medians 20, 180, 20, 22: typical (low median) 20, so long means a median above 40.
+    assert history.threshold() == 40.0
+    assert history.is_long("d") and not history.is_long("c") and not history.is_long("unseen")
+    history.record_group("d", [21, 19])  # long once, short when it ran again
+    assert not history.is_long("d")
+    history.record_group("c", [90, 95])
+    history.record_group("c", [])  # an empty group teaches nothing: c stays long
+    assert history.is_long("c")
+    with pytest.raises(ValueError, match="long_factor"):
+        LongTailHistory(long_factor=1.0)
+
+
+class _EpochSource:
+    """The same `count` prompt ids every epoch, skipping one still queued from an earlier epoch
+    (as the actor does); records (prompt, epoch) handed out."""
+
+    def __init__(self, count: int, planner: TailBatchPlanner) -> None:
+        self.count, self.planner = count, planner
+        self.position = 0
+        self.drawn: list[tuple[str, int]] = []
+        self.short_launches: dict[str, int] = {}  # prompt -> times launched in a short round
+        self.short_in_long_rounds = 0  # launches of always-short prompts in long rounds
+
+    def __call__(self, k: int) -> list[str]:
+        out: list[str] = []
+        while len(out) < k:
+            prompt_id, epoch = f"p{self.position % self.count}", self.position // self.count
+            self.position += 1
+            if prompt_id in self.planner.long_tail or prompt_id in out:
+                continue
+            self.drawn.append((prompt_id, epoch))
+            out.append(prompt_id)
+        return out
+
+
+def _run_epochs(defer_from_history: bool, seed: int) -> tuple[TailBatchPlanner, list[dict[str, float]], list[str], _EpochSource]:
+    """Rounds over 24 prompts for 4 epochs; p0..p3 always run long, p4 only the first time (bad luck)."""
+    rng = random.Random(seed)
+    config = TailBatchingConfig(enabled=True, defer_from_history=defer_from_history)
+    planner = TailBatchPlanner(4, 4, config)
+    source = _EpochSource(24, planner)
+    metrics, trained = [], []
+    launched: set[str] = set()
+    while source.position < 4 * 24:
+        round_ = planner.plan_round(source)
+        for prompt_id in round_.prompt_ids if round_.kind == "short" else []:
+            source.short_launches[prompt_id] = source.short_launches.get(prompt_id, 0) + 1
+        if round_.kind == "long":
+            source.short_in_long_rounds += len(set(round_.prompt_ids) - {"p0", "p1", "p2", "p3", "p4"})
+        events = []
+        for prompt_id in round_.prompt_ids:
+            for key in range(round_.responses_per_prompt):
+                long = prompt_id in {"p0", "p1", "p2", "p3"} or (prompt_id == "p4" and prompt_id not in launched)
+                length = int((200 if long else 20) * (0.8 + 0.4 * rng.random()))
+                events.append((length, prompt_id, key))
+        launched.update(round_.prompt_ids)
+        for length, prompt_id, key in sorted(events):
+            if round_.done:
+                break
+            round_.on_response(prompt_id, key, length)
+        trained.extend(planner.close_round(round_).kept)
+        metrics.append(planner.metrics())
+    return planner, metrics, trained, source
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_history_sends_known_long_prompts_straight_to_long_rounds(seed: int) -> None:
+    planner, metrics, trained, source = _run_epochs(True, seed)
+    _, off_metrics, _, _ = _run_epochs(False, seed)
+    # Nothing lost or repeated: every drawn prompt is trained once per draw, or still queued.
+    assert sorted(trained + planner.pending()) == sorted(prompt_id for prompt_id, _ in source.drawn)
+    assert sum(m["sched/deferred_from_history"] for m in off_metrics) == 0
+    pre_deferred = sum(m["sched/deferred_from_history"] for m in metrics)
+    assert pre_deferred >= 4 * 2  # p0..p3 in each of epochs 2-4 (one may still sit in the queue)
+    assert all(planner.history.is_long(prompt_id) for prompt_id in ("p0", "p1", "p2", "p3"))
+    # What it saves: a long prompt takes a short-round slot (to decode until it is cut) in its
+    # first epoch (and while the first groups set the threshold), instead of in every epoch ...
+    always_long = ("p0", "p1", "p2", "p3")
+    assert sum(source.short_launches.get(prompt_id, 0) for prompt_id in always_long) <= 6
+    off_source = _run_epochs(False, seed)[3]
+    assert sum(off_source.short_launches.get(prompt_id, 0) for prompt_id in always_long) >= 10
+    # ... and p4, long once by bad luck, short when it ran whole, is back in short rounds.
+    assert source.short_launches["p4"] >= 2
+    # Short prompts that a short round cut (its over-provisioning always cuts some) retry in the
+    # next short round instead of taking long rounds' slots.
+    assert source.short_in_long_rounds < off_source.short_in_long_rounds
+
+
+def _teach_long(history: LongTailHistory, prompt_ids: list[str]) -> None:
+    for index in range(history.min_groups):
+        history.record_group(f"short{index}", [10])
+    for prompt_id in prompt_ids:
+        history.record_group(prompt_id, [100])
+
+
+def test_history_deferral_refuses_a_prompt_already_queued() -> None:
+    planner = TailBatchPlanner(2, 1, TailBatchingConfig(enabled=True))
+    _teach_long(planner.history, ["p0"])
+    planner.long_tail.append("p0")
+    with pytest.raises(ValueError, match="already in the long-tail queue"):
+        planner.plan_round(lambda k: ["p0"])
+
+
+def test_all_drawn_prompts_known_long_runs_the_queue() -> None:
+    planner = TailBatchPlanner(2, 1, TailBatchingConfig(enabled=True))
+    _teach_long(planner.history, ["a", "b", "c"])
+    pool = iter(["a", "b", "c"])
+    round_ = planner.plan_round(lambda k: list(itertools.islice(pool, k)))
+    assert round_.kind == "long" and round_.prompt_ids == ["a", "b"] and list(planner.long_tail) == ["c"]
 
 
 # ---------------------------------------------------------------------------------------------
