@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, TailBatchingConfig  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402
 from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
-from rl_core.scheduling import TailBatchPlanner, TailRound  # noqa: E402
+from rl_core.tail_batching import TailBatchPlanner, TailRound  # noqa: E402
 from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
 
 PROMPT_LEN = 24  # tokens per synthetic prompt; their content does not matter with EOS disabled
@@ -203,7 +203,6 @@ class ModeRunner:
         """Run one round; False once this mode has drawn every epoch and drained its queue."""
         if self.finished:
             return False
-        index = self.planner.rounds_planned
         # Once every epoch is drawn the long-tail queue is drained, so every mode is charged for
         # every prompt it started.
         exhausted = not self.to_draw

@@ -98,7 +98,7 @@ class Actor:
         self.tail = None
         self.tail_planner = None
         if config.accelerations.tail_batching.enabled:
-            from rl_core.scheduling import make_async_tail_tracker, make_tail_planner
+            from rl_core.tail_batching import make_async_tail_tracker, make_tail_planner
 
             if config.mode == "sync":
                 self.tail_planner = make_tail_planner(config)
@@ -227,7 +227,7 @@ class Actor:
         """One sync batch as a RollPacker round: every response is its own request (so they
         finish one by one); a prompt's surplus requests are aborted once it has its group, and
         every request still running when the round is done; the kept groups are scored."""
-        from rl_core.scheduling import TailRound
+        from rl_core.tail_batching import TailRound
 
         assert self.tail_planner is not None
         round_: TailRound = self.tail_planner.plan_round(draw_fresh)
