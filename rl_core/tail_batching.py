@@ -8,6 +8,10 @@
   that a short round cut retries once in the next short round.
 - `AsyncTailTracker` applies the same idea to the async actor's rolling window.
 
+Response over-provisioning (keep a group's first G of 1.25 G) is RollPacker's, and available, but
+off by default: the first finishers are the short answers, which biases training wherever length
+and reward are related; deferring a whole prompt does not (it trains later on a fresh group).
+
 Nothing here touches torch or the network: these are pure bookkeeping objects, driven by the
 actor with prompt ids and finished-response events.
 """

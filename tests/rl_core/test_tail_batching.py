@@ -364,7 +364,8 @@ def test_factories_size_the_planners_from_the_run_config() -> None:
     planner = make_tail_planner(config)
     assert planner.batch_prompts == 8 and planner.group_size == 8 and planner.config.enabled
     tracker = make_async_tail_tracker(config)
-    assert tracker.window == 6 and tracker.group_size == 8 and tracker.responses_for("short") == 10
+    # Response over-provisioning is off by default (it biases training towards short answers).
+    assert tracker.window == 6 and tracker.group_size == 8 and tracker.responses_for("short") == 8
 
 
 def test_async_tracker_counts_surplus_and_deferred_aborts() -> None:
