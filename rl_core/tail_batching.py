@@ -153,8 +153,8 @@ class TailBatchPlanner:
     """Plans sync-mode rounds and owns the long-tail queue.
 
     Invariant (tested over random finish orders): every prompt drawn from `draw_fresh` is
-    trained at most once, and at any time is either trained, in the long-tail queue, or in
-    the open round. With tail batching off, rounds are plain: `batch_prompts` fresh prompts
+    trained at most once, and at any time is either trained, in the long-tail queue, waiting to
+    retry (known short, cut once by a short round), or in the open round. With tail batching off, rounds are plain: `batch_prompts` fresh prompts
     with `group_size` responses and nothing aborted, so the actor code is the same either way."""
 
     def __init__(self, batch_prompts: int, group_size: int, config: TailBatchingConfig) -> None:
@@ -255,7 +255,8 @@ class TailBatchPlanner:
 
     def close_round(self, round_: TailRound) -> RoundOutcome:
         """Close the open round: the first `keep_prompts` complete prompts are the batch, every
-        other prompt of the round goes (without its partial answers) to the long-tail queue."""
+        other prompt of the round goes (without its partial answers) to the long-tail queue — or,
+        when history knows it as short and it has not retried yet, to the next short round."""
         if round_ is not self.open_round:
             raise RuntimeError(f"round {round_.index} is not the open round")
         if round_.kind != "short" and not round_.done:
