@@ -54,7 +54,7 @@ def run_server_share(engine: ReferenceEngine, share: list[str], lengths: dict[st
 
 
 def run_step(engine: ReferenceEngine, router: Router, prompts: list[str], lengths: dict[str, list[int]], args) -> dict:
-    placement = assign_batch(router, prompts, args.group_size, args.servers)
+    placement = assign_batch(router, prompts, args.group_size, [0.0] * args.servers)  # the actor's placement
     shares: list[list[str]] = [[] for _ in range(args.servers)]
     for prompt_id, server in placement:
         shares[server].append(prompt_id)

@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bootstrap-tiny": ("rl_core.tiny_model", "main", "Build the tiny Qwen2-style model + tokenizer offline and warm-start it."),
     "run": ("rl_core.launcher", "main", "Run a whole RL run standalone: servers, actor, trainer."),
     "serve": ("rl_core.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),
-    "actor": ("rl_core.actor", "main", "Run the rollout actor of a run (started by `run`)."),
+    "actor": ("rl_core.actor_main", "main", "Run the rollout actor of a run (started by `run`)."),
     "trainer": ("rl_core.trainer", "main", "Run the trainer of a run (started by `run`)."),
     "eval": ("rl_core.evaluation", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
     "validate": ("rl_core.config", "main", "Validate a run config and print it resolved."),

@@ -1,15 +1,14 @@
 """The rollout actor: keeps prompt groups in flight, scores them, writes the stream.
 
-`python -m rl_core actor --run-dir DIR --servers URL[,URL]` (started by `run`).
+`python -m rl_core actor ...` (started by `run`; the process entry is `actor_main.py`).
 
 Async mode (PipelineRL): up to `actor.groups_in_flight` groups (one request with
 n=`actor.group_size` each) are generating at any time, routed to the least-loaded
 server (or HistoPipe). Servers swap weights between decode steps, so a sequence may
-span several policy versions. The `max_lag` throttle: the trainer publishes
-(version v, consumed c) after each step *and* its broadcast; a sample at stream index
-p is trained at version v + (p - c) // S, and its tokens are at least version v, so
-submitting only while `unconsumed + in_flight + group <= (max_lag + 1) * S` keeps
-every trained token's lag <= max_lag.
+span several policy versions. The `max_lag` bound is kept at submission
+(`lag_throttle.py`): each group gets a stream-slot deadline when it starts, and a
+finished group is written only while every group still pending keeps its deadline, so a
+slow (long) group is waited for rather than trained late or dropped as stale.
 
 Sync mode (baseline): generate `sync_steps_per_batch * S` samples with frozen weights,
 write them all at once, wait until the trainer consumed them (and broadcast the new
@@ -25,24 +24,24 @@ end; the benchmarks of `eval.benchmarks` every `eval.every_n_steps` and at the e
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import logging
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from rl_core.config import RunConfig, load_config
+from rl_core.config import RunConfig
 from rl_core.contracts import GenerationResult, RolloutSample, SamplingParams
+from rl_core.lag_throttle import LagThrottle
 from rl_core.loss import group_advantages
-from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink
-from rl_core.stream import StreamWriter, open_writer
+from rl_core.metrics import MetricsSink
+from rl_core.scheduling import assign_batch
+from rl_core.stream import StreamWriter
 from rl_core.tasks import Problem, TaskData, load_task
-from rl_core.trainer import read_progress, stream_redis_url
+from rl_core.trainer import latest_checkpoint, read_progress
 
 METRICS_EVERY_S = 2.0
 CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
@@ -114,9 +113,16 @@ class Actor:
         self.consumed = 0
         self.groups_started = 0
         self.samples_total = 0
+        # Async mode: which groups may start and which finished ones may be written (max_lag).
+        self.lag_throttle: LagThrottle[int, RolloutSample] = LagThrottle(
+            config.actor.max_lag, config.trainer.samples_per_step, config.actor.group_size
+        )
+        self.group_index_of: dict[asyncio.Task, int] = {}  # plain and async-tail groups in flight
+        self.launching = 0  # groups reserved by the current launch pass, not yet started
         self.sync_buffer: list[RolloutSample] = []
         self.sync_launched = 0  # samples launched in the current sync batch
         self.next_heldout = 0
+        self.evaluated_steps: dict[str, set[int]] = {"heldout": set(), "benchmarks": set()}  # versions evaluated
         self.next_benchmark = config.eval.every_n_steps if config.eval.every_n_steps else None
         self.group_size = config.actor.group_size
         self.samples_per_step = config.trainer.samples_per_step
@@ -161,14 +167,17 @@ class Actor:
 
     # --- one group ------------------------------------------------------------------
 
-    async def run_group(self, problem: Problem, epoch: int, group_index: int, kind: str = "plain") -> list[RolloutSample]:
+    async def run_group(
+        self, problem: Problem, epoch: int, group_index: int, kind: str = "plain", server: int | None = None
+    ) -> list[RolloutSample]:
+        """One group; `server` is where `launch_groups` placed it (a tail-batching group picks its own)."""
         group_id = f"g{group_index:08d}"
         if self.tail is not None:
             results = await self.generate_tail_group(problem, group_id, kind)
             if results is None:
                 return []  # deferred to the long-tail queue: it comes back as a long group
         else:
-            server = self.router.pick(problem.id, self.group_size, self.server_loads)
+            assert server is not None
             try:
                 results = await self.generate_on(server, self.task.messages(problem), self.sampling, self.group_size, problem.id)
             except BaseException:
@@ -306,11 +315,8 @@ class Actor:
 
     # --- the max_lag / sync throttle ------------------------------------------------
 
-    def in_flight_samples(self) -> int:
-        return len(self.in_flight) * self.group_size
-
     def may_submit(self) -> bool:
-        if len(self.in_flight) >= self.config.actor.groups_in_flight:
+        if len(self.in_flight) + self.launching >= self.config.actor.groups_in_flight:
             return False
         if self.config.mode == "sync":
             batch = self.config.sync_steps_per_batch * self.samples_per_step
@@ -320,11 +326,28 @@ class Actor:
                 if self.samples_total - self.consumed >= self.samples_per_step or self.sync_buffer:
                     return False
             return self.sync_launched < batch
-        unconsumed = self.samples_total - self.consumed
-        budget = (self.config.actor.max_lag + 1) * self.samples_per_step
-        return unconsumed + self.in_flight_samples() + self.group_size <= budget
+        return self.lag_throttle.may_submit(self.samples_total, self.consumed)
 
-    def on_group_done(self, samples: list[RolloutSample]) -> None:
+    def reserve_group(self) -> int:
+        """Count a group as launched (throttles) before its task exists; returns its index."""
+        index = self.groups_started
+        self.groups_started += 1
+        self.launching += 1
+        if self.config.mode == "sync":
+            self.sync_launched += self.group_size
+        else:
+            self.lag_throttle.on_submitted(index, self.consumed)
+        return index
+
+    def start_group(self, index: int, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self.launching -= 1
+        self.in_flight.add(task)
+        self.group_index_of[task] = index
+
+    def on_group_done(self, task: asyncio.Task, samples: list[RolloutSample]) -> None:
+        self.in_flight.discard(task)
+        index = self.group_index_of.pop(task, None)
         if self.config.mode == "sync":
             if not samples and self.tail_planner is None:
                 # A dropped (zero-advantage) group does not fill the batch: another one is
@@ -338,7 +361,9 @@ class Actor:
                 self.sync_buffer = []
                 self.sync_launched = 0
             return
-        self.write(samples)
+        self.lag_throttle.on_finished(index, samples)
+        for group in self.lag_throttle.take_writable(self.samples_total):
+            self.write(group)
 
     def write(self, samples: list[RolloutSample]) -> None:
         self.writer.append(samples)
@@ -356,7 +381,9 @@ class Actor:
             sampling=SamplingParams(temperature=temperature, top_p=self.config.sampling.top_p,
                                     max_new_tokens=self.config.sampling.max_new_tokens),
             template=PromptTemplate(system=self.config.task.system_prompt),
-            reward_timeout_s=self.config.task.reward_timeout_s, concurrency=16, seed=self.config.seed,
+            # Every problem at once: the server decodes them with the rollouts in one batch,
+            # which is cheaper per token than several smaller waves (bench/RESULTS.md).
+            reward_timeout_s=self.config.task.reward_timeout_s, concurrency=len(self.task.heldout), seed=self.config.seed,
         )
         versions = report.policy_versions
         self.sink.log(step, {
@@ -377,9 +404,11 @@ class Actor:
         e = self.config.eval
         if self.version >= self.next_heldout:
             self.evals.add(asyncio.create_task(self.heldout_eval(self.version)))
+            self.evaluated_steps["heldout"].add(self.version)
             self.next_heldout = self.version + e.heldout_every_n_steps if e.heldout_every_n_steps else 10**12
         if e.benchmarks and self.next_benchmark is not None and self.version >= self.next_benchmark:
             self.evals.add(asyncio.create_task(self.benchmark_eval(self.version)))
+            self.evaluated_steps["benchmarks"].add(self.version)
             self.next_benchmark = self.version + e.every_n_steps
 
     # --- metrics --------------------------------------------------------------------
@@ -442,8 +471,13 @@ class Actor:
         return progress
 
     async def wait_for_trainer(self, poll_s: float = 0.1) -> None:
-        """Generate nothing before the trainer is ready (and, on resume, has pushed its
-        checkpoint's version to the servers)."""
+        """A resumed run generates nothing before the trainer has pushed its checkpoint's
+        version to the servers (it publishes progress after that). A fresh run starts at
+        once: the servers already hold version 0, and the trainer's start-up (seconds of
+        imports and model loading) overlaps the first rollouts and the step-0 evaluation."""
+        if latest_checkpoint(self.run_dir) is None:
+            self.refresh_progress()
+            return
         while self.refresh_progress() is None:
             await asyncio.sleep(poll_s)
 
@@ -468,21 +502,10 @@ class Actor:
             self.start_periodic_evals()
             if self.tail_planner is not None and self.may_submit():
                 problems = self.launch_tail_round(problems)
-            while self.tail_planner is None and self.may_submit():
-                epoch, problem = next(problems)
-                kind = "plain"
-                if self.tail is not None:
-                    fresh = [problem]
-                    chosen = self.tail.next_prompt(lambda k: [p.id for p in fresh[:k]])
-                    assert chosen is not None  # the training stream is endless
-                    kind = chosen[1]
-                    if chosen[0] != problem.id:  # a long-tail prompt goes first; keep the fresh one
-                        problems = itertools.chain([(epoch, problem)], problems)
-                        problem = self.problems_by_id[chosen[0]]
-                task = asyncio.create_task(self.run_group(problem, epoch, self.groups_started, kind))
-                self.groups_started += 1
-                self.sync_launched += self.group_size if self.config.mode == "sync" else 0
-                self.in_flight.add(task)
+            if self.tail is not None:
+                problems = self.launch_tail_groups(problems)
+            elif self.tail_planner is None:
+                self.launch_groups(problems)
             waiting = self.in_flight | self.evals
             if waiting:
                 finished, _ = await asyncio.wait(waiting, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
@@ -494,10 +517,40 @@ class Actor:
                     self.evals.discard(task)
                     task.result()  # an eval error fails the actor with its message
                     continue
-                self.in_flight.discard(task)
-                self.on_group_done(task.result())
+                self.on_group_done(task, task.result())
             self.log_window()
         await self.finish()
+
+    def launch_groups(self, problems: Iterator[tuple[int, Problem]]) -> None:
+        """Start every plain group the throttle allows now, in the router's launch order
+        (HistoPipe: longest predicted first, each to the least predicted load); a sync batch
+        launches whole, an async window refills the groups that finished."""
+        drawn: dict[str, list[tuple[int, int, Problem]]] = {}  # prompt id -> (index, epoch, problem), in draw order
+        prompt_ids: list[str] = []
+        while self.may_submit():
+            epoch, problem = next(problems)
+            drawn.setdefault(problem.id, []).append((self.reserve_group(), epoch, problem))
+            prompt_ids.append(problem.id)
+        for prompt_id, server in assign_batch(self.router, prompt_ids, self.group_size, self.server_loads):
+            index, epoch, problem = drawn[prompt_id].pop(0)
+            self.start_group(index, self.run_group(problem, epoch, index, server=server))
+
+    def launch_tail_groups(self, problems: Iterator[tuple[int, Problem]]) -> Iterator[tuple[int, Problem]]:
+        """Async tail batching: one group at a time, a long-tail prompt first when the tracker
+        says so (its server is picked per response request). Returns the prompt stream."""
+        assert self.tail is not None
+        while self.may_submit():
+            epoch, problem = next(problems)
+            fresh = [problem]
+            chosen = self.tail.next_prompt(lambda k: [p.id for p in fresh[:k]])
+            assert chosen is not None  # the training stream is endless
+            kind = chosen[1]
+            if chosen[0] != problem.id:  # a long-tail prompt goes first; keep the fresh one
+                problems = itertools.chain([(epoch, problem)], problems)
+                problem = self.problems_by_id[chosen[0]]
+            index = self.reserve_group()
+            self.start_group(index, self.run_group(problem, epoch, index, kind))
+        return problems
 
     def launch_tail_round(self, problems: Iterator[tuple[int, Problem]]) -> Iterator[tuple[int, Problem]]:
         """Start the next sync batch as one tail-batching round (`run_tail_round`); it counts as
@@ -533,41 +586,11 @@ class Actor:
         self.log_window(force=True)
         if self.evals:
             await asyncio.gather(*self.evals)
-        final = [self.heldout_eval(self.version)]
-        if self.config.eval.benchmarks:
+        # The final version may already have had its periodic evaluation (max_steps a multiple of
+        # the interval): evaluating the same weights twice would only log a duplicate line.
+        final = []
+        if self.version not in self.evaluated_steps["heldout"]:
+            final.append(self.heldout_eval(self.version))
+        if self.config.eval.benchmarks and self.version not in self.evaluated_steps["benchmarks"]:
             final.append(self.benchmark_eval(self.version))
         await asyncio.gather(*final)
-
-
-async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) -> None:
-    from rl_core.client import InferenceClient
-
-    clients = [InferenceClient(url) for url in server_urls]
-    writer = open_writer(config.stream.kind, run_dir, stream_redis_url(config, run_dir))
-    sink = JsonlSink(run_dir / METRICS_FILE)
-    try:
-        await Actor(config, run_dir, clients, writer, sink).run()
-    finally:
-        writer.close()
-        sink.close()
-        for client in clients:
-            await client.aclose()
-
-
-def main(argv: list[str]) -> int:
-    import torch
-
-    parser = argparse.ArgumentParser(prog="python -m rl_core actor", description="Rollout actor of a run (started by `run`).")
-    parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
-    parser.add_argument("--servers", required=True, help="Comma-separated inference server base URLs.")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # the actor only parses, scores and routes
-    run_dir = Path(args.run_dir)
-    config = load_config(run_dir / "config.yaml")
-    servers = [url for url in args.servers.split(",") if url]
-    if not servers:
-        print("actor: --servers is empty", file=sys.stderr)
-        return 2
-    asyncio.run(run_actor(config, run_dir, servers))
-    print("actor: finished", flush=True)
-    return 0

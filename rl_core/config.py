@@ -12,13 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # Where the tiny model lives by default: the demo, the eval CLI, the README and
 # examples/tiny-cpu.yaml all use this one place (overridable for CI sandboxes).
 DEFAULT_TINY_MODEL_DIR = os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny")
 # Where ../shared/data lives relative to the checkout (benchmarks, math datasets).
 DEFAULT_SHARED_DATA_DIR = os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data")
+
+
+# Most tokens in one packed trainer row (loss.pack_micro_batches says why it is short).
+DEFAULT_ROW_TOKENS = 512
 
 
 class _Section(BaseModel):
@@ -87,8 +91,26 @@ class TaskConfig(_Section):
 
 class SamplingConfig(_Section):
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Nucleus sampling mass of the training rollouts: only 1.0 (no truncation) is accepted, "
+        "because the trainer scores each token under the full temperature-scaled distribution.",
+    )
     max_new_tokens: int = Field(48, ge=1, description="Maximum generated tokens per response.")
+
+    @field_validator("top_p")
+    @classmethod
+    def _untruncated(cls, top_p: float) -> float:
+        # A token drawn from a truncated distribution has a larger behaviour probability than
+        # the trainer's full-vocabulary score: every importance weight would be biased low
+        # (a mean ratio of ~0.91 at top_p 0.9 with no policy change), so refuse it here.
+        if top_p < 1.0:
+            raise ValueError(
+                f"top_p {top_p} < 1 is not supported for training rollouts: the trainer's importance "
+                "weights score tokens under the full temperature-scaled distribution, so truncated "
+                "sampling would bias every weight; use temperature to sharpen sampling instead"
+            )
+        return top_p
 
 
 class InferenceConfig(_Section):
@@ -165,6 +187,11 @@ class TrainerConfig(_Section):
     samples_per_step: int = Field(32, ge=1, description="Sequences per optimizer step (the batch size).")
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (gradient accumulation splits by it)."
+    )
+    row_tokens: int = Field(
+        DEFAULT_ROW_TOKENS, ge=16,
+        description="Most tokens in one packed row (a group's prompt once, then its completions); a micro-batch "
+        "stacks rows as a batch. Attention costs the square of a row, so long rows are slow on CPU.",
     )
     max_steps: int = Field(40, ge=1, description="Optimizer steps of the run.")
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")

@@ -82,8 +82,21 @@ class TrainerBackend(Protocol):
 
     version: int  # optimizer steps taken == policy version of the current weights
 
-    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probability of each next token and the entropy of each position (with grad)."""
+    def token_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability of each token under its context (with grad) and the entropy of that
+        distribution, under softmax(logits / temperature): the distribution the rollouts were
+        sampled from. A packed micro-batch passes its 4-D mask and `logit_source` (loss.py)."""
+        ...
+
+    def reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The frozen reference model's token logprobs (no grad), for the KL term; only
+        backends built with a reference model (`trainer.kl_coef > 0`) answer."""
         ...
 
     def backward(self, loss: torch.Tensor) -> None: ...

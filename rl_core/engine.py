@@ -7,8 +7,11 @@ advances every running sequence by one token (or by an accepted speculative
 draft plus one). Requests therefore join and leave the running batch at step
 boundaries — continuous batching — and a weight update never lands inside a
 forward pass, so sequences in flight simply continue on the new weights with
-their KV caches intact. Each token records the engine `version` of the step
-that sampled it.
+their KV caches intact (PipelineRL's in-flight update: those K/V stay as the old
+weights computed them). Each token records the engine `version` of the step
+that sampled it. A request admitted after an update never copies a prompt's K/V
+computed at an older version (`split_shared_prompts`): every token it yields is
+the new weights' own.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine_config import Drafter, EngineConfig
 from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
+from rl_core.speculation import DraftLengthController
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +49,10 @@ class _Sequence:
     future: Future
     rng: random.Random
     stop_ids: frozenset[int]
-    draft_len: int
+    draft_length: DraftLengthController
     slot: int = -1
     cache_len: int = 0  # tokens whose K/V are in the cache; the last generated token is not yet
+    prompt_kv_version: int = -1  # weight version the prompt's K/V were computed at (set at admission)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_versions: list[int] = field(default_factory=list)
@@ -211,7 +216,7 @@ class ReferenceEngine:
                 future=Future(),
                 rng=random.Random(seed),
                 stop_ids=self.default_stop_ids | frozenset(int(t) for t in params.stop_token_ids),
-                draft_len=self.config.initial_draft_len,
+                draft_length=DraftLengthController(self.config.initial_draft_len, self.config.max_draft_len),
             )
             seq.future.set_running_or_notify_cancel()
             self._waiting.append(seq)
@@ -354,7 +359,7 @@ class ReferenceEngine:
             version = self.version  # weights cannot change until the step is over
             try:
                 with torch.inference_mode():
-                    leaders, followers = split_shared_prompts(admitted, decoding)
+                    leaders, followers = split_shared_prompts(admitted, decoding, version)
                     if leaders:
                         self._prefill(leaders, version)
                     for follower, source in followers:
@@ -529,10 +534,7 @@ class ReferenceEngine:
             self.counters["spec_drafted_tokens"] += len(draft)
             self.counters["spec_accepted_tokens"] += accepted
             self.counters["spec_verify_steps"] += 1
-            if accepted == len(draft):
-                seq.draft_len = min(seq.draft_len * 2, self.config.max_draft_len)
-            else:
-                seq.draft_len = max(1, seq.draft_len // 2)
+            seq.draft_length.update(len(draft), accepted)
             # The cache now validly holds the prefix and the accepted draft prefix;
             # entries of rejected draft tokens get overwritten before anyone reads them.
             seq.cache_len += accepted
@@ -552,7 +554,7 @@ class ReferenceEngine:
             if self.drafter is not None and seq.history_key is not None:
                 # Room for the draft plus the token the target adds after it.
                 room = min(
-                    seq.draft_len,
+                    seq.draft_length.length,
                     per_row,
                     seq.params.max_new_tokens - len(seq.token_ids) - 1,
                     self.max_seq_len - (seq.cache_len + len(prefix)) - 1,

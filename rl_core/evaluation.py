@@ -9,6 +9,9 @@ Per problem, k samples are drawn and graded with `rewards.score_many`:
 mean@k is the mean over problems of the fraction correct, pass@k the fraction
 of problems with at least one correct sample, and the standard error is that
 of mean@k across problems (sample std of per-problem means / sqrt(problems)).
+A problem whose prompt plus the token budget does not fit the engine's context is
+skipped, not fatal: its per-problem line says `"skipped": "too_long"`, the summary
+counts it (`skipped_too_long`), and the aggregates are over the problems scored.
 `write_report` lays the results out as docs/ARCHITECTURE.md says:
 `DIR/evals.jsonl` (one line per step and benchmark) and
 `DIR/eval/step_XXXXXX_<bench>.jsonl` (one line per problem).
@@ -80,6 +83,25 @@ class EvalError(ValueError):
     """Unknown benchmark, missing data, bad k: the message says which."""
 
 
+# How every engine behind the inference contract refuses a request that does not fit its
+# context (reference: engine_sampling.check_request; vLLM: vllm_engine.VllmEngine.submit);
+# a server returns it as a 400 (tests/rl_core/test_engine_contract.py pins it for both).
+PROMPT_TOO_LONG_MARKER = "exceeds the engine's max_seq_len"
+
+
+class PromptTooLong(EvalError):
+    """The problem's prompt + max_new_tokens does not fit the engine's context."""
+
+
+def is_prompt_too_long(exc: BaseException) -> bool:
+    """Whether a `generate` failure is the engine refusing a prompt too long for its context
+    (in process: a ValueError; through a server: the client's ServerError with status 400)."""
+    if isinstance(exc, PromptTooLong):
+        return True
+    status = getattr(exc, "status", None)
+    return isinstance(exc, (ValueError, RuntimeError)) and status in (None, 400) and PROMPT_TOO_LONG_MARKER in str(exc)
+
+
 def get_benchmark(name: str) -> Benchmark:
     if name not in BENCHMARKS:
         raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
@@ -119,6 +141,7 @@ class ProblemResult:
     timed_out: int = 0
     policy_versions: list[int] = field(default_factory=list)
     truncated: int = 0  # samples that hit max_new_tokens
+    skipped: str | None = None  # "too_long": not sampled, left out of the aggregates
 
     @property
     def mean(self) -> float:
@@ -137,6 +160,7 @@ class ProblemResult:
             "verdicts": self.verdicts,
             "mean": self.mean,
             "pass": self.passed,
+            "skipped": self.skipped,
         }
 
 
@@ -144,12 +168,21 @@ class ProblemResult:
 class EvalReport:
     benchmark: str
     k: int
-    results: list[ProblemResult]
+    results: list[ProblemResult]  # every problem, skipped ones included, in benchmark order
     seconds: float = 0.0
 
     @property
+    def scored(self) -> list[ProblemResult]:
+        return [r for r in self.results if r.skipped is None]
+
+    @property
+    def skipped_too_long(self) -> int:
+        return sum(r.skipped == "too_long" for r in self.results)
+
+    @property
     def num_problems(self) -> int:
-        return len(self.results)
+        """Problems scored (skipped ones are counted apart)."""
+        return len(self.scored)
 
     @property
     def num_samples(self) -> int:
@@ -157,11 +190,13 @@ class EvalReport:
 
     @property
     def mean_at_k(self) -> float:
-        return sum(r.mean for r in self.results) / self.num_problems if self.results else 0.0
+        scored = self.scored
+        return sum(r.mean for r in scored) / len(scored) if scored else 0.0
 
     @property
     def pass_at_k(self) -> float:
-        return sum(r.passed for r in self.results) / self.num_problems if self.results else 0.0
+        scored = self.scored
+        return sum(r.passed for r in scored) / len(scored) if scored else 0.0
 
     @property
     def stderr(self) -> float:
@@ -170,7 +205,7 @@ class EvalReport:
         if n < 2:
             return 0.0
         mean = self.mean_at_k
-        variance = sum((r.mean - mean) ** 2 for r in self.results) / (n - 1)
+        variance = sum((r.mean - mean) ** 2 for r in self.scored) / (n - 1)
         return math.sqrt(variance / n)
 
     @property
@@ -189,6 +224,7 @@ class EvalReport:
             f"{prefix}/pass_at_k": self.pass_at_k,
             f"{prefix}/stderr": self.stderr,
             f"{prefix}/timed_out": float(self.timed_out),
+            f"{prefix}/skipped_too_long": float(self.skipped_too_long),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -202,6 +238,7 @@ class EvalReport:
             "num_samples": self.num_samples,
             "timed_out": self.timed_out,
             "truncated": sum(r.truncated for r in self.results),
+            "skipped_too_long": self.skipped_too_long,
             "policy_versions": self.policy_versions,
             "seconds": round(self.seconds, 3),
         }
@@ -255,7 +292,14 @@ async def evaluate(
                 stop_token_ids=list(sampling.stop_token_ids),
                 seed=problem_seed(seed if sampling.seed is None else sampling.seed, problem.id),
             )
-            outputs = await generate(template.messages(problem), params, k)
+            try:
+                outputs = await generate(template.messages(problem), params, k)
+            except Exception as exc:
+                if not is_prompt_too_long(exc):
+                    raise
+                # Does not fit the model's context: counted and reported, not fatal.
+                return ProblemResult(problem_id=problem.id, answer=problem.answer, samples=[], extracted=[],
+                                     verdicts=[], skipped="too_long")
         if len(outputs) != k:
             raise EvalError(f"generate returned {len(outputs)} samples for {problem.id!r}, expected {k}")
         texts = [output.text for output in outputs]
@@ -284,6 +328,10 @@ def engine_generate(engine: Any) -> GenerateFn:
 
     async def generate(messages: list[dict[str, str]], sampling: SamplingParams, n: int) -> list[GenerationResult]:
         prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        if len(prompt) + sampling.max_new_tokens > engine.max_seq_len:  # before any of the n is submitted
+            raise PromptTooLong(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({sampling.max_new_tokens}) {PROMPT_TOO_LONG_MARKER} {engine.max_seq_len}"
+            )
         futures = []
         for index in range(n):
             params = SamplingParams(
@@ -459,7 +507,8 @@ def main(argv: list[str]) -> int:
     print(
         f"{args.benchmark}: mean@{report.k} = {report.mean_at_k:.4f} ± {report.stderr:.4f}, pass@{report.k} = "
         f"{report.pass_at_k:.4f} ({report.num_problems} problems, {report.num_samples} samples, "
-        f"{report.timed_out} timed out, {report.seconds:.1f}s)"
+        f"{report.timed_out} timed out, {report.skipped_too_long} skipped as too long for the model's context, "
+        f"{report.seconds:.1f}s)"
     )
     print(json.dumps({**summary, "results_file": str(out)}))
     return 0

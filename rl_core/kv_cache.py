@@ -178,19 +178,28 @@ def register_engine_attention() -> None:
 
 class _HasPrompt(Protocol):
     prompt_token_ids: list[int]
+    prompt_kv_version: int
 
 
 PromptHolder = TypeVar("PromptHolder", bound=_HasPrompt)
 
 
 def split_shared_prompts(
-    admitted: Sequence[PromptHolder], cached: Sequence[PromptHolder]
+    admitted: Sequence[PromptHolder], cached: Sequence[PromptHolder], version: int
 ) -> tuple[list[PromptHolder], list[tuple[PromptHolder, PromptHolder]]]:
     """Split newly admitted sequences into ones to prefill and (follower, source) pairs
     whose prompt is identical to a sequence already cached or prefilled this step — the
     n samples of one chat request, or a group of attempts at one problem: a follower
-    copies its source's prompt KV instead of computing it again."""
-    sources = {tuple(seq.prompt_token_ids): seq for seq in cached}
+    copies its source's prompt KV instead of computing it again.
+
+    Only a prompt whose K/V were computed at the current weight `version` is shared
+    (`prompt_kv_version`; the admitted ones are about to be prefilled at `version`). A
+    sequence running across a weight update keeps its stale KV and continues on the new
+    weights — that is PipelineRL's in-flight update, and its tokens before the update carry
+    the old version. But a request admitted after the update has all its tokens tagged with
+    the new version, so copying old-weights prompt K/V into it would make it neither policy:
+    it is prefilled afresh (and becomes the source for later requests of that prompt)."""
+    sources = {tuple(seq.prompt_token_ids): seq for seq in cached if seq.prompt_kv_version == version}
     leaders: list[PromptHolder] = []
     followers: list[tuple[PromptHolder, PromptHolder]] = []
     for seq in admitted:
@@ -201,4 +210,5 @@ def split_shared_prompts(
         else:
             leaders.append(seq)
             sources.setdefault(key, seq)
+        seq.prompt_kv_version = version
     return leaders, followers

@@ -5,12 +5,14 @@ Data flows through this file in order:
 1. `group_advantages` — the actor scores a group of attempts at one prompt and turns
    rewards into advantages relative to the group (GRPO-style, no value model).
 2. `pack_micro_batches` — the trainer packs an optimizer batch of samples into
-   micro-batches of at most `micro_batch_tokens` tokens. Sequences are concatenated
-   into one row with `position_ids` restarting at 0 per sequence; HF attention turns
-   restarting position ids into a block-diagonal causal mask (no cross-sequence
-   attention, no padding compute).
+   micro-batches of at most `micro_batch_tokens` tokens: a group's completions share one
+   copy of their prompt (a 4-D mask lets each attend the prompt and itself only), units
+   fill rows of at most `row_tokens`, rows are stacked as a batch.
 3. `token_logprobs_from_logits` — log p(token t | tokens < t) and the entropy of the
-   distribution that sampled token t, aligned with the input positions.
+   distribution that sampled token t, aligned with the input positions. The logits are
+   divided by the sampling temperature first: behaviour logprobs come from the
+   temperature-scaled distribution the engine drew from, so the trainer must score the
+   same distribution or the importance ratio is not 1 even without a policy change.
 4. `policy_loss` — PipelineRL's truncated importance-weighted policy gradient (or
    GRPO's clipped ratio), plus an optional k3 KL to a reference model. Token terms are
    summed and divided by the number of sequences in the *optimizer* batch, so the
@@ -21,10 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
+from rl_core.config import DEFAULT_ROW_TOKENS
 from rl_core.contracts import RolloutSample
 
 
@@ -48,17 +51,30 @@ def group_advantages(rewards: Sequence[float], normalize_std: bool = False, eps:
 
 # --- 2. packing --------------------------------------------------------------------
 
+# Rows are capped at `trainer.row_tokens` (DEFAULT_ROW_TOKENS): each row's attention mask is
+# dense ([T, T]), so attention costs the square of the row; rows of one micro-batch are
+# stacked as a batch instead of concatenated, which keeps that cost linear in the
+# micro-batch (one 4096-token row took 5.3 s per demo step on one core: bench/RESULTS.md).
+
 
 @dataclass
 class MicroBatch:
-    """One packed row of sequences. All tensors are [1, T] (T = total tokens).
+    """Packed rows stacked as a batch: every tensor is [R, T] (R rows padded to T tokens),
+    but `attention_mask`, [R, 1, T, T], True where a query may attend a key.
 
-    `loss_mask` marks completion tokens (the ones trained); the per-token tensors
-    `behaviour_logprobs`, `advantages` and `token_versions` hold real values only where
-    `loss_mask` is true."""
+    A row holds prompt *units*: one copy of a prompt followed by the completions of the
+    group's samples that share it (a group of 8 pays for its prompt once, not 8 times).
+    Each completion attends to its prompt and causally to itself; position ids restart
+    per unit and continue from the prompt's length in each completion, so every token
+    sees exactly what it saw when it was sampled. `logit_source[r, t]` is the position
+    whose logits predict token t: the previous one, except for a completion's first token,
+    predicted by its prompt's last. `loss_mask` marks completion tokens (the ones trained);
+    `behaviour_logprobs`, `advantages` and `token_versions` hold real values only there."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logit_source: torch.Tensor
     loss_mask: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
@@ -67,7 +83,8 @@ class MicroBatch:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
+        """Token slots computed, padding included."""
+        return int(self.input_ids.numel())
 
 
 def _validate_sample(sample: RolloutSample) -> None:
@@ -83,52 +100,160 @@ def _validate_sample(sample: RolloutSample) -> None:
         raise ValueError(f"sample {sample.sample_id}: empty prompt")
 
 
-def pack_micro_batches(samples: Sequence[RolloutSample], micro_batch_tokens: int) -> list[MicroBatch]:
-    """First-fit-decreasing packing of samples into rows of at most `micro_batch_tokens`.
+def _prompt_units(samples: Sequence[RolloutSample], row_tokens: int, share_prompts: bool) -> list[list[int]]:
+    """Sample indices grouped by identical prompt (in first-seen order), each unit cut so that
+    its prompt plus completions fit `row_tokens` where possible (a unit is never empty)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    units: list[list[int]] = []
+    for index, sample in enumerate(samples):
+        if not share_prompts:
+            units.append([index])
+            continue
+        by_prompt.setdefault(tuple(sample.prompt_token_ids), []).append(index)
+    for prompt, members in by_prompt.items():
+        unit: list[int] = []
+        size = len(prompt)
+        for index in members:
+            length = len(samples[index].completion_token_ids)
+            if unit and size + length > row_tokens:
+                units.append(unit)
+                unit, size = [], len(prompt)
+            unit.append(index)
+            size += length
+        units.append(unit)
+    return units
 
-    A sample longer than the budget gets a row of its own (it is never truncated:
-    dropping tokens would silently change the gradient)."""
-    for sample in samples:
-        _validate_sample(sample)
-    order = sorted(range(len(samples)), key=lambda i: samples[i].num_tokens, reverse=True)
+
+def _first_fit_decreasing(sizes: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices into `sizes` packed into bins of at most `capacity` (an item larger than
+    that gets a bin of its own: nothing is ever truncated)."""
     bins: list[list[int]] = []
-    bin_tokens: list[int] = []
-    for index in order:
-        size = samples[index].num_tokens
-        for b, used in enumerate(bin_tokens):
-            if used + size <= micro_batch_tokens:
+    used: list[int] = []
+    for index in sorted(range(len(sizes)), key=lambda i: sizes[i], reverse=True):
+        for b, total in enumerate(used):
+            if total + sizes[index] <= capacity:
                 bins[b].append(index)
-                bin_tokens[b] += size
+                used[b] += sizes[index]
                 break
         else:
             bins.append([index])
-            bin_tokens.append(size)
-    return [_pack_row([samples[i] for i in members]) for members in bins]
+            used.append(sizes[index])
+    return bins
 
 
-def _pack_row(samples: Sequence[RolloutSample]) -> MicroBatch:
-    input_ids: list[int] = []
-    position_ids: list[int] = []
-    loss_mask: list[bool] = []
-    behaviour: list[float] = []
-    advantages: list[float] = []
-    versions: list[int] = []
+def _rows_with_least_padding(unit_sizes: Sequence[int], row_tokens: int) -> list[list[int]]:
+    """Units packed into rows, trying every row capacity from the largest unit up to
+    `row_tokens` in steps of it: rows are padded to the longest, so a capacity that leaves
+    one row with two units and the rest with one pads every row to the long one. The
+    capacity with the fewest padded tokens wins (the smaller on a tie: cheaper attention)."""
+    largest = max(unit_sizes)
+    best: list[list[int]] | None = None
+    best_cost = 0
+    capacity = largest
+    while True:
+        rows = _first_fit_decreasing(unit_sizes, capacity)
+        cost = len(rows) * max(sum(unit_sizes[i] for i in row) for row in rows)
+        if best is None or cost < best_cost:
+            best, best_cost = rows, cost
+        if capacity >= row_tokens:
+            return best
+        capacity = min(row_tokens, capacity + largest)
+
+
+def pack_micro_batches(
+    samples: Sequence[RolloutSample],
+    micro_batch_tokens: int,
+    row_tokens: int = DEFAULT_ROW_TOKENS,
+    share_prompts: bool = True,
+) -> list[MicroBatch]:
+    """Pack an optimizer batch: prompt units into rows of at most `row_tokens` (first fit
+    decreasing), rows into micro-batches whose padded size (rows x longest row) is at most
+    `micro_batch_tokens`. Nothing is truncated: dropping tokens would change the gradient.
+    `share_prompts=False` gives every sample its own prompt copy (the layout a test
+    compares against)."""
     for sample in samples:
-        prompt, completion = sample.prompt_token_ids, sample.completion_token_ids
-        input_ids += list(prompt) + list(completion)
-        position_ids += list(range(len(prompt) + len(completion)))
-        loss_mask += [False] * len(prompt) + [True] * len(completion)
-        behaviour += [0.0] * len(prompt) + [float(x) for x in sample.behaviour_logprobs]
-        advantages += [0.0] * len(prompt) + [float(sample.advantage)] * len(completion)
-        versions += [0] * len(prompt) + [int(v) for v in sample.token_versions]
+        _validate_sample(sample)
+    row_tokens = min(row_tokens, micro_batch_tokens)  # a row is never larger than a micro-batch
+    units = _prompt_units(samples, row_tokens, share_prompts)
+    unit_sizes = [len(samples[u[0]].prompt_token_ids) + sum(len(samples[i].completion_token_ids) for i in u) for u in units]
+    row_members = _rows_with_least_padding(unit_sizes, row_tokens)
+    rows = [[units[i] for i in members] for members in row_members]
+    row_sizes = [sum(unit_sizes[i] for i in members) for members in row_members]
+    batches: list[list[int]] = []  # row indices; rows longest first, so a batch's first row sets its width
+    for index in sorted(range(len(rows)), key=lambda i: row_sizes[i], reverse=True):
+        if batches and (len(batches[-1]) + 1) * row_sizes[batches[-1][0]] <= micro_batch_tokens:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return [_stack_rows([rows[i] for i in batch], samples) for batch in batches]
+
+
+def _stack_rows(rows: list[list[list[int]]], samples: Sequence[RolloutSample]) -> MicroBatch:
+    columns: dict[str, list[list[Any]]] = {name: [] for name in ("ids", "pos", "source", "loss", "behaviour", "adv", "ver", "unit", "seq")}
+    for row in rows:
+        ids: list[int] = []
+        pos: list[int] = []
+        source: list[int] = []
+        loss: list[bool] = []
+        behaviour: list[float] = []
+        adv: list[float] = []
+        ver: list[int] = []
+        unit_of: list[int] = []
+        seq_of: list[int] = []  # -1 for prompt tokens: every completion of the unit may attend them
+        for unit_index, unit in enumerate(row):
+            prompt = samples[unit[0]].prompt_token_ids
+            prompt_start = len(ids)
+            ids += list(prompt)
+            pos += list(range(len(prompt)))
+            source += [max(prompt_start, prompt_start + k - 1) for k in range(len(prompt))]
+            loss += [False] * len(prompt)
+            behaviour += [0.0] * len(prompt)
+            adv += [0.0] * len(prompt)
+            ver += [0] * len(prompt)
+            unit_of += [unit_index] * len(prompt)
+            seq_of += [-1] * len(prompt)
+            prompt_last = len(ids) - 1
+            for seq_index, sample_index in enumerate(unit):
+                sample = samples[sample_index]
+                start = len(ids)
+                n = len(sample.completion_token_ids)
+                ids += list(sample.completion_token_ids)
+                pos += list(range(len(prompt), len(prompt) + n))
+                source += [prompt_last] + list(range(start, start + n - 1))
+                loss += [True] * n
+                behaviour += [float(x) for x in sample.behaviour_logprobs]
+                adv += [float(sample.advantage)] * n
+                ver += [int(v) for v in sample.token_versions]
+                unit_of += [unit_index] * n
+                seq_of += [seq_index] * n
+        for name, values in zip(columns, (ids, pos, source, loss, behaviour, adv, ver, unit_of, seq_of)):
+            columns[name].append(values)
+    width = max(len(row_ids) for row_ids in columns["ids"])
+
+    def padded(name: str, fill: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([values + [fill] * (width - len(values)) for values in columns[name]], dtype=dtype)
+
+    # Padding: its own unit (-1), a "prompt" token that may attend only itself (a query with
+    # nothing to attend would give NaN), never trained.
+    unit = padded("unit", -1, torch.long)
+    seq = padded("seq", -1, torch.long)
+    index = torch.arange(width)
+    source = padded("source", 0, torch.long)
+    source = torch.where(unit >= 0, source, index.unsqueeze(0))
+    same_unit = (unit.unsqueeze(2) == unit.unsqueeze(1)) & (unit.unsqueeze(2) >= 0)
+    causal = index.view(1, width, 1) >= index.view(1, 1, width)
+    visible = (seq.unsqueeze(1) == -1) | (seq.unsqueeze(1) == seq.unsqueeze(2))
+    allowed = (same_unit & causal & visible) | torch.eye(width, dtype=torch.bool).unsqueeze(0)
     return MicroBatch(
-        input_ids=torch.tensor([input_ids], dtype=torch.long),
-        position_ids=torch.tensor([position_ids], dtype=torch.long),
-        loss_mask=torch.tensor([loss_mask], dtype=torch.bool),
-        behaviour_logprobs=torch.tensor([behaviour], dtype=torch.float32),
-        advantages=torch.tensor([advantages], dtype=torch.float32),
-        token_versions=torch.tensor([versions], dtype=torch.long),
-        num_sequences=len(samples),
+        input_ids=padded("ids", 0, torch.long),
+        position_ids=padded("pos", 0, torch.long),
+        attention_mask=allowed.unsqueeze(1),
+        logit_source=source,
+        loss_mask=padded("loss", False, torch.bool),
+        behaviour_logprobs=padded("behaviour", 0.0, torch.float32),
+        advantages=padded("adv", 0.0, torch.float32),
+        token_versions=padded("ver", 0, torch.long),
+        num_sequences=sum(len(unit_members) for row in rows for unit_members in row),
     )
 
 
@@ -141,10 +266,15 @@ def model_token_logprobs(
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     device: torch.device | str,
+    temperature: float = 1.0,
+    logit_source: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an HF causal LM (or a DeepSpeed engine wrapping one) without a KV cache and return
-    [B, T] log p(token t | < t) and entropies aligned with input_ids. Every trainer backend
-    and the reference model go through here, so the alignment is defined once."""
+    [B, T] log p(token t | its context) and entropies aligned with input_ids, under the
+    distribution sampled at `temperature`. `attention_mask` may be a packed batch's 4-D
+    mask (`MicroBatch`), with `logit_source` saying which position predicts each token.
+    Every trainer backend and the reference model go through here, so the alignment is
+    defined once."""
     input_ids = input_ids.to(device)
     output = model(
         input_ids=input_ids,
@@ -152,26 +282,55 @@ def model_token_logprobs(
         position_ids=None if position_ids is None else position_ids.to(device),
         use_cache=False,
     )
-    return token_logprobs_from_logits(output.logits, input_ids)
+    return token_logprobs_from_logits(
+        output.logits, input_ids, temperature, None if logit_source is None else logit_source.to(device)
+    )
 
 
-def token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position log p(input_ids[:, t] | < t) and entropy of that distribution.
+def scoring_temperature(sampling_temperature: float) -> float:
+    """The temperature the trainer divides logits by for samples drawn at
+    `sampling_temperature`. Greedy requests (0) report the plain log-softmax of the argmax
+    (`engine_sampling.sample_rows`), so they are scored at 1."""
+    return sampling_temperature if sampling_temperature > 0.0 else 1.0
 
-    Both outputs are [B, T] and aligned with `input_ids`: position t uses the logits
-    at t - 1. Position 0 has no prediction and gets 0 (it is always a prompt token,
-    never trained). In a packed row the first token of each sequence is also a
-    prompt token, so the cross-sequence prediction there is masked out by `loss_mask`."""
+
+def token_logprobs_from_logits(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, logit_source: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position log p(input_ids[:, t] | context) and the entropy of that distribution,
+    where p is softmax(logits / temperature): the distribution the engine sampled from.
+
+    Both outputs are [B, T] and aligned with `input_ids`. Token t is predicted by the
+    logits at `logit_source[:, t]`, by default t - 1 (position 0 has no prediction and
+    gets 0: it is always a prompt token, never trained). The entropy is a metric only and
+    is computed without gradient."""
+    if temperature <= 0.0:
+        raise ValueError(f"token_logprobs_from_logits: temperature must be > 0, got {temperature}")
     logits = logits.float()
-    log_probs = torch.log_softmax(logits[:, :-1, :], dim=-1)
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    token_logp = log_probs.gather(-1, targets).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    pad = torch.zeros(logits.shape[0], 1, dtype=token_logp.dtype, device=token_logp.device)
-    return torch.cat([pad, token_logp], dim=1), torch.cat([pad, entropy], dim=1)
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    batch, length, vocab = log_probs.shape
+    if logit_source is None:
+        previous = torch.arange(length, device=log_probs.device) - 1
+        logit_source = previous.clamp(min=0).unsqueeze(0).expand(batch, length)
+    # One gather on the flattened [B*T, V] table: no [B, T, V] copy of the log-probabilities.
+    rows = (logit_source + torch.arange(batch, device=log_probs.device).unsqueeze(1) * length).reshape(-1)
+    flat = log_probs.reshape(batch * length, vocab)
+    token_logp = flat[rows, input_ids.reshape(-1)].view(batch, length)
+    with torch.no_grad():
+        entropy_at = -(log_probs.exp() * log_probs).sum(-1)
+        entropy = entropy_at.reshape(-1)[rows].view(batch, length)
+    first = torch.zeros_like(token_logp, dtype=torch.bool)
+    first[:, 0] = True
+    return token_logp.masked_fill(first, 0.0), entropy.masked_fill(first, 0.0)
 
 
 # --- 4. losses ---------------------------------------------------------------------
+
+
+KL_LOG_RATIO_BOUND = 20.0  # |log(ref / policy)| before exp: exp(20) is finite in float32
+KL_TOKEN_BOUND = 10.0  # the k3 estimate of one token, at most
 
 
 @dataclass
@@ -185,7 +344,7 @@ class LossOutput:
     sum_weights: float  # importance weights (after truncation): for ESS
     sum_weights_sq: float
     sum_kl: float
-    num_clipped: int  # tokens whose weight hit the truncation / clip bound
+    num_clipped: int  # tokens whose weight hit the truncation bound / whose clipped term was the one used
 
 
 def policy_loss(
@@ -204,7 +363,7 @@ def policy_loss(
 
     - `pipelinerl`: -sum_t min(exp(logp - behaviour_logp), is_truncation).detach() * A * logp
     - `grpo_clip`: -sum_t min(r * A, clip(r, 1 - eps, 1 + eps) * A), r = exp(logp - behaviour_logp)
-    - k3 KL (`kl_coef > 0`): + kl_coef * sum_t (exp(ref - logp) - (ref - logp) - 1)
+    - k3 KL (`kl_coef > 0`): + kl_coef * sum_t min(exp(d) - d - 1, 10), d = clamp(ref - logp, ±20)
     Each sum runs over the completion tokens of the micro-batch and is divided by
     `num_sequences_in_step` (the sequences of the whole optimizer batch)."""
     if num_sequences_in_step <= 0:
@@ -223,7 +382,12 @@ def policy_loss(
         clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
         per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
         weights = ratio.detach()
-        clipped = ((ratio.detach() - 1.0).abs() > clip_eps) & mask
+        # As TRL counts it: a token is clipped when the clipped term is the one the minimum
+        # takes, i.e. the ratio left the band on the side that matters for the advantage's
+        # sign (above 1 + eps with A > 0, below 1 - eps with A < 0); elsewhere the gradient
+        # flows unclipped.
+        r = ratio.detach()
+        clipped = (((r > 1.0 + clip_eps) & (advantages > 0)) | ((r < 1.0 - clip_eps) & (advantages < 0))) & mask
     else:
         raise ValueError(f"policy_loss: unknown loss kind {kind!r} (expected 'pipelinerl' or 'grpo_clip')")
     sum_kl = 0.0
@@ -231,7 +395,10 @@ def policy_loss(
         if reference_logprobs is None:
             raise ValueError("policy_loss: kl_coef > 0 needs reference_logprobs")
         delta = (reference_logprobs.to(logprobs.device).detach() - logprobs) * maskf
-        kl = torch.exp(delta) - delta - 1.0
+        # exp() of a large log-ratio overflows to inf (then NaN gradients): bound the
+        # log-ratio before exp and the per-token estimate after it.
+        delta = torch.clamp(delta, min=-KL_LOG_RATIO_BOUND, max=KL_LOG_RATIO_BOUND)
+        kl = torch.clamp(torch.exp(delta) - delta - 1.0, max=KL_TOKEN_BOUND)
         per_token = per_token + kl_coef * kl
         sum_kl = float((kl * maskf).sum().detach())
     loss = (per_token * maskf).sum() / num_sequences_in_step

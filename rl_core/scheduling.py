@@ -199,14 +199,19 @@ def make_router(config: RunConfig | HistoPipeConfig) -> Router:
     return LeastLoadedRouter()
 
 
-def assign_batch(router: Router, prompt_ids: Sequence[str], n: int, num_servers: int) -> list[tuple[str, int]]:
-    """Sync mode: place a whole batch at once. Returns (prompt_id, server) in launch order.
+def assign_batch(
+    router: Router, prompt_ids: Sequence[str], n: int, server_loads: Sequence[float]
+) -> list[tuple[str, int]]:
+    """Place the groups the actor launches together (a sync batch, an async refill): the
+    router's launch order, then a server for each. Returns (prompt_id, server) in launch
+    order; equal prompt ids keep their relative order (the router's order is stable).
 
-    `server_loads` passed to the router count the groups already placed in this batch, which
-    is what least-loaded needs; HistoPipe uses its predicted tallies instead."""
-    if num_servers < 1:
-        raise ValueError(f"num_servers must be >= 1, got {num_servers}")
-    loads = [0.0] * num_servers
+    `server_loads` are the sequences already in flight per server; the groups placed here
+    are added to a copy as they are placed, which is what least-loaded needs; HistoPipe
+    uses its predicted tallies instead. The actor calls this; so does bench/histopipe.py."""
+    if not server_loads:
+        raise ValueError("server_loads is empty: there must be at least one server")
+    loads = [float(load) for load in server_loads]
     placement = []
     for prompt_id in router.order(prompt_ids):
         server = router.pick(prompt_id, n, loads)

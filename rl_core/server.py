@@ -148,6 +148,7 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine))
     tokenizer = engine.tokenizer
+    token_texts = TokenTexts(tokenizer)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -208,7 +209,7 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
         results = await _wait_or_abort(engine, request, futures, [f"{prefix}-{i}" for i in range(body.n)])
         if results is None:
             return error_response(499, "client disconnected; requests aborted")
-        return _completion_json(prefix, model_name, prompt, results, body.logprobs, tokenizer)
+        return _completion_json(prefix, model_name, prompt, results, body.logprobs, token_texts)
 
     @app.post("/abort")
     async def abort(request: Request):
@@ -273,8 +274,26 @@ async def _wait_or_abort(
             return None
 
 
+class TokenTexts:
+    """Each token id's text and UTF-8 bytes for the OpenAI `logprobs.content` entries, decoded
+    once per id. Decoding every generated token anew cost the server process a slice of every
+    step (the event loop shares the GIL with the engine's decode thread)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token: int) -> tuple[str, list[int]]:
+        entry = self.cache.get(token)
+        if entry is None:
+            text = self.tokenizer.decode([token])
+            entry = self.cache[token] = (text, list(text.encode("utf-8")))
+        return entry
+
+
 def _completion_json(
-    prefix: str, model_name: str, prompt: list[int], results: list[GenerationResult], with_logprobs: bool, tokenizer: Any
+    prefix: str, model_name: str, prompt: list[int], results: list[GenerationResult], with_logprobs: bool,
+    token_texts: TokenTexts,
 ) -> dict[str, Any]:
     choices = []
     for index, result in enumerate(results):
@@ -282,8 +301,8 @@ def _completion_json(
         if with_logprobs:
             content = []
             for token, logprob in zip(result.token_ids, result.logprobs):
-                text = tokenizer.decode([token])
-                content.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+                text, utf8 = token_texts(token)
+                content.append({"token": text, "logprob": logprob, "bytes": utf8, "top_logprobs": []})
             logprobs = {"content": content}
         choices.append(
             {

@@ -148,13 +148,18 @@ class HistoryDrafter:
 
 
 class DraftLengthController:
-    """Adaptive draft length per sequence: start at `initial_draft_len`, double on a fully
-    accepted draft (up to `max_draft_len`), halve otherwise (down to 1)."""
+    """Adaptive draft length of one sequence, as the reference engine runs it: start at
+    `initial_draft_len`, double on a fully accepted draft (up to `max_draft_len`), halve
+    otherwise (down to 1). The engine keeps one per sequence and asks the drafter for at
+    most `length` tokens (less where the step's budget or the room left is smaller)."""
 
-    def __init__(self, config: HistoSpecConfig) -> None:
-        self.initial = config.initial_draft_len
-        self.maximum = max(config.max_draft_len, 1)
-        self.length = min(self.initial, self.maximum)
+    def __init__(self, initial_draft_len: int, max_draft_len: int) -> None:
+        self.maximum = max(int(max_draft_len), 1)
+        self.length = min(max(int(initial_draft_len), 1), self.maximum)
+
+    @classmethod
+    def from_config(cls, config: HistoSpecConfig) -> DraftLengthController:
+        return cls(config.initial_draft_len, config.max_draft_len)
 
     def update(self, drafted: int, accepted: int) -> int:
         """Feed one verify step's outcome; returns the next draft length. A step with an empty

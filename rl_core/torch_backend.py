@@ -85,17 +85,23 @@ class TorchBackend:
     # --- forward / backward / step -----------------------------------------------
 
     def token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T] log p(token t | < t) and entropies, aligned with input_ids (see loss.py).
         For packed rows pass `attention_mask=None` and restarting `position_ids`."""
-        return model_token_logprobs(self.model, input_ids, attention_mask, position_ids, self.device)
+        return model_token_logprobs(self.model, input_ids, attention_mask, position_ids, self.device, temperature, logit_source)
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+    def reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self.reference is None:
             raise RuntimeError("reference_logprobs: the backend was built without a reference model")
-        return model_token_logprobs(self.reference, input_ids, None, position_ids, self.device)[0]
+        return model_token_logprobs(
+            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source
+        )[0]
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

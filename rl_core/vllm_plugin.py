@@ -17,20 +17,18 @@ vLLM's `model.load_weights` inside the layerwise-reload lifecycle
 does its own name mapping (fused qkv / gate_up), tensor-parallel sharding and any
 post-load processing.
 
-A trainer process that has vLLM installed can use the trainer half
-(`InflightTrainerWeightTransferEngine`, registered for both names too) through vLLM's
-`WeightTransferTrainerFactory` instead of `WeightBroadcaster`.
+Only the worker (receiving) half lives here: the trainer side of record is
+`weight_sync.WeightBroadcaster`, whatever engine serves.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, ParamSpec, SyncGroup, create_group, dtype_name, parse_dtype, plan_buckets
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, ParamSpec, SyncGroup, create_group, parse_dtype, plan_buckets
 
 ENGINE_NAMES = {"gloo": "gloo", "inflight_nccl": "nccl"}  # vLLM backend name -> torch.distributed backend
 
@@ -207,99 +205,15 @@ class InflightWeightTransferEngine(base.WeightTransferEngine):
                     pass
 
 
-@dataclass
-class InflightTrainerInitInfo(base.TrainerInitInfo):
-    backend: ClassVar[str] = "gloo"
-
-    master_address: str
-    master_port: int
-    world_size: int
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    timeout_s: float = 300.0
-
-
-class InflightTrainerWeightTransferEngine(base.TrainerWeightTransferEngine):
-    """Trainer side for vLLM's trainer factory: rank 0 of the group, one vLLM server
-    behind `client` (its workers at ranks 1..world_size-1)."""
-
-    init_info_cls = InflightTrainerInitInfo
-    torch_backend: ClassVar[str] = "gloo"
-
-    def __init__(self, *, client: Any, source: Any, is_sender: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        super().__init__(client=client, source=source, is_sender=is_sender)
-        self.bucket_bytes = bucket_bytes
-        self.group: SyncGroup | None = None
-
-    @classmethod
-    def trainer_init(cls, init_info: InflightTrainerInitInfo, *, client: Any, source: Any = None):
-        if source is None:
-            raise ValueError("the inflight trainer engine needs a WeightSource")
-        engine = cls(client=client, source=source, is_sender=init_info.is_sender, bucket_bytes=init_info.bucket_bytes)
-        if not engine.is_sender:
-            return engine
-        worker_info = {"master_address": init_info.master_address, "master_port": init_info.master_port,
-                       "rank_offset": 1, "world_size": init_info.world_size, "timeout_s": init_info.timeout_s}
-        # The workers block in the rendezvous until rank 0 joins: ask them from a side thread.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(client.init_weight_transfer_engine, worker_info)
-            engine.group = create_group(cls.torch_backend, init_info.master_address, init_info.master_port, 0, init_info.world_size, init_info.timeout_s)
-            future.result()
-        return engine
-
-    def send_weights(self) -> None:
-        items = list(self.source)
-        if not self.is_sender:
-            return
-        assert self.group is not None, "trainer_init() first"
-        specs = [ParamSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)) for name, tensor in items]
-        self.client.start_weight_update()
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(self.client.update_weights, update_info_for(specs, self.bucket_bytes))
-            work, refusals = self.group.agree(False, items[0][1].device)
-            work.wait()
-            if int(refusals.item()) > 0:
-                future.result()  # raises the workers' refusal
-                raise RuntimeError("the vLLM workers refused the update")
-            for bucket in plan_buckets(specs, self.bucket_bytes):
-                flat = torch.cat([items[index][1].detach().reshape(-1) for index, _, _ in bucket.members])
-                self.group.broadcast(flat).wait()
-            future.result()
-        self.client.finish_weight_update()
-
-    def shutdown(self) -> None:
-        if self.group is not None:
-            group, self.group = self.group, None
-            shutdown = getattr(group.group, "shutdown", None)
-            if shutdown is not None:
-                try:
-                    shutdown()
-                except RuntimeError:
-                    pass
-
-
-class InflightNcclTrainerInitInfo(InflightTrainerInitInfo):
-    backend: ClassVar[str] = "inflight_nccl"
-
-
 class InflightNcclWeightTransferEngine(InflightWeightTransferEngine):
-    torch_backend: ClassVar[str] = "nccl"
-
-
-class InflightNcclTrainerWeightTransferEngine(InflightTrainerWeightTransferEngine):
-    init_info_cls = InflightNcclTrainerInitInfo
     torch_backend: ClassVar[str] = "nccl"
 
 
 def register() -> None:
     """Entry point of the `vllm.general_plugins` group; vLLM may call it more than once
     per process, so an existing registration is left alone."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    for name, worker_cls, trainer_cls in (
-        ("gloo", InflightWeightTransferEngine, InflightTrainerWeightTransferEngine),
-        ("inflight_nccl", InflightNcclWeightTransferEngine, InflightNcclTrainerWeightTransferEngine),
-    ):
+    for name, worker_cls in (("gloo", InflightWeightTransferEngine), ("inflight_nccl", InflightNcclWeightTransferEngine)):
         if name not in WeightTransferEngineFactory._registry:
             WeightTransferEngineFactory.register_engine(name, worker_cls)
-        if name not in WeightTransferTrainerFactory._registry:
-            WeightTransferTrainerFactory.register_engine(name, trainer_cls)

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 
 import django
 from celery import Celery
@@ -30,6 +31,11 @@ django.setup()
 from django.conf import settings  # noqa: E402
 
 logger = logging.getLogger(__name__)
+
+# This process's identity for liveness: recorded in every heartbeat and on every run it claims.
+# A worker restarted under the same node name (`-n demo@%h`) is a new incarnation, so it never
+# vouches for the runs of the process that died.
+INCARNATION = uuid.uuid4().hex
 
 app = Celery("inflight")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -76,41 +82,51 @@ def gpu_inventory() -> list[dict[str, object]]:
 
 
 class Heartbeat:
-    """Records this worker every `interval_s` and marks runs of silent workers `lost`."""
+    """Records this worker process every `interval_s`, marks runs of silent worker processes
+    `lost` (only once this process's own database access has held for the lost threshold, see
+    `inflight.runs.liveness`), and once at start settles the runs a dead earlier process of this
+    worker name left behind (`workers.reconcile`)."""
 
     def __init__(self, worker_name: str, queues: list[str], interval_s: float) -> None:
+        from inflight.runs.liveness import LostRunSweeper
+
         self.worker_name = worker_name
         self.queues = queues
         self.interval_s = interval_s
         self.stopped = threading.Event()
+        self.reconciled = False
+        self.sweeper = LostRunSweeper(f"worker {worker_name}", before_sweep=self.record)
         self.thread = threading.Thread(target=self.loop, name="inflight-heartbeat", daemon=True)
 
-    def beat(self) -> None:
-        from django.db import close_old_connections
-
+    def record(self) -> None:
         from inflight.runs import services
 
-        close_old_connections()
-        try:
-            services.record_heartbeat(
-                self.worker_name,
-                hostname=socket.gethostname(),
-                queues=self.queues,
-                gpus=gpu_inventory(),
-                cpu_count=os.cpu_count() or 0,
-                pid=os.getpid(),
-            )
-            lost = services.mark_lost_runs()
-            if lost:
-                logger.warning("runs %s marked lost: their workers stopped sending heartbeats", lost)
-        finally:
-            close_old_connections()
+        services.record_heartbeat(
+            self.worker_name,
+            hostname=socket.gethostname(),
+            queues=self.queues,
+            gpus=gpu_inventory(),
+            cpu_count=os.cpu_count() or 0,
+            pid=os.getpid(),
+            incarnation=INCARNATION,
+        )
+
+    def beat(self) -> None:
+        self.sweeper.tick()
+        if not self.reconciled and self.sweeper.reachable_since is not None:
+            from workers.reconcile import reconcile_previous_incarnations
+
+            try:
+                reconcile_previous_incarnations(self.worker_name, INCARNATION)
+                self.reconciled = True
+            except Exception as exc:  # noqa: BLE001 - tried again on the next beat
+                logger.warning("could not reconcile earlier runs yet: %s: %s", type(exc).__name__, exc)
 
     def loop(self) -> None:
         while not self.stopped.is_set():
             try:
                 self.beat()
-            except Exception:  # noqa: BLE001 - the database may be briefly away; beat again next time
+            except Exception:  # noqa: BLE001 - never let the heartbeat thread die
                 logger.warning("heartbeat failed", exc_info=True)
             self.stopped.wait(self.interval_s)
 

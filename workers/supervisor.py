@@ -149,6 +149,20 @@ class RunSupervisor:
     evals_tail: JsonlTail = field(init=False)
     reported_running: bool = field(default=False, init=False)
     cancel_sent_at: float | None = field(default=None, init=False)
+    failing_since: dict[str, float] = field(default_factory=dict, init=False)
+
+    def _failed(self, what: str, detail: str) -> None:
+        """One warning when `what` starts failing (the database is away), not one per poll."""
+        if what not in self.failing_since:
+            self.failing_since[what] = time.monotonic()
+            exc = sys.exc_info()[1]
+            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}" if exc else ""
+            logger.warning("run dir %s: %s failed (%s); %s; retrying quietly", self.run_dir, what, reason, detail)
+
+    def _ok(self, what: str) -> None:
+        since = self.failing_since.pop(what, None)
+        if since is not None:
+            logger.warning("run dir %s: %s works again after %.1fs", self.run_dir, what, time.monotonic() - since)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -196,8 +210,9 @@ class RunSupervisor:
             if records:
                 self.reporter.metrics(records)
             self.metrics_tail.commit(offset, line_no)
+            self._ok("metrics delivery")
         except Exception:  # noqa: BLE001 - undelivered lines stay in the file; retried next poll
-            logger.warning("metrics delivery failed; will retry from line %d", self.metrics_tail.line_no, exc_info=True)
+            self._failed("metrics delivery", f"will retry from line {self.metrics_tail.line_no}")
             delivered_all = False
         try:
             # One evaluation at a time: a failure re-sends only the ones not yet stored.
@@ -213,8 +228,9 @@ class RunSupervisor:
                 self.evals_tail.commit(offset, line_no)
                 if not records:
                     break
+            self._ok("eval delivery")
         except Exception:  # noqa: BLE001
-            logger.warning("eval delivery failed; will retry from line %d", self.evals_tail.line_no, exc_info=True)
+            self._failed("eval delivery", f"will retry from line {self.evals_tail.line_no}")
             delivered_all = False
         return delivered_all
 
@@ -226,8 +242,9 @@ class RunSupervisor:
             try:
                 self.reporter.running(int(status.get("pid") or self.process.pid))
                 self.reported_running = True
+                self._ok("reporting running")
             except Exception:  # noqa: BLE001
-                logger.warning("could not report running; will retry", exc_info=True)
+                self._failed("reporting running", "will retry")
 
     def signal_group(self, sig: int) -> None:
         if self.process is None:
@@ -248,9 +265,11 @@ class RunSupervisor:
 
     def _cancel_requested(self) -> bool:
         try:
-            return self.reporter.cancel_requested()
+            wanted = self.reporter.cancel_requested()
+            self._ok("reading the cancel flag")
+            return wanted
         except Exception:  # noqa: BLE001 - cannot tell now; ask again on the next poll
-            logger.warning("could not read the cancel flag", exc_info=True)
+            self._failed("reading the cancel flag", "will ask again")
             return False
 
     # -------------------------------------------------------------- 3. finish

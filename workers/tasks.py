@@ -65,12 +65,22 @@ def rl_command_prefix() -> list[str]:
 @shared_task(bind=True, name=services.EXECUTE_RUN_TASK, acks_late=True, ignore_result=True)
 def execute_run(self, run_id: int) -> str:
     worker_name = self.request.hostname or "unknown-worker"
-    run = services.claim_run(run_id, worker_name)
+    from workers.celery_app import INCARNATION
+
+    run = services.claim_run(run_id, worker_name, INCARNATION)
     if run is None:
         return "skipped"
+    # Checked again here, before the engine opens anything: the paths must still be within what
+    # the platform allows its owner (resolved on this machine, symlinks and all).
+    try:
+        config = services.check_run_for_owner(run.owner, services.validate_run_config(run.config), on_worker=True)
+    except services.InvalidRunConfig as exc:
+        logger.warning("run %s refused on the worker: %s", run_id, exc)
+        _until_recorded(lambda: services.finish_run(run_id, RunStatus.FAILED, f"refused by the worker: {exc}"))
+        return RunStatus.FAILED
     supervisor = RunSupervisor(
         run_dir=settings.INFLIGHT_RUNS_DIR / str(run.pk),
-        config_yaml=yaml.safe_dump(run.config, sort_keys=False),
+        config_yaml=yaml.safe_dump(config, sort_keys=False),
         command_prefix=rl_command_prefix(),
         reporter=PlatformReporter(run.pk),
         cwd=settings.REPO_ROOT,
@@ -91,13 +101,18 @@ def execute_run(self, run_id: int) -> str:
 def _until_recorded(write, timeout_s: float = 300.0) -> None:
     """Retry a final write while the database is away (a run must not stay `running` forever)."""
     deadline = time.monotonic() + timeout_s
+    warned = False
     while True:
         try:
             write()
+            if warned:
+                logger.warning("database back; final status written")
             return
-        except (OperationalError, InterfaceError):
+        except (OperationalError, InterfaceError) as exc:
             connection.close()
             if time.monotonic() > deadline:
                 raise
-            logger.warning("database unavailable; retrying the final status write", exc_info=True)
+            if not warned:  # one line per outage, not a traceback every 2 s
+                logger.warning("database unavailable (%s); retrying the final status write quietly", type(exc).__name__)
+                warned = True
             time.sleep(2.0)

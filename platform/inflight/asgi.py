@@ -13,18 +13,31 @@ django_asgi_application = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from inflight.live.routing import websocket_urlpatterns  # noqa: E402
+from inflight.web.asgi_guards import SafeStaticFilesHandler, SameOriginWebsocketValidator  # noqa: E402
+
+# Never serve with DEBUG off and no SECRET_KEY (settings.py says why importing alone does not refuse).
+if settings.SECRET_KEY_MISSING and not settings.DEBUG:
+    raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
 
 # Static files (plotly.js, the UI's css/js) are served by Daphne through the staticfiles
 # finders: no CDN, no whitenoise, no separate web server for the demo or the compose stack.
-http_application = ASGIStaticFilesHandler(django_asgi_application)
+# A path that leaves the static folders (`/static/../x`) is a 404, never an error.
+http_application = SafeStaticFilesHandler(django_asgi_application)
+
+# The web server also watches for dead workers (their runs → `lost`), so it does not take a live
+# worker to notice that the only one died. INFLIGHT_WEB_SWEEPER=0 turns it off.
+if os.environ.get("INFLIGHT_WEB_SWEEPER", "1") != "0":
+    from inflight.runs.liveness import start_sweeper_thread  # noqa: E402
+
+    start_sweeper_thread("web")
 
 application = ProtocolTypeRouter(
     {
         "http": http_application,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # The Origin must be this site (scheme, host and port) or one of CSRF_TRUSTED_ORIGINS.
+        "websocket": SameOriginWebsocketValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

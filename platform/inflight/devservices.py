@@ -234,8 +234,9 @@ def start_redis(folder: Path, port: int) -> tuple[str, bool]:
     command = [
         str(_redis_server_binary()), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder),
         "--daemonize", "yes", "--pidfile", str(folder / "redis.pid"), "--logfile", str(folder / "redis.log"),
-        # Channels and Celery messages are transient; no snapshots to write.
-        "--save", "", "--appendonly", "no",
+        # Queued runs are Celery messages in Redis: an append-only file (fsync once a second) keeps
+        # them across a Redis crash or restart. No RDB snapshots.
+        "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
     ]
     subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (folder / "redis.port").write_text(str(port))

@@ -8,6 +8,8 @@ PostgreSQL and Redis that `inflight.devservices` starts under `var/services/`
 from __future__ import annotations
 
 import os
+import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -32,16 +34,53 @@ def _env_list(name: str, default: str) -> list[str]:
 EMBEDDED_POSTGRES_PORT = int(os.environ.get("INFLIGHT_PG_PORT", "55432"))
 EMBEDDED_REDIS_PORT = int(os.environ.get("INFLIGHT_REDIS_PORT", "56379"))
 
-DEBUG = _env_bool("DEBUG", True)
-# The default key is only for the local embedded demo; docker-compose and any real
-# deployment must set SECRET_KEY (DEBUG=0 without one refuses to start).
+# Off unless set: a debug page shows settings (database and broker URLs) and every route.
+# `make demo` and the tests set what they need explicitly.
+DEBUG = _env_bool("DEBUG", False)
+# Values that must never sign sessions in a deployment (the old compose default among them).
+PLACEHOLDER_SECRET_KEYS = frozenset({"change-me-in-production", "changeme", "secret", "inflight-local-demo-key-not-for-production"})
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if SECRET_KEY in PLACEHOLDER_SECRET_KEYS and not DEBUG:
+    raise RuntimeError("SECRET_KEY is a placeholder value: set a long random one (python -c 'import secrets; print(secrets.token_urlsafe(50))')")
+# True when no SECRET_KEY was given: the web entry points (asgi.py, wsgi.py) refuse to serve with
+# DEBUG off, while management commands, Celery workers and tests (which sign nothing that must
+# outlive the process) get a random key of their own.
+SECRET_KEY_MISSING = not SECRET_KEY
 if not SECRET_KEY:
-    if not DEBUG:
-        raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
-    SECRET_KEY = "inflight-local-demo-key-not-for-production"
+    SECRET_KEY = "inflight-local-demo-key-not-for-production" if DEBUG else secrets.token_urlsafe(50)
+
+
 ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000")
+
+# HTTPS. Cookies are Secure with DEBUG off (INFLIGHT_SECURE_COOKIES=0 for plain-HTTP localhost,
+# as `make demo` does). TLS itself, its redirect and HSTS belong to the reverse proxy in front
+# (README "Deploying for several users"); SECURE_SSL_REDIRECT / SECURE_HSTS_SECONDS turn them on here.
+SECURE_COOKIES = _env_bool("INFLIGHT_SECURE_COOKIES", not DEBUG)
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = False
+if _env_bool("INFLIGHT_TRUST_X_FORWARDED_PROTO", False):
+    # Only behind a proxy that sets this header itself (a client could forge it otherwise).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# The pages load only their own scripts and styles (plotly draws with inline style attributes).
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "font-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
+
+# Request bodies: larger ones answer 413 before anything reads them (a run config is a few KB).
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("INFLIGHT_MAX_BODY_BYTES", str(1024 * 1024)))
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 2000
 
 INSTALLED_APPS = [
     "daphne",  # first: its runserver serves HTTP and WebSockets (ASGI)
@@ -57,17 +96,35 @@ INSTALLED_APPS = [
     "inflight.api",
     "inflight.web",
     "inflight.live",
+    "axes",
 ]
 
 MIDDLEWARE = [
+    "inflight.web.middleware.InputGuardMiddleware",
+    "inflight.web.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "inflight.web.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out sign-in.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login throttling (django-axes): after INFLIGHT_LOGIN_FAILURE_LIMIT failed sign-ins for one
+# username from one address, that pair is refused (429) for INFLIGHT_LOGIN_COOLOFF_MIN minutes.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("INFLIGHT_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("INFLIGHT_LOGIN_COOLOFF_MIN", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "inflight.urls"
 WSGI_APPLICATION = "inflight.wsgi.application"
@@ -109,6 +166,8 @@ CELERY_TASK_DEFAULT_QUEUE = "cpu"
 # Beyond this age a worker's heartbeat counts as stopped and its runs become `lost`.
 INFLIGHT_HEARTBEAT_INTERVAL_S = float(os.environ.get("INFLIGHT_HEARTBEAT_INTERVAL_S", "5"))
 INFLIGHT_WORKER_LOST_AFTER_S = float(os.environ.get("INFLIGHT_WORKER_LOST_AFTER_S", "30"))
+# A run `queued` this long whose message is in no broker queue (a broker restart lost it) is sent again.
+INFLIGHT_REQUEUE_AFTER_S = float(os.environ.get("INFLIGHT_REQUEUE_AFTER_S", "30"))
 
 # Where run directories live (`<runs dir>/<run id>/`); relative paths are under the repo root.
 INFLIGHT_RUNS_DIR = Path(os.environ.get("INFLIGHT_RUNS_DIR", "var/runs"))
@@ -124,6 +183,37 @@ INFLIGHT_RL_COMMAND = os.environ.get("INFLIGHT_RL_COMMAND", "")
 INFLIGHT_POLL_S = float(os.environ.get("INFLIGHT_POLL_S", "0.25"))
 # SIGTERM → SIGKILL grace period when a run is cancelled.
 INFLIGHT_CANCEL_TIMEOUT_S = float(os.environ.get("INFLIGHT_CANCEL_TIMEOUT_S", "20"))
+
+
+def _roots(name: str, default: str) -> list[Path]:
+    """Comma-separated folders; relative ones are under the repo root (the engine's working directory)."""
+    return [Path(os.path.normpath(REPO_ROOT / item)) for item in _env_list(name, default)]
+
+
+# Where a submitted run may read (rl_core reads these fields as the worker's user; the platform
+# checks them at submit time and again on the worker, `inflight.runs.run_paths`):
+#   model.path -> under a models root, or a checkpoint of one of the submitter's own runs;
+#   task.train_path, task.eval_path, eval.data_dir -> under a data root.
+INFLIGHT_MODELS_ROOTS = _roots(
+    "INFLIGHT_MODELS_ROOTS", os.path.dirname(os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny").rstrip("/")) or "var/models"
+)
+INFLIGHT_DATA_ROOTS = _roots("INFLIGHT_DATA_ROOTS", os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data"))
+# Hugging Face hub ids a run may name as model.path (exact ids, comma-separated; none by default).
+INFLIGHT_HUB_MODELS = _env_list("INFLIGHT_HUB_MODELS", "")
+# The Redis a `stream.kind: redis` run uses (the platform's choice); unset: only
+# `stream.redis_embedded` (a private redis-server in the run directory) is accepted.
+INFLIGHT_STREAM_REDIS_URL = os.environ.get("INFLIGHT_STREAM_REDIS_URL", "")
+
+# Resource limits of a submitted run (`inflight.runs.run_limits`); the workers' reported CPUs
+# and GPUs bound them further.
+INFLIGHT_MAX_ACTIVE_RUNS_PER_USER = int(os.environ.get("INFLIGHT_MAX_ACTIVE_RUNS_PER_USER", "4"))
+INFLIGHT_MAX_STEPS = int(os.environ.get("INFLIGHT_MAX_STEPS", "100000"))
+INFLIGHT_MAX_WALL_TIME_S = float(os.environ.get("INFLIGHT_MAX_WALL_TIME_S", str(7 * 24 * 3600)))
+INFLIGHT_MAX_PROCESSES = int(os.environ.get("INFLIGHT_MAX_PROCESSES", "16"))
+INFLIGHT_MAX_THREADS = int(os.environ.get("INFLIGHT_MAX_THREADS", "64"))
+
+# API tokens: stored as SHA-256 digests, valid this many days (0: no expiry).
+INFLIGHT_API_TOKEN_DAYS = int(os.environ.get("INFLIGHT_API_TOKEN_DAYS", "90"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -163,5 +253,5 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {"django.db.backends": {"level": "INFO"}, "axes": {"level": "WARNING"}},
 }

@@ -57,8 +57,12 @@
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     socket = new WebSocket(scheme + location.host + page.ws_path);
+    var openedAt = 0;
     socket.onopen = function () {
-      retryMs = 1000;
+      // The back-off is reset only once a connection has lasted (see onclose): a server that
+      // accepts and at once closes (1011 while Redis is away) must not be retried every second,
+      // each time refetching the snapshot.
+      openedAt = Date.now();
       setLive("live", "live");
       refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
     };
@@ -71,9 +75,10 @@
     socket.onclose = function (event) {
       if (event.code === 4401 || event.code === 4403) { setLive("off", "not allowed"); return; }
       if (TERMINAL.indexOf(status) >= 0) { setLive("off", "finished"); return; }
+      if (openedAt && Date.now() - openedAt > 10000) retryMs = 1000;
       setLive("off", "reconnecting");
-      setTimeout(connect, retryMs);
-      retryMs = Math.min(retryMs * 2, 15000);
+      setTimeout(connect, retryMs + Math.random() * 500);
+      retryMs = Math.min(retryMs * 2, 30000);
     };
   }
 

@@ -25,6 +25,16 @@ import pytest
 from inflight.devservices import Services, free_port, start_services, stop_services
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+# What the servers these tests start need, set explicitly (settings default to production:
+# DEBUG off, Secure cookies, no serving without SECRET_KEY): the key this process signs with,
+# so a session made here is valid in a Daphne started by a test, and plain-HTTP cookies.
+from django.conf import settings as _django_settings  # noqa: E402
+
+os.environ.setdefault("SECRET_KEY", _django_settings.SECRET_KEY)
+_django_settings.SECRET_KEY_MISSING = False  # it is given now, to this process's servers too
+os.environ.setdefault("INFLIGHT_SECURE_COOKIES", "0")
+
 TEST_SERVICES_ROOT = REPO_ROOT / "var" / "test-services"
 
 
@@ -109,10 +119,13 @@ class WorkerProcess:
             self.process.wait(10)
 
 
-def launch_worker(database_url: str, log_dir: Path, queues: str = "cpu", extra_env: dict[str, str] | None = None) -> WorkerProcess:
-    """A real `celery -A workers.celery_app worker` against `database_url`; returns once it is ready."""
-    name = f"test-{uuid.uuid4().hex[:8]}@127.0.0.1"
-    log_path = log_dir / f"{name.split('@')[0]}.log"
+def launch_worker(
+    database_url: str, log_dir: Path, queues: str = "cpu", extra_env: dict[str, str] | None = None, name: str | None = None
+) -> WorkerProcess:
+    """A real `celery -A workers.celery_app worker` against `database_url`; returns once it is ready.
+    `name`: the node name (a restart under the same name, as `-n demo@%h` does); else a new one."""
+    name = name or f"test-{uuid.uuid4().hex[:8]}@127.0.0.1"
+    log_path = log_dir / f"{name.split('@')[0]}-{uuid.uuid4().hex[:4]}.log"
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -142,8 +155,8 @@ def start_worker(live_database_url: str, transactional_db: None, tmp_path: Path)
     """Start workers for one test (e.g. to kill them); all are stopped when it ends."""
     started: list[WorkerProcess] = []
 
-    def start(queues: str = "cpu", extra_env: dict[str, str] | None = None) -> WorkerProcess:
-        worker = launch_worker(live_database_url, tmp_path, queues, extra_env)
+    def start(queues: str = "cpu", extra_env: dict[str, str] | None = None, name: str | None = None) -> WorkerProcess:
+        worker = launch_worker(live_database_url, tmp_path, queues, extra_env, name)
         started.append(worker)
         return worker
 

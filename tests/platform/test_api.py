@@ -124,13 +124,16 @@ def test_cancel_through_the_api(owner_api, owner) -> None:
     assert again.status_code == 409 and "already ended" in again.json()["error"]
 
 
-def test_leaderboard_and_workers(owner_api, owner) -> None:
+def test_leaderboard_and_workers(owner_api, staff_api, owner) -> None:
     run = services.create_run(owner, "l", {})
     services.record_heartbeat("w@h", hostname="h", queues=["cpu"], gpus=[], cpu_count=2)
     rows = owner_api.get("/api/leaderboard/?sort=name").json()["rows"]
     assert [row["run_id"] for row in rows] == [run.pk]
     workers = owner_api.get("/api/workers/").json()["workers"]
-    assert workers[0]["name"] == "w@h" and workers[0]["alive"]
+    # Users see capacity, not infrastructure; staff see the node names and hosts.
+    assert workers[0]["name"] == "worker 1" and workers[0]["hostname"] == "" and workers[0]["alive"] and workers[0]["cpu_count"] == 2
+    staff_view = staff_api.get("/api/workers/").json()["workers"]
+    assert staff_view[0]["name"] == "w@h" and staff_view[0]["hostname"] == "h"
 
 
 def test_create_token_command_prints_a_working_token(owner) -> None:

@@ -70,7 +70,7 @@ def _settings_in_subprocess(env: dict[str, str], expression: str) -> object:
 
 def test_settings_import_without_services_and_read_the_environment() -> None:
     defaults = _settings_in_subprocess({}, "[s.DATABASES['default']['PORT'], s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], s.DEBUG, str(s.INFLIGHT_RUNS_DIR)]")
-    assert defaults[0] == 55432 and defaults[1] == ["redis://127.0.0.1:56379/0"] and defaults[2] is True
+    assert defaults[0] == 55432 and defaults[1] == ["redis://127.0.0.1:56379/0"] and defaults[2] is False  # DEBUG off unless set
     assert defaults[3] == str(REPO_ROOT / "var" / "runs")
     env = {
         "DATABASE_URL": "postgres://u:p@db.example:6543/prod",
@@ -84,11 +84,16 @@ def test_settings_import_without_services_and_read_the_environment() -> None:
     assert values == ["db.example", "prod", ["redis://cache:6379/2"], "redis://cache:6379/2", False, ["a.example", "b.example"], "/data/runs"]
 
 
-def test_production_without_secret_key_refuses_to_start() -> None:
+def test_production_without_secret_key_refuses_to_serve() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
+    for entry in ("inflight.asgi", "inflight.wsgi"):
+        code = f"import os; os.environ['DJANGO_SETTINGS_MODULE']='inflight.settings'; import {entry}"
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr, entry
+    # The old compose placeholder is refused even by the settings themselves.
     code = "import os; os.environ['DJANGO_SETTINGS_MODULE']='inflight.settings'; import inflight.settings"
-    env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
-    result = subprocess.run([sys.executable, "-c", code], env={**env, "DEBUG": "0"}, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0 and "SECRET_KEY must be set" in result.stderr
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "SECRET_KEY": "change-me-in-production"}, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "placeholder" in result.stderr
 
 
 def test_plotly_is_served_from_the_python_package() -> None:
@@ -114,7 +119,7 @@ def _settings_env_names() -> set[str]:
     sources = [REPO_ROOT / "platform" / "inflight" / "settings.py", REPO_ROOT / "rl_core" / "config.py"]
     names: set[str] = set()
     for source in sources:
-        names |= set(re.findall(r"""(?:environ\.get|_env_bool|_env_list)\(\s*["']([A-Z_]+)["']""", source.read_text()))
+        names |= set(re.findall(r"""(?:environ\.get|_env_bool|_env_list|_roots)\(\s*["']([A-Z_]+)["']""", source.read_text()))
     return names
 
 
@@ -154,6 +159,7 @@ def test_demo_command_serves_runs_and_ctrl_c_stops_everything(live_database_url:
     above), with the stand-in engine: a run left `queued` without a broker message (the embedded
     Redis keeps nothing across restarts) is sent again and runs; Ctrl-C stops web and worker."""
     from inflight.accounts.models import ApiToken
+    from inflight.accounts.services import authenticate_token
     from inflight.runs.models import Run, RunStatus
 
     stranded = Run.objects.create(owner=owner, name="succeed", config={"name": "succeed", "trainer": {"max_steps": 3}})
@@ -174,7 +180,8 @@ def test_demo_command_serves_runs_and_ctrl_c_stops_everything(live_database_url:
     assert demo.returncode == 0, output
     assert f"Inflight is up at http://127.0.0.1:{port}/" in output and "all stopped." in output
     token = re.search(r"API token\s+([0-9a-f]{40})", output).group(1)
-    assert ApiToken.objects.get(key=token).user.username == "demo"
+    assert authenticate_token(token).username == "demo"
+    assert not ApiToken.objects.filter(digest=token).exists()  # only its digest is stored
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # Daphne is gone
 

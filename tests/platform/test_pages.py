@@ -231,10 +231,15 @@ def test_leaderboard_sorts_and_refuses_unknown_keys(owner_client: Client, owner)
     assert bad.status_code == 400 and "unknown sort key" in bad.content.decode()
 
 
-def test_workers_page_and_runs_status(owner_client: Client, owner) -> None:
+def test_workers_page_and_runs_status(owner_client: Client, owner, staff_user) -> None:
     services.record_heartbeat("celery@box", hostname="box", queues=["cpu", "gpu"], gpus=[{"index": 0, "name": "H100", "memory_total_mb": 80000, "memory_used_mb": 1000, "utilization": 37}], cpu_count=16)
     page = owner_client.get(reverse("web:workers")).content.decode()
-    assert "celery@box" in page and "GPU0 H100" in page and "37%" in page and "alive" in page
+    assert "GPU0 H100" in page and "80000 MB" in page and "alive" in page
+    assert "celery@box" not in page and "box" not in page.split("<main")[1] and "37%" not in page  # staff only
+    staff = Client()
+    staff.force_login(staff_user)
+    staff_page = staff.get(reverse("web:workers")).content.decode()
+    assert "celery@box" in staff_page and "37%" in staff_page
     run = services.create_run(owner, "r", {})
     rows = owner_client.get(reverse("web:runs_status") + f"?ids={run.pk},999999").json()["runs"]
     assert [row["id"] for row in rows] == [run.pk] and rows[0]["status"] == "queued"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.accounts.models import ApiToken
+from inflight.accounts.services import create_token
 from inflight.runs import services
 from inflight.runs.models import Run, RunStatus
 
@@ -47,7 +47,7 @@ def test_bad_tokens_are_401(client, run, header) -> None:
 def test_inactive_users_token_is_refused(owner, run) -> None:
     from django.test import Client
 
-    key = ApiToken.objects.create(user=owner).key
+    key = create_token(owner).key
     owner.is_active = False
     owner.save()
     assert Client(HTTP_AUTHORIZATION=f"Token {key}").get("/api/runs/").status_code == 401

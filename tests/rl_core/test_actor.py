@@ -91,7 +91,7 @@ def test_max_lag_budget_and_sync_batches(tiny_model: Path, tmp_path: Path) -> No
     # launched before the batch is written, so every sample of it has the same version.
     actor.sync_launched = 8
     actor.in_flight = {"last group"}  # type: ignore[assignment]  # stands in for the task
-    actor.on_group_done([])
+    actor.on_group_done("last group", [])  # type: ignore[arg-type]
     assert actor.sync_launched == 6 and actor.may_submit()
     actor.in_flight = set()
 
@@ -113,6 +113,9 @@ async def test_actor_generates_throttles_and_finishes_with_eval(tiny_model: Path
     writer = FileStreamWriter(tmp_path)
     sink = JsonlSink(tmp_path / "metrics.jsonl")
     client = InferenceClient(server_url)
+    # A resumed run: the actor must not generate before the trainer pushed the checkpoint's version.
+    (tmp_path / "checkpoints" / "step_000000").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").symlink_to("step_000000")
     actor = Actor(config, tmp_path, [client], writer, sink)
     runner = asyncio.create_task(actor.run())
     await asyncio.sleep(0.5)
@@ -291,3 +294,137 @@ async def test_a_request_whose_connection_dropped_is_sent_again_under_its_prefix
     with pytest.raises(ServerError):  # three drops in a row: the error reaches the caller
         await actor.generate_on(0, [], actor.sampling, 1, "p", "g2")
     assert actor.server_loads == [0.0]
+
+
+class SlowGroupClient:
+    """An inference server stand-in whose `slow_calls`-th training requests take 10x longer.
+    Half of each group answers correctly (so no group has zero advantage); every token is
+    tagged with the weights version current when the request started (the oldest it can carry)."""
+
+    def __init__(self, answers: dict[str, str], slow_calls: set[int], base_delay_s: float) -> None:
+        self.answers = answers
+        self.slow_calls = slow_calls
+        self.base_delay_s = base_delay_s
+        self.version = 0
+        self.calls = 0
+        self.slow_prompt_ids: list[str] = []
+
+    async def generate(self, messages, sampling, n: int = 1, prompt_id=None, request_id_prefix=None):
+        from rl_core.contracts import GenerationResult
+
+        version = self.version
+        delay = self.base_delay_s
+        if prompt_id is not None:
+            self.calls += 1
+            if self.calls in self.slow_calls:
+                delay *= 10
+                self.slow_prompt_ids.append(prompt_id)
+        await asyncio.sleep(delay)
+        answer = self.answers.get(prompt_id or "", "0")
+        results = []
+        for i in range(n):
+            text = f"so the answer is \\boxed{{{answer if i % 2 == 0 else '-12345'}}}"
+            results.append(GenerationResult(
+                request_id=f"{request_id_prefix}-{i}", prompt_token_ids=[1, 2, 3], token_ids=[5, 6, 7, 8],
+                logprobs=[-1.0] * 4, token_versions=[version] * 4, finish_reason="stop", text=text,
+            ))
+        return results
+
+
+@pytest.mark.timeout(300)
+async def test_a_slow_group_is_waited_for_not_trained_late_or_dropped(tiny_model: Path, tmp_path: Path) -> None:
+    """The demo's async settings (groups of 8, 8 in flight, 64 per step, max_lag 2) with one
+    group 10x slower than the rest. Before the lag bound was kept at submission, the groups
+    finishing after it were written first and the slow group reached the trainer ~8 versions
+    late, to be dropped as stale."""
+    from rl_core.tasks import load_task
+
+    config = actor_config(
+        tiny_model, actor={"group_size": 8, "groups_in_flight": 8, "max_lag": 2, "drop_zero_advantage_groups": True},
+        trainer={"samples_per_step": 64},
+    )
+    task = load_task(config.task)
+    client = SlowGroupClient({p.id: p.answer for p in task.train}, slow_calls={5}, base_delay_s=0.05)
+    writer = FileStreamWriter(tmp_path)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    actor = Actor(config, tmp_path, [client], writer, sink, task=task)
+    runner = asyncio.create_task(actor.run())
+
+    # The trainer, played here: takes 64 samples per step in stream order, records each
+    # token's lag at the version it is trained with, steps, updates the server, publishes.
+    reader = FileStreamReader(tmp_path)
+    version, consumed, lags, trained_prompts = 0, 0, [], set()
+    # A fresh run: the actor starts before the trainer has published anything.
+    await wait_until(lambda: writer.count() >= 8, timeout_s=30)
+    publish(tmp_path, version, consumed)
+    steps = 10
+    while version < steps:
+        batch = []
+        while len(batch) < 64:
+            batch += reader.read(64 - len(batch), 0.0)
+            await asyncio.sleep(0.01)
+        lags += [version - v for sample in batch for v in sample.token_versions]
+        trained_prompts |= {sample.prompt_id for sample in batch}
+        consumed += len(batch)
+        version += 1
+        client.version = version
+        publish(tmp_path, version, consumed)
+    publish(tmp_path, version, consumed, done=True)
+    await asyncio.wait_for(runner, 120)
+    sink.close()
+
+    assert max(lags) <= 2, f"trained at lag {max(lags)} > max_lag 2"
+    assert client.slow_prompt_ids and client.slow_prompt_ids[0] in trained_prompts  # waited for, not lost
+
+
+async def test_a_launch_pass_runs_in_histopipe_order_on_the_least_predicted_load(tiny_model: Path, tmp_path: Path) -> None:
+    """The actor's own launch path orders a sync batch longest-predicted-first and places each
+    group on the server with the least predicted work (HistoPipe), as bench/histopipe.py measures."""
+    config = actor_config(
+        tiny_model, mode="sync", sync_steps_per_batch=1, actor={"group_size": 2, "groups_in_flight": 4},
+        trainer={"samples_per_step": 8}, accelerations={"histopipe": {"enabled": True}},
+    )
+    actor = Actor(config, tmp_path, [NoClient(), NoClient()], FileStreamWriter(tmp_path), JsonlSink(tmp_path / "m.jsonl"))
+    problems = [problem for problem in actor.task.train[:4]]
+    for problem, length in zip(problems, [10, 40, 20, 30]):  # last epoch's response lengths
+        actor.router.observe(problem.id, [length, length])
+    launched: list[tuple[str, int | None]] = []
+
+    async def record(problem, epoch, index, kind="plain", server=None):
+        return []
+
+    def run_group(problem, epoch, index, kind="plain", server=None):
+        launched.append((problem.id, server))
+        return record(problem, epoch, index, kind, server)
+
+    actor.run_group = run_group  # type: ignore[method-assign]
+    actor.launch_groups(iter([(0, problem) for problem in problems]))
+    ids = [problem.id for problem in problems]
+    assert [prompt_id for prompt_id, _ in launched] == [ids[1], ids[3], ids[2], ids[0]]  # 40, 30, 20, 10
+    assert [server for _, server in launched] == [0, 1, 1, 0]  # 40 | 30 -> 30+20 | 40+10: 50 each
+    assert len(actor.in_flight) == 4 and actor.sync_launched == 8
+    await asyncio.gather(*actor.in_flight)
+
+
+@pytest.mark.timeout(120)
+async def test_the_final_version_is_evaluated_once_when_a_periodic_eval_already_ran(tiny_model: Path, tmp_path: Path) -> None:
+    """max_steps a multiple of eval.heldout_every_n_steps: the periodic held-out eval at the last
+    version is the final one (before, a second identical evaluation logged a duplicate line)."""
+    from rl_core.tasks import load_task
+
+    config = actor_config(tiny_model, eval={"heldout_every_n_steps": 2, "heldout_k": 1})
+    task = load_task(config.task)
+    client = SlowGroupClient({p.id: p.answer for p in task.train}, slow_calls=set(), base_delay_s=0.01)
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    actor = Actor(config, tmp_path, [client], FileStreamWriter(tmp_path), sink, task=task)
+    runner = asyncio.create_task(actor.run())
+    publish(tmp_path, version=2, consumed=0)
+
+    def heldout_steps() -> list[int]:
+        return [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if "success/heldout" in r]
+
+    await wait_until(lambda: 2 in heldout_steps(), timeout_s=60)
+    publish(tmp_path, version=2, consumed=0, done=True)
+    await asyncio.wait_for(runner, 60)
+    sink.close()
+    assert heldout_steps() == [2]

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from rl_core.contracts import SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
 from rl_core.engine_sampling import verify_draft, verify_drafts, width_groups
+from rl_core.speculation import DraftLengthController
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 
@@ -165,6 +166,38 @@ def test_sequence_spanning_an_update_keeps_its_cache(engine: ReferenceEngine, mo
     assert result.token_ids != hf_greedy(old, prompt, 40)
 
 
+def test_request_admitted_after_an_update_does_not_reuse_stale_prompt_kv(model_dir: Path, prompts) -> None:
+    """A sequence running across an update keeps its old-weights KV (PipelineRL's design), but a
+    request admitted after the update with the same prompt must not copy that KV: its tokens are
+    tagged with the new version, so they must be exactly what the new weights give."""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    new_state = perturbed_state(base, seed=4)
+    prompt = prompts[1]
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=4))
+    with engine:
+        running = engine.submit(prompt, SamplingParams(temperature=0.0, max_new_tokens=400), request_id="running")
+        wait_for(lambda: engine.stats()["generated_tokens"] >= 3)
+        # The update as the weight receiver does it, and the new request queued while paused,
+        # so the old-weights sequence is certainly still in the cache when it is admitted.
+        with engine.paused():
+            with torch.no_grad():
+                for name, tensor in new_state.items():
+                    engine.tensor_by_name(name).copy_(tensor)
+            engine.set_version(1)
+            assert not running.done()
+            late = engine.submit(prompt, GREEDY)
+        late_result = late.result(timeout=120)
+        engine.abort("running")
+        assert 1 in running.result(timeout=120).token_versions  # it did keep decoding across the update
+    fresh_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    fresh_model.load_state_dict(new_state, strict=False)
+    with ReferenceEngine(fresh_model, config=EngineConfig(max_batch_size=4)) as fresh:
+        expected = fresh.generate([prompt], GREEDY)[0]
+    assert late_result.token_versions == [1] * len(late_result.token_ids)
+    assert late_result.token_ids == expected.token_ids
+    assert late_result.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+
+
 def continue_on_old_cache(old, new, prompt: list[int], tokens: list[int], switch: int) -> list[int]:
     """Reference for a greedy sequence whose tokens from index `switch` on were sampled after
     a weight update: old weights build the cache up to the last version-0 token, then the new
@@ -296,6 +329,49 @@ def test_speculative_greedy_is_lossless(model_dir: Path, hf_model, prompts) -> N
     reference = torch.log_softmax(logits[len(prompts[0]) - 1 : -1], dim=-1)
     for step, token in enumerate(expected[0]):
         assert results[0].logprobs[step] == pytest.approx(float(reference[step, token]), abs=1e-4)
+
+
+def test_engine_draft_lengths_follow_the_draft_length_controller(model_dir: Path, hf_model, prompts) -> None:
+    """The engine's adaptive draft length is `speculation.DraftLengthController`: replaying each
+    sequence's verify outcomes through a controller predicts every draft length it asks for."""
+
+    class RecordingDrafter(ScriptedDrafter):
+        def __init__(self, scripts: dict[str, list[int]]) -> None:
+            super().__init__(scripts)
+            self.asked: dict[str, list[tuple[int, int, int]]] = {}  # key -> (generated, max_tokens, drafted)
+
+        def draft(self, history_key: str, generated_token_ids: list[int], max_tokens: int) -> list[int]:
+            draft = super().draft(history_key, generated_token_ids, max_tokens)
+            self.asked.setdefault(history_key, []).append((len(generated_token_ids), max_tokens, len(draft)))
+            return draft
+
+    max_new = 40
+    expected = [hf_greedy(hf_model, prompt, max_new) for prompt in prompts[:2]]
+    wrong = [(token + 1) % 1000 for token in expected[1]]
+    mixed = [token if (index // 5) % 2 == 0 else wrong[index] for index, token in enumerate(expected[1])]
+    drafter = RecordingDrafter({"right": expected[0] + [0] * max_new, "mixed": mixed + [0] * max_new})
+    config = EngineConfig(max_batch_size=4, initial_draft_len=3, max_draft_len=8)
+    engine = ReferenceEngine.from_pretrained(model_dir, config=config, drafter=drafter)
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+    with engine:
+        results = [
+            engine.submit(prompts[0], params, history_key="right").result(timeout=120),
+            engine.submit(prompts[1], params, history_key="mixed").result(timeout=120),
+        ]
+    assert [result.token_ids for result in results] == expected
+    for key, result in zip(("right", "mixed"), results):
+        asked = drafter.asked[key]
+        controller = DraftLengthController(config.initial_draft_len, config.max_draft_len)
+        lengths = []
+        for (done, max_tokens, drafted), following in zip(asked, asked[1:] + [(len(result.token_ids), 0, 0)]):
+            assert max_tokens == min(controller.length, max_new - done - 1)
+            lengths.append(max_tokens)
+            accepted = following[0] - done - 1  # tokens a verify step yields: accepted draft + one
+            controller.update(drafted, accepted)
+        if key == "right":
+            assert lengths[:3] == [3, 6, 8]  # doubled up to the cap
+        else:
+            assert min(lengths) < 3  # halved on rejections
 
 
 def test_speculative_sampling_is_seeded_and_well_formed(model_dir: Path, prompts) -> None:

@@ -113,6 +113,20 @@ def test_malformed_requests_get_4xx_with_a_message(server, model_name: str, body
     assert mentions in response.json()["error"]["message"]
 
 
+def test_a_request_too_long_for_the_context_is_refused_as_evaluation_recognises(server) -> None:
+    # evaluation.py skips (and counts) such a problem instead of failing the whole eval; it
+    # recognises the refusal by the client's 400 and the contract's wording.
+    from rl_core.evaluation import is_prompt_too_long
+
+    async def ask() -> None:
+        async with InferenceClient(server.url) as client:
+            await client.generate(MESSAGES, SamplingParams(temperature=0.0, max_new_tokens=10**6))
+
+    with pytest.raises(ServerError) as refused:
+        asyncio.run(ask())
+    assert refused.value.status == 400 and is_prompt_too_long(refused.value), str(refused.value)
+
+
 def test_malformed_bodies_and_unknown_model(server, model_name: str) -> None:
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
         response = post(server, None, raw=raw)

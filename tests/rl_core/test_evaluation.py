@@ -84,9 +84,10 @@ def test_write_report_follows_the_run_dir_layout(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / first["results_file"]).read_text().splitlines()]
     assert [row["problem_id"] for row in rows] == ["p0", "p1", "p2", "p3"]
     assert rows[1] == {"problem_id": "p1", "answer": "2", "samples": ["\\boxed{2}", "\\boxed{-1}"],
-                       "extracted": ["2", "-1"], "verdicts": [True, False], "mean": 0.5, "pass": True}
+                       "extracted": ["2", "-1"], "verdicts": [True, False], "mean": 0.5, "pass": True,
+                       "skipped": None}
     assert set(report.metrics()) == {"eval/synthetic/mean_at_k", "eval/synthetic/pass_at_k",
-                                     "eval/synthetic/stderr", "eval/synthetic/timed_out"}
+                                     "eval/synthetic/stderr", "eval/synthetic/timed_out", "eval/synthetic/skipped_too_long"}
 
 
 def test_timed_out_checks_score_zero_and_are_counted() -> None:
@@ -126,6 +127,60 @@ def test_evaluate_with_the_reference_engine(untrained_tiny_model: Path, shared_d
     assert first.policy_versions == [0]
     # Seeded per problem: the same samples whatever order requests finish in.
     assert [r.samples for r in first.results] == [r.samples for r in again.results]
+
+
+def test_a_problem_too_long_for_the_engine_is_skipped_counted_and_reported(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    """One problem whose prompt + max_new_tokens exceeds the engine's context must not sink the
+    evaluation: it is skipped (said per problem and in the summary) and the rest is scored."""
+    from rl_core.engine import EngineConfig, ReferenceEngine
+
+    long_problem = Problem(id="long", problem="Compute 1 + 1. " * 80, answer="2")
+    problems = [PROBLEMS[0], long_problem, PROBLEMS[1], PROBLEMS[2]]
+    engine = ReferenceEngine.from_pretrained(untrained_tiny_model, config=EngineConfig(max_seq_len=160))
+    engine.start()
+    try:
+        report = asyncio.run(evaluate("synthetic", engine_generate(engine), k=2, problems=problems,
+                                      sampling=SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)))
+    finally:
+        engine.stop()
+    assert [r.problem_id for r in report.results] == ["p0", "long", "p1", "p2"]
+    skipped = report.results[1]
+    assert skipped.skipped == "too_long" and skipped.samples == [] and skipped.verdicts == []
+    assert all(r.skipped is None and len(r.samples) == 2 for r in report.results if r.problem_id != "long")
+    # The aggregates are over the scored problems; the skipped one is counted apart.
+    assert report.num_problems == 3 and report.num_samples == 6
+    summary = report.summary()
+    assert summary["skipped_too_long"] == 1 and summary["num_problems"] == 3
+    assert report.metrics()["eval/synthetic/skipped_too_long"] == 1.0
+    line = write_report(tmp_path, 0, report)
+    assert line["skipped_too_long"] == 1
+    rows = {row["problem_id"]: row for row in map(json.loads, (tmp_path / line["results_file"]).read_text().splitlines())}
+    assert rows["long"]["skipped"] == "too_long" and rows["long"]["samples"] == []
+    assert rows["p0"]["skipped"] is None
+
+
+def test_a_server_refusing_a_too_long_prompt_skips_that_problem_only() -> None:
+    """Through inference servers (a run's periodic eval), the engine's refusal arrives as the
+    client's ServerError 400 with the contract's message; any other failure still fails the eval."""
+    from rl_core.client import ServerError
+
+    responses = {p.problem: [f"\\boxed{{{p.answer}}}"] * 2 for p in PROBLEMS}
+    replay, _ = scripted_generate(responses)
+
+    def generate_refusing(message: str, status: int):
+        async def generate(messages: list[dict], sampling: SamplingParams, n: int) -> list[GenerationResult]:
+            if messages[-1]["content"] == PROBLEMS[2].problem:
+                raise ServerError("http://127.0.0.1:1", f"POST /v1/chat/completions -> {status}: {message}", status)
+            return await replay(messages, sampling, n)
+
+        return generate
+
+    too_long = "prompt (667 tokens) + max_new_tokens (512) exceeds the engine's max_seq_len 1024"
+    report = asyncio.run(evaluate("synthetic", generate_refusing(too_long, 400), k=2, problems=PROBLEMS))
+    assert [r.skipped for r in report.results] == [None, None, "too_long", None]
+    assert report.mean_at_k == 1.0 and report.pass_at_k == 1.0 and report.summary()["skipped_too_long"] == 1
+    with pytest.raises(ServerError, match="engine step failed"):
+        asyncio.run(evaluate("synthetic", generate_refusing("engine step failed", 500), k=2, problems=PROBLEMS))
 
 
 def test_cli_prints_the_score_and_writes_per_problem_jsonl(untrained_tiny_model: Path, shared_data_dir: Path, tmp_path: Path, repo_root: Path) -> None:

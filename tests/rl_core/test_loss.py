@@ -11,6 +11,7 @@ import torch
 from rl_core.contracts import RolloutSample
 from rl_core.loss import (
     effective_sample_size,
+    model_token_logprobs,
     group_advantages,
     pack_micro_batches,
     policy_loss,
@@ -44,29 +45,54 @@ def test_group_advantages_mean_and_std() -> None:
         group_advantages([])
 
 
-def test_packing_respects_budget_and_restarts_positions() -> None:
+def test_packing_shares_a_prompt_and_restarts_positions_per_unit() -> None:
     samples = [
-        make_sample("a", [1, 2, 3], [4, 5], [-1.0, -1.0], 1.0),  # 5 tokens
-        make_sample("b", [1, 2], [6], [-1.0], -1.0),  # 3 tokens
-        make_sample("c", [1, 2, 3, 4], [7, 8, 9], [-1.0] * 3, 0.5),  # 7 tokens
+        make_sample("a", [1, 2, 3], [4, 5], [-1.0, -1.0], 1.0),
+        make_sample("b", [1, 2], [6], [-1.0], -1.0),  # another prompt: its own unit
+        make_sample("c", [1, 2, 3], [7, 8, 9], [-1.0] * 3, 0.5),  # a's prompt: shares it
     ]
-    batches = pack_micro_batches(samples, micro_batch_tokens=8)
-    assert sorted(b.num_tokens for b in batches) == [7, 8]
-    assert sum(b.num_sequences for b in batches) == 3
-    row = next(b for b in batches if b.num_tokens == 8)  # a + b packed together, longest first
-    assert row.input_ids.tolist() == [[1, 2, 3, 4, 5, 1, 2, 6]]
-    assert row.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
-    assert row.loss_mask.tolist() == [[False, False, False, True, True, False, False, True]]
-    assert row.advantages.tolist() == [[0, 0, 0, 1, 1, 0, 0, -1]]
-    # A sample over the budget is kept whole in its own row, never truncated.
-    big = pack_micro_batches([samples[2]], micro_batch_tokens=4)
-    assert [b.num_tokens for b in big] == [7]
+    (batch,) = pack_micro_batches(samples, micro_batch_tokens=64, row_tokens=16)
+    assert batch.num_sequences == 3
+    # One row: a's prompt once, then a's and c's completions; then b's unit.
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 7, 8, 9, 1, 2, 6]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 4, 5, 0, 1, 2]]
+    assert batch.loss_mask.tolist() == [[False, False, False, True, True, True, True, True, False, False, True]]
+    assert batch.advantages.tolist() == [[0, 0, 0, 1, 1, 0.5, 0.5, 0.5, 0, 0, -1]]
+    # Each completion's first token is predicted by its prompt's last position.
+    assert batch.logit_source.tolist()[0][3:8] == [2, 3, 2, 5, 6]
+    allowed = batch.attention_mask[0, 0]
+    assert allowed[5].tolist()[:8] == [True, True, True, False, False, True, False, False]  # c sees the prompt, not a
+    assert not allowed[10, :8].any() and allowed[10, 8:].all()  # b's unit sees nothing of the other
+
+
+def test_packing_respects_the_budget_and_never_truncates() -> None:
+    samples = [make_sample(f"s{i}", [1, 2, i + 10], [4] * (i + 1), [-1.0] * (i + 1), 1.0) for i in range(6)]
+    batches = pack_micro_batches(samples, micro_batch_tokens=12, row_tokens=12, share_prompts=False)
+    assert sum(b.num_sequences for b in batches) == 6
+    assert all(b.num_tokens <= 12 for b in batches if b.input_ids.shape[0] > 1)
+    assert sum(int(b.loss_mask.sum()) for b in batches) == sum(i + 1 for i in range(6))
+    # A sample over both budgets is kept whole in a row of its own.
+    big = make_sample("big", [1, 2, 3], [4] * 20, [-1.0] * 20, 1.0)
+    (alone,) = pack_micro_batches([big], micro_batch_tokens=8, row_tokens=8)
+    assert alone.input_ids.shape == (1, 23) and int(alone.loss_mask.sum()) == 20
 
 
 def test_packing_rejects_misaligned_sample() -> None:
     bad = make_sample("bad", [1], [2, 3], [-1.0], 1.0)
     with pytest.raises(ValueError, match="bad.*behaviour_logprobs"):
         pack_micro_batches([bad], 64)
+
+
+def test_token_logprobs_score_the_temperature_scaled_distribution() -> None:
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])
+    input_ids = torch.tensor([[0, 1]])
+    for temperature in (0.5, 1.6):
+        logp, entropy = token_logprobs_from_logits(logits, input_ids, temperature)
+        p = torch.softmax(logits[0, 0] / temperature, dim=-1)
+        assert logp[0, 1].item() == pytest.approx(math.log(p[1].item()))
+        assert entropy[0, 1].item() == pytest.approx(-(p * p.log()).sum().item())
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs_from_logits(logits, input_ids, 0.0)
 
 
 def test_token_logprobs_alignment_and_entropy() -> None:
@@ -107,7 +133,22 @@ def test_grpo_clip_loss_hand_computed() -> None:
     out.loss.backward()
     # The clipped token has no gradient; the other has d(-r)/dlogp = -r = -0.5.
     assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -0.5])
-    assert out.num_clipped == 2
+    # Only the token whose clipped term the minimum takes counts as clipped (TRL's meaning):
+    # ratio 0.5 with A > 0 left the band on the side that does not clip.
+    assert out.num_clipped == 1
+
+
+def test_grpo_clip_fraction_counts_the_side_that_clips_for_the_advantage_sign() -> None:
+    ratios = [1.5, 0.5, 1.1]
+    for advantage, clipped in ((1.0, 1), (-1.0, 1)):
+        sample = make_sample("s", [9], [1, 2, 3], [0.0, 0.0, 0.0], advantage=advantage)
+        (batch,) = pack_micro_batches([sample], 64)
+        logp = torch.tensor([[0.0] + [math.log(r) for r in ratios]], requires_grad=True)
+        out = policy_loss(logp, batch, num_sequences_in_step=1, kind="grpo_clip", clip_eps=0.2)
+        out.loss.backward()
+        grads = logp.grad.tolist()[0][1:]
+        # A token counts as clipped exactly when its gradient is cut off by the clip.
+        assert out.num_clipped == clipped == sum(1 for g in grads if g == 0.0)
 
 
 def test_k3_kl_term() -> None:
@@ -122,30 +163,57 @@ def test_k3_kl_term() -> None:
     assert out.sum_kl == pytest.approx(k3, rel=1e-5)
     with pytest.raises(ValueError, match="reference_logprobs"):
         policy_loss(logp, batch, 2, kl_coef=0.1)
+
+
+def test_k3_kl_stays_finite_for_a_huge_log_ratio() -> None:
+    sample = make_sample("s", [9], [1, 2], [-1.0, -1.0], advantage=1.0)
+    (batch,) = pack_micro_batches([sample], 64)
+    logp = torch.tensor([[0.0, -200.0, -1.0]], requires_grad=True)  # the policy all but rules token 1 out
+    ref = torch.tensor([[0.0, -0.1, -1.0]])  # ... which the reference finds likely: exp(199.9) overflows
+    out = policy_loss(logp, batch, 1, kind="pipelinerl", reference_logprobs=ref, kl_coef=0.1)
+    out.loss.backward()
+    assert math.isfinite(out.loss.item()) and math.isfinite(out.sum_kl)
+    assert all(math.isfinite(g) for g in logp.grad.flatten().tolist())
     with pytest.raises(ValueError, match="unknown loss kind"):
         policy_loss(logp, batch, 2, kind="ppo")
 
 
-def test_packed_row_matches_separate_forward_passes() -> None:
-    """HF attention must isolate packed sequences (position ids restart) — otherwise
-    the packed loss would be wrong. A real (random) Qwen2 model checks it."""
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_packed_rows_match_separate_forward_passes(share_prompts: bool) -> None:
+    """The packed layout (shared prompts, 4-D mask, stacked rows with padding) must give each
+    completion token the log-prob a forward of that sequence alone gives — otherwise the
+    packed loss would be wrong. A real (random) Qwen2 model checks it."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = Qwen2ForCausalLM(config).eval()
-    a = make_sample("a", [3, 4, 5], [6, 7], [-1.0, -1.0], 1.0)
-    b = make_sample("b", [8, 9, 13], [10, 11, 12], [-1.0] * 3, 1.0)
-    (row,) = pack_micro_batches([a, b], 64)
+    samples = [
+        make_sample("a", [3, 4, 5], [6, 7], [-1.0, -1.0], 1.0),
+        make_sample("b", [8, 9, 13], [10, 11, 12], [-1.0] * 3, 1.0),
+        make_sample("c", [3, 4, 5], [14, 15, 16, 17], [-1.0] * 4, 1.0),  # shares a's prompt
+        make_sample("d", [20, 21], [22], [-1.0], 1.0),
+    ]
+    batches = pack_micro_batches(samples, micro_batch_tokens=64, row_tokens=10, share_prompts=share_prompts)
+    assert sum(b.input_ids.shape[0] for b in batches) > 1  # several rows, padded
+    packed: list[float] = []
     with torch.no_grad():
-        packed_logits = model(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False).logits
-        packed_logp, _ = token_logprobs_from_logits(packed_logits, row.input_ids)
-        separate = []
-        for sample in (b, a):  # packing puts the longer sequence first
+        for batch in batches:
+            logp, _ = model_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids, "cpu",
+                                           1.0, batch.logit_source)
+            packed += logp[batch.loss_mask].tolist()
+        separate: dict[tuple[int, ...], list[float]] = {}
+        for sample in samples:
             ids = torch.tensor([sample.prompt_token_ids + sample.completion_token_ids])
             logp, _ = token_logprobs_from_logits(model(input_ids=ids, use_cache=False).logits, ids)
-            separate.append(logp[0])
-    expected = torch.cat(separate)
-    mask = row.loss_mask[0]
-    assert torch.allclose(packed_logp[0][mask], expected[mask], atol=1e-5)
+            separate[tuple(sample.completion_token_ids)] = logp[0, len(sample.prompt_token_ids):].tolist()
+    expected = []
+    for batch in batches:
+        for row_ids, row_mask in zip(batch.input_ids.tolist(), batch.loss_mask.tolist()):
+            completion = [t for t, m in zip(row_ids, row_mask) if m]
+            while completion:  # completions in the row are consecutive trained runs of known tokens
+                key = next(k for k in separate if list(k) == completion[: len(k)])
+                expected += separate[key]
+                completion = completion[len(key):]
+    assert packed == pytest.approx(expected, abs=1e-5)

@@ -82,13 +82,13 @@ def test_histopipe_balances_better_than_least_count(seed: int) -> None:
 
     histopipe = HistoPipeRouter(LengthPredictor(prior_len=20))
     # Epoch 1: no history, every prompt predicted alike; record the lengths they had.
-    for prompt_id, server in assign_batch(histopipe, prompts, n, num_servers):
+    for prompt_id, server in assign_batch(histopipe, prompts, n, [0.0] * num_servers):
         histopipe.observe(prompt_id, [int(lengths[prompt_id])] * n)
     assert histopipe.predicted_load == [0.0] * num_servers  # all groups released
 
     # Epoch 2: the same prompts, lengths now predicted from epoch 1.
-    balanced = assign_batch(histopipe, prompts, n, num_servers)
-    baseline = assign_batch(LeastLoadedRouter(), prompts, n, num_servers)
+    balanced = assign_batch(histopipe, prompts, n, [0.0] * num_servers)
+    baseline = assign_batch(LeastLoadedRouter(), prompts, n, [0.0] * num_servers)
     round_robin = [(prompt_id, index % num_servers) for index, prompt_id in enumerate(prompts)]
     lower_bound = max(max(lengths.values()) * n, sum(lengths.values()) * n / num_servers)
 
@@ -110,9 +110,9 @@ def test_histopipe_balances_strictly_better_on_a_crafted_case() -> None:
         router.predictor.observe(prompt_id, [length])
     # Counting groups alternates servers, which puts both long prompts on server 0 in this order.
     prompts = ["long0", "s0", "long1", "s1", "s2", "s3"]
-    baseline = assign_batch(LeastLoadedRouter(), prompts, 1, 2)
+    baseline = assign_batch(LeastLoadedRouter(), prompts, 1, [0.0, 0.0])
     assert _makespan(baseline, lengths, 2, 1) == 210
-    assert _makespan(assign_batch(router, prompts, 1, 2), lengths, 2, 1) == 120
+    assert _makespan(assign_batch(router, prompts, 1, [0.0, 0.0]), lengths, 2, 1) == 120
 
 
 def test_histopipe_release_is_fifo_per_prompt_and_metrics_report_correlation() -> None:

@@ -138,13 +138,15 @@ def test_bad_input_is_refused_with_the_field_named() -> None:
 
 
 def test_draft_length_controller_doubles_and_halves() -> None:
-    controller = DraftLengthController(HistoSpecConfig(initial_draft_len=2, max_draft_len=16))
+    controller = DraftLengthController.from_config(HistoSpecConfig(initial_draft_len=2, max_draft_len=16))
     assert controller.length == 2
     assert [controller.update(d, d) for d in (2, 4, 8, 16, 16)] == [4, 8, 16, 16, 16]
     assert controller.update(16, 3) == 8
     assert controller.update(8, 0) == 4
     assert controller.update(0, 0) == 4  # nothing drafted: no change
     assert controller.update(4, 1) == 2 and controller.update(2, 1) == 1 and controller.update(1, 0) == 1
+    assert controller.update(1, 1) == 2  # back up from 1
+    assert DraftLengthController(initial_draft_len=8, max_draft_len=4).length == 4  # the cap holds from the start
 
 
 def test_spec_metrics_from_engine_counters() -> None:

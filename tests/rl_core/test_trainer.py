@@ -13,7 +13,7 @@ import torch
 
 from rl_core.config import RunConfig, config_to_yaml
 from rl_core.contracts import RolloutSample
-from rl_core.metrics import read_metrics
+from rl_core.metrics import JsonlSink, read_metrics
 from rl_core.stream import FileStreamWriter, open_reader
 from rl_core.torch_backend import TorchBackend, lr_multiplier
 from rl_core.trainer import Trainer, make_backend, read_progress, train_step
@@ -65,6 +65,47 @@ def test_step_moves_logprobs_by_advantage_sign(untrained_tiny_model: Path) -> No
     assert after[0] > before[0] and after[1] < before[1]
     assert stats.num_tokens == len(good.completion_token_ids) + len(bad.completion_token_ids)
     assert stats.lag_max == 0 and 0 < stats.ess <= 1
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.6])
+def test_a_step_with_no_policy_change_is_on_policy_at_any_temperature(untrained_tiny_model: Path, temperature: float) -> None:
+    """Samples drawn by the engine at temperature T, scored by the trainer before any update:
+    every importance ratio is 1 and the ESS is 1 (before the fix the trainer scored at T=1:
+    ESS 0.905 at T=1.6 on the demo model)."""
+    from rl_core.contracts import SamplingParams
+    from rl_core.engine import EngineConfig, ReferenceEngine
+
+    engine = ReferenceEngine.from_pretrained(untrained_tiny_model, config=EngineConfig(max_batch_size=8))
+    params = SamplingParams(temperature=temperature, max_new_tokens=12, seed=7)
+    prompts = [[11, 12, 13, 14], [40, 41, 42], [90, 91, 92, 93, 94]]
+    engine.start()
+    try:
+        results = engine.generate(prompts * 2, params)
+    finally:
+        engine.stop()
+    samples = [
+        RolloutSample(
+            sample_id=f"s{i}", group_id="g0", prompt_id="p", prompt_token_ids=list(r.prompt_token_ids),
+            completion_token_ids=list(r.token_ids), behaviour_logprobs=list(r.logprobs),
+            token_versions=list(r.token_versions), reward=float(i % 2), success=bool(i % 2), advantage=(i % 2) - 0.5,
+        )
+        for i, r in enumerate(results)
+    ]
+    config = RunConfig.model_validate({
+        "model": {"path": str(untrained_tiny_model)}, "sampling": {"temperature": temperature},
+        "trainer": {"samples_per_step": len(samples), "micro_batch_tokens": 4096, "lr": 1e-12, "warmup_steps": 0},
+    })
+    backend = make_backend(config, untrained_tiny_model)
+    for sample in samples:
+        ids = torch.tensor([sample.prompt_token_ids + sample.completion_token_ids])
+        with torch.no_grad():
+            logp, _ = backend.token_logprobs(ids, None, None, temperature)
+        scored = logp[0, len(sample.prompt_token_ids):]
+        ratios = torch.exp(scored - torch.tensor(sample.behaviour_logprobs))
+        assert torch.allclose(ratios, torch.ones_like(ratios), atol=2e-4), ratios
+    stats, _ = train_step(backend, samples, config)
+    assert stats.ess == pytest.approx(1.0, abs=1e-6)
+    assert stats.clip_fraction == 0.0
 
 
 def test_gradient_does_not_depend_on_micro_batching(untrained_tiny_model: Path) -> None:
@@ -144,6 +185,33 @@ def test_samples_too_stale_for_max_lag_are_dropped(untrained_tiny_model: Path, t
     batch = trainer.next_batch()
     assert [s.sample_id for s in batch] == ["s2", "s3", "s4", "s5"]
     assert trainer.consumed == 6 and trainer.dropped_stale == 2
+    assert trainer.dropped_stale_tokens == sum(len(s.completion_token_ids) for s in stale)
+
+
+def test_metrics_carry_the_lag_distribution_and_the_dropped_token_share(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    config = make_config(untrained_tiny_model, max_steps=1, samples_per_step=4)
+    writer = FileStreamWriter(tmp_path)
+    samples = make_samples(5, 10)
+    for sample, version in zip(samples, [0, 3, 2, 3, 1]):  # trained at version 3, max_lag 3
+        sample.token_versions = [version] * len(sample.completion_token_ids)
+    samples[0].token_versions = [0] * len(samples[0].completion_token_ids)
+    writer.append(samples)
+    backend = make_backend(config, untrained_tiny_model)
+    backend.version = 3
+    config.trainer.max_steps = 4
+    trainer = Trainer(config, tmp_path, backend, open_reader("file", tmp_path), JsonlSink(tmp_path / "metrics.jsonl"))
+    trainer.config.actor.max_lag = 2  # sample 0 (lag 3) is dropped
+    trainer.run()
+    (record,) = read_metrics(tmp_path / "metrics.jsonl")
+    trained = samples[1:]
+    tokens = sum(len(s.completion_token_ids) for s in trained)
+    dropped = len(samples[0].completion_token_ids)
+    assert record["train/dropped_stale"] == 1
+    assert record["train/dropped_stale_token_share"] == pytest.approx(dropped / (dropped + tokens))
+    by_lag = {lag: sum(len(s.completion_token_ids) for s in trained if 3 - s.token_versions[0] == lag) for lag in range(3)}
+    for lag in range(3):
+        assert record[f"policy_lag/share/{lag}"] == pytest.approx(by_lag[lag] / tokens)
+    assert record["policy_lag/share/8+"] == 0.0
 
 
 def test_checkpoint_roundtrip_restores_weights_and_optimizer(untrained_tiny_model: Path, tmp_path: Path) -> None:
@@ -167,3 +235,31 @@ def test_checkpoint_roundtrip_restores_weights_and_optimizer(untrained_tiny_mode
 def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="model.path.*no config.json"):
         TorchBackend(tmp_path / "nope")
+
+
+def test_truncated_sampling_is_refused_at_config_time_naming_the_field() -> None:
+    from pydantic import ValidationError
+
+    from rl_core.config import format_validation_error
+
+    with pytest.raises(ValidationError) as error:
+        RunConfig.model_validate({"sampling": {"top_p": 0.9}})
+    message = format_validation_error(error.value)
+    assert "sampling.top_p" in message and "importance" in message
+    assert RunConfig.model_validate({"sampling": {"top_p": 1.0, "temperature": 0.7}}).sampling.temperature == 0.7
+
+
+def test_sharing_a_groups_prompt_leaves_the_gradient_unchanged(untrained_tiny_model: Path) -> None:
+    from rl_core.loss import pack_micro_batches, policy_loss
+
+    samples = make_samples(8, 11)
+    for sample in samples[1:4]:  # a group of four on one prompt, the rest on their own
+        sample.prompt_token_ids = list(samples[0].prompt_token_ids)
+    grads = []
+    for share in (False, True):
+        backend = TorchBackend(untrained_tiny_model)
+        for batch in pack_micro_batches(samples, 4096, 24, share_prompts=share):
+            logp, _ = backend.token_logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source)
+            policy_loss(logp, batch, len(samples)).loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)

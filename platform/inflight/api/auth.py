@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from typing import Any, Callable
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inflight.accounts.services import authenticate_token
+from inflight.runs.safe_input import MAX_INT, UnsafeInput, load_json
 
 logger = logging.getLogger(__name__)
 
@@ -36,29 +38,35 @@ def error_response(status: int, message: str, **extra: Any) -> JsonResponse:
 
 
 def read_json_body(request: HttpRequest) -> dict[str, Any]:
-    if not request.body:
+    try:
+        body = request.body
+    except RequestDataTooBig as exc:
+        raise ApiError(413, f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from exc
+    if not body:
         return {}
     if request.content_type not in ("application/json", ""):
-        raise ApiError(415, f"send JSON (Content-Type: application/json), not {request.content_type}")
+        raise ApiError(415, f"send JSON (Content-Type: application/json), not {request.content_type[:80]}")
     try:
-        data = json.loads(request.body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from exc
+        data = load_json(body)
+    except UnsafeInput as exc:
+        raise ApiError(400, str(exc)) from exc
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     return data
 
 
-def int_param(request: HttpRequest, name: str, default: int | None = None, minimum: int = 0) -> int | None:
+def int_param(request: HttpRequest, name: str, default: int | None = None, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
+    if len(raw) > 40:
+        raise ApiError(400, f"query parameter {name!r} must be an integer between {minimum} and {maximum}")
     try:
         value = int(raw)
     except ValueError as exc:
         raise ApiError(400, f"query parameter {name!r} must be an integer, got {raw!r}") from exc
-    if value < minimum:
-        raise ApiError(400, f"query parameter {name!r} must be >= {minimum}")
+    if not minimum <= value <= maximum:
+        raise ApiError(400, f"query parameter {name!r} must be an integer between {minimum} and {maximum}")
     return value
 
 
@@ -72,6 +80,16 @@ def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., Json
         @csrf_exempt  # token auth, no cookies: CSRF cannot apply
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            try:
+                return handle(request, *args, **kwargs)
+            except (OperationalError, InterfaceError) as exc:
+                # PostgreSQL is away: say so (503, retry later) instead of an internal error.
+                logger.warning("API %s %s: database unavailable: %s", request.method, request.path, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                response = error_response(503, "the database is unavailable; try again in a few seconds")
+                response["Retry-After"] = "5"
+                return response
+
+        def handle(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
             if request.method not in methods:
                 response = error_response(405, f"method {request.method} not allowed; use {', '.join(methods)}")
                 response["Allow"] = ", ".join(methods)
@@ -90,6 +108,8 @@ def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., Json
                 return error_response(exc.status, exc.message, **exc.extra)
             except PermissionDenied as exc:
                 return error_response(403, str(exc) or "permission denied")
+            except (OperationalError, InterfaceError):
+                raise
             except Exception:
                 logger.exception("API error in %s %s", request.method, request.path)
                 return error_response(500, "internal error; the server log has the details")

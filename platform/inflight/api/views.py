@@ -90,14 +90,20 @@ def runs(request: HttpRequest) -> Any:
         config = body.get("config", {})
         try:
             run = services.create_run(request.user, name, config)
+        except services.RunLimitExceeded as exc:
+            raise ApiError(429, str(exc), fields=exc.errors) from exc
         except services.InvalidRunConfig as exc:
             raise ApiError(400, f"invalid config: {exc}", fields=exc.errors) from exc
+        # Queued after commit: if the broker refused it, the run is already `failed`. Say so.
+        run.refresh_from_db()
+        if run.status == RunStatus.FAILED:
+            raise ApiError(503, f"the run could not be queued: {run.error}", run=run_json(run))
         return json_response(run_json(run), status=201)
     queryset = selectors.runs_visible_to(request.user)
     status = request.GET.get("status")
     if status:
         if status not in RunStatus.values:
-            raise ApiError(400, f"unknown status {status!r}; use one of {', '.join(RunStatus.values)}")
+            raise ApiError(400, f"unknown status {status[:40]!r}; use one of {', '.join(RunStatus.values)}")
         queryset = queryset.filter(status=status)
     limit = int_param(request, "limit", default=200, minimum=1)
     return {"runs": [run_json(run) for run in queryset[:limit]]}
@@ -170,4 +176,4 @@ def leaderboard(request: HttpRequest) -> Any:
 
 @api_view("GET")
 def workers(request: HttpRequest) -> Any:
-    return {"workers": selectors.workers_with_liveness()}
+    return {"workers": selectors.workers_with_liveness(request.user)}

@@ -39,7 +39,9 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.SUCCEEDED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
-    RunStatus.LOST: frozenset(),
+    # A lost run is resolved later only by what is known for sure: its run directory read by
+    # the restarted worker that owned it (`workers/reconcile.py`), or a cancel by its owner.
+    RunStatus.LOST: frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}),
 }
 
 
@@ -60,6 +62,10 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     worker_name = models.CharField(max_length=200, blank=True, default="", help_text="Celery worker that runs it.")
+    worker_incarnation = models.CharField(
+        max_length=64, blank=True, default="", help_text="Process id (uuid) of the worker process that claimed it: liveness is per process, not per name."
+    )
+    reconciled_at = models.DateTimeField(null=True, blank=True, help_text="When a restarted worker settled it from its run directory.")
     run_dir = models.CharField(max_length=500, blank=True, default="", help_text="The run directory on the worker.")
     # Incremented once per ingested metrics batch: the cursor of live snapshot + deltas.
     metrics_seq = models.BigIntegerField(default=0)
@@ -148,6 +154,7 @@ class Worker(models.Model):
     gpus = models.JSONField(default=list, help_text="[{index, name, memory_total_mb, memory_used_mb, utilization}] from NVML.")
     cpu_count = models.IntegerField(default=0)
     pid = models.IntegerField(null=True, blank=True)
+    incarnation = models.CharField(max_length=64, blank=True, default="", help_text="Process id (uuid) of the process now beating under this name.")
     started_at = models.DateTimeField()
     last_heartbeat = models.DateTimeField(db_index=True)
 

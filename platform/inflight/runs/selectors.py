@@ -166,23 +166,30 @@ def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best") -> list
 # ---------------------------------------------------------------- workers
 
 
-def workers_with_liveness() -> list[dict[str, Any]]:
+def workers_with_liveness(user: AbstractBaseUser | None = None) -> list[dict[str, Any]]:
+    """Workers and whether their heartbeat is recent. Staff (or `user=None`, internal use) see
+    everything; other users see what sizes a run (queues, CPU count, GPU models and memory,
+    liveness) but not the infrastructure: no host names, node names, pids or other users' load."""
     cutoff = timezone.now() - timedelta(seconds=settings.INFLIGHT_WORKER_LOST_AFTER_S)
+    full = user is None or user.is_staff
     out = []
-    for worker in Worker.objects.all():
-        out.append(
-            {
-                "name": worker.name,
-                "hostname": worker.hostname,
-                "queues": worker.queues,
-                "gpus": worker.gpus,
-                "cpu_count": worker.cpu_count,
-                "started_at": worker.started_at,
-                "last_heartbeat": worker.last_heartbeat,
-                "alive": worker.last_heartbeat >= cutoff,
-                "active_runs": Run.objects.filter(worker_name=worker.name, status__in=["starting", "running", "cancelling"]).count(),
-            }
-        )
+    for index, worker in enumerate(Worker.objects.all(), start=1):
+        row = {
+            "name": worker.name if full else f"worker {index}",
+            "hostname": worker.hostname if full else "",
+            "queues": worker.queues,
+            "gpus": worker.gpus if full else [
+                {"index": gpu.get("index"), "name": gpu.get("name"), "memory_total_mb": gpu.get("memory_total_mb")}
+                for gpu in worker.gpus or [] if isinstance(gpu, dict)
+            ],
+            "cpu_count": worker.cpu_count,
+            "started_at": worker.started_at,
+            "last_heartbeat": worker.last_heartbeat,
+            "alive": worker.last_heartbeat >= cutoff,
+        }
+        if full:
+            row["active_runs"] = Run.objects.filter(worker_name=worker.name, status__in=["starting", "running", "cancelling"]).count()
+        out.append(row)
     return out
 
 

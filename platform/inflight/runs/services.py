@@ -10,27 +10,25 @@ data and clients re-sync from a snapshot, so nothing recorded is lost.
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import logging
 import math
-import os
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
 import psycopg
-from channels.layers import get_channel_layer
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from inflight.live.broadcast import _group_send, flush_broadcasts, run_group, user_runs_group  # noqa: F401 (re-exported)
 from inflight.live.folding import fold_ingest_batch
+from inflight.runs import run_limits, run_paths
 from inflight.runs.models import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATUSES,
@@ -42,6 +40,7 @@ from inflight.runs.models import (
     RunStatus,
     Worker,
 )
+from inflight.runs.safe_input import value_errors
 from rl_core.config import RunConfig, field_errors
 
 logger = logging.getLogger(__name__)
@@ -70,119 +69,60 @@ class PointIn:
     value: float
 
 
-def run_group(run_id: int) -> str:
-    return f"run-{run_id}"
-
-
-def user_runs_group(user_id: int) -> str:
-    return f"runs-user-{user_id}"
-
-
-class _Broadcaster:
-    """Channels sends from sync code: in order, on one event loop thread per process, and
-    without making the caller wait for Redis.
-
-    `async_to_sync(layer.group_send)` would run each send on a fresh event loop, and the Redis
-    layer keeps its connections per loop, so every push would open a new connection (~7 ms vs
-    <1 ms here). Ingest only queues its push (after its transaction committed) and returns: a
-    2,000-point push costs a few ms of serialization and Redis round trips that need not delay
-    the next batch. One task sends the queue in order, so a client never sees batch 5 before
-    batch 4. If Redis stalls and more than `MAX_UNSENT` pushes wait, new ones are dropped
-    (logged): the database holds the data and a client that sees the seq gap refetches its
-    snapshot. Recreated after a fork (the loop thread does not survive it)."""
-
-    MAX_UNSENT = 1000
-    SEND_TIMEOUT_S = 5.0
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
-        self._pid = 0
-        self._unsent = 0
-
-    def _started_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, dict[str, Any]]]]:
-        # Called with the lock held.
-        if self._loop is None or self._queue is None or self._pid != os.getpid():
-            loop = asyncio.new_event_loop()
-            queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-            self._loop, self._queue, self._pid, self._unsent = loop, queue, os.getpid(), 0
-            threading.Thread(target=loop.run_forever, name="inflight-broadcast", daemon=True).start()
-            asyncio.run_coroutine_threadsafe(self._send_in_order(queue), loop)
-        return self._loop, self._queue
-
-    def send(self, group: str, message: dict[str, Any]) -> None:
-        """Queue one group_send; returns at once."""
-        with self._lock:
-            if self._unsent >= self.MAX_UNSENT:
-                logger.warning("%d pushes waiting for the channel layer; dropping %s to %s", self._unsent, message.get("type"), group)
-                return
-            loop, queue = self._started_loop()
-            self._unsent += 1
-        loop.call_soon_threadsafe(queue.put_nowait, (group, message))
-
-    async def _send_in_order(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
-        while True:
-            group, message = await queue.get()
-            try:
-                layer = get_channel_layer()
-                if layer is not None:
-                    await asyncio.wait_for(layer.group_send(group, message), self.SEND_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write
-                logger.warning("could not broadcast %s to %s", message.get("type"), group, exc_info=True)
-            finally:
-                with self._lock:
-                    self._unsent -= 1
-                    self._lock.notify_all()
-
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every queued push was handed to the channel layer (or failed); False on timeout."""
-        with self._lock:
-            if self._pid != os.getpid():
-                return True
-            return self._lock.wait_for(lambda: self._unsent == 0, timeout_s)
-
-
-_broadcaster = _Broadcaster()
-# A short-lived process (a management command, a bench) still delivers its last pushes.
-atexit.register(_broadcaster.flush)
-
-
-def _group_send(group: str, message: dict[str, Any]) -> None:
-    try:
-        _broadcaster.send(group, message)
-    except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write
-        logger.warning("could not broadcast %s to %s", message.get("type"), group, exc_info=True)
-
-
-def flush_broadcasts(timeout_s: float = 5.0) -> bool:
-    """Block until this process's queued live pushes were sent; False if they did not go in time."""
-    return _broadcaster.flush(timeout_s)
-
-
-# ---------------------------------------------------------------- creating and dispatching
-
-
 def validate_run_config(config_dict: Any) -> RunConfig:
+    """RunConfig of an untrusted dict; InvalidRunConfig naming the fields otherwise. Refused
+    before pydantic sees them: NUL characters, non-finite or out-of-range numbers, deep nesting;
+    and after it: a float field that became non-finite by coercion (the text '1e999')."""
     if not isinstance(config_dict, dict):
         raise InvalidRunConfig({"config": ["must be a mapping of config sections"]})
+    errors = value_errors(config_dict)
+    if errors:
+        raise InvalidRunConfig(errors)
     try:
-        return RunConfig.model_validate(config_dict)
+        config = RunConfig.model_validate(config_dict)
     except ValidationError as exc:
         raise InvalidRunConfig(field_errors(exc)) from exc
+    errors = value_errors(config.model_dump(mode="python"))
+    if errors:
+        raise InvalidRunConfig(errors)
+    return config
+
+
+class RunLimitExceeded(InvalidRunConfig):
+    """The submitter already has as many active runs as the platform allows."""
+
+
+def check_run_for_owner(owner: AbstractBaseUser, config: RunConfig, *, on_worker: bool = False) -> dict[str, Any]:
+    """The config as the worker should run it (resolved paths, filled-in limits), or
+    InvalidRunConfig naming the fields that reach outside what the platform allows."""
+    path_problems, resolved = run_paths.checked_paths(owner, config, on_worker=on_worker)
+    limit_problems, filled = run_limits.limit_errors(owner, config) if not on_worker else ({}, {})
+    problems = {**limit_problems, **path_problems}
+    if problems:
+        raise InvalidRunConfig(problems)
+    data = config.model_dump(mode="json")
+    data.update(filled)
+    return run_paths.apply_resolved(data, resolved) if on_worker else data
 
 
 @transaction.atomic
 def create_run(owner: AbstractBaseUser, name: str, config_dict: dict[str, Any]) -> Run:
-    """Validate through RunConfig, store the resolved config, queue it on `cpu` or `gpu` after commit."""
+    """Validate through RunConfig and the platform's rules (paths, limits), store the resolved
+    config, queue it on `cpu` or `gpu` after commit."""
     name = (name or "").strip() or str(config_dict.get("name", "") if isinstance(config_dict, dict) else "")
     if isinstance(config_dict, dict) and name:
         config_dict = {**config_dict, "name": name}
     config = validate_run_config(config_dict)
+    stored = check_run_for_owner(owner, config)
+    # The owner's row is locked so that two submissions at once cannot both pass the count.
+    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+    refusal = run_limits.active_runs_error(owner)
+    if refusal:
+        raise RunLimitExceeded({"config": [refusal]})
     run = Run.objects.create(
         owner=owner,
         name=config.name,
-        config=config.model_dump(mode="json"),
+        config=stored,
         queue=RunQueue.GPU if config.needs_gpu else RunQueue.CPU,
         status=RunStatus.QUEUED,
     )
@@ -207,6 +147,67 @@ def dispatch_run(run_id: int, queue: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the broker is away: say so on the run instead of hiding it
         logger.error("could not queue run %s on %s", run_id, queue, exc_info=True)
         transition_run(run_id, RunStatus.FAILED, error=f"could not queue the run on '{queue}': {exc}")
+
+
+def _queued_run_ids_in_broker(queues: Iterable[str]) -> set[int] | None:
+    """Run ids whose message waits in a queue or is held unacknowledged by a worker, read from
+    the Redis broker; None when the broker is not Redis (then nothing is re-sent)."""
+    import base64
+    import json
+
+    from workers.celery_app import app
+
+    with app.connection_for_write() as conn:
+        if conn.transport_cls not in ("redis", "rediss") and not str(conn.transport_cls).startswith("redis"):
+            return None
+        client = conn.default_channel.client
+        raw = []
+        for queue in queues:
+            raw.extend(client.lrange(queue, 0, -1))
+        for value in client.hvals("unacked"):
+            try:
+                raw.append(json.dumps(json.loads(value)[0]))
+            except (ValueError, IndexError, TypeError):
+                continue
+    ids = set()
+    for message in raw:
+        try:
+            envelope = json.loads(message)
+            if envelope.get("headers", {}).get("task") != EXECUTE_RUN_TASK:
+                continue
+            body = json.loads(base64.b64decode(envelope["body"])) if envelope.get("properties", {}).get("body_encoding") == "base64" else json.loads(envelope["body"])
+            ids.add(int(body[0][0]))
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    return ids
+
+
+_requeue_checked_at = 0.0
+
+
+def requeue_lost_messages(older_than_s: float | None = None) -> list[int]:
+    """Re-send runs `queued` for longer than `older_than_s` whose message is neither waiting in
+    the broker nor held by a worker (a broker restart without its data loses them). A duplicate
+    delivery is harmless: `claim_run` lets only one run it. At most once per `older_than_s`."""
+    global _requeue_checked_at
+    older_than_s = settings.INFLIGHT_REQUEUE_AFTER_S if older_than_s is None else older_than_s
+    if time.monotonic() - _requeue_checked_at < older_than_s:
+        return []
+    _requeue_checked_at = time.monotonic()
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    waiting = list(Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=cutoff).values_list("pk", "queue"))
+    if not waiting:
+        return []
+    present = _queued_run_ids_in_broker(sorted({queue for _, queue in waiting}))
+    if present is None:
+        return []
+    resent = []
+    for run_id, queue in waiting:
+        if run_id not in present:
+            logger.warning("run %s is queued but its message is not in the broker; sending it again", run_id)
+            dispatch_run(run_id, queue)
+            resent.append(run_id)
+    return resent
 
 
 # ---------------------------------------------------------------- status
@@ -256,13 +257,16 @@ def transition_run(
     return run
 
 
-def claim_run(run_id: int, worker_name: str) -> Run | None:
+def claim_run(run_id: int, worker_name: str, worker_incarnation: str = "") -> Run | None:
     """A worker takes a queued run (→ `starting`); None if it is no longer queued (cancelled
-    before it started, or a redelivered message of a run that already ran or was lost)."""
+    before it started, or a redelivered message of a run that already ran or was lost).
+    `worker_incarnation` names the claiming *process*: a worker restarted under the same name
+    is another incarnation and does not vouch for the dead one's runs."""
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.status != RunStatus.QUEUED:
             return None
+        Run.objects.filter(pk=run_id).update(worker_incarnation=worker_incarnation)
         return transition_run(
             run_id, RunStatus.STARTING, worker_name=worker_name, run_dir=str(settings.INFLIGHT_RUNS_DIR / str(run_id))
         )
@@ -286,17 +290,31 @@ def can_manage_run(user: AbstractBaseUser, run: Run) -> bool:
 
 @transaction.atomic
 def request_cancel(run: Run, by_user: AbstractBaseUser) -> Run:
-    """Queued runs are cancelled at once; started ones go to `cancelling` and the worker stops them."""
+    """Queued runs are cancelled at once; started ones go to `cancelling` and the worker stops them.
+    A run nobody supervises any more ends `cancelled` at once: one already `lost`, or one whose
+    worker process stopped sending heartbeats (`cancelling` would otherwise wait forever)."""
     if not can_manage_run(by_user, run):
         raise PermissionDenied("only the run's owner or staff may cancel it")
     locked = Run.objects.select_for_update().get(pk=run.pk)
+    if locked.status == RunStatus.LOST:
+        Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
+        return transition_run(run.pk, RunStatus.CANCELLED)
     if locked.status == RunStatus.CANCELLING:
+        if not run_worker_alive(locked):
+            return transition_run(run.pk, RunStatus.CANCELLED, error=_orphan_cancel_error(locked))
         return locked
     if locked.is_terminal:
         raise IllegalTransition(f"run {run.pk} already ended ({locked.status})")
     Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
     target = RunStatus.CANCELLED if locked.status == RunStatus.QUEUED else RunStatus.CANCELLING
-    return transition_run(run.pk, target)
+    cancelled = transition_run(run.pk, target)
+    if target == RunStatus.CANCELLING and not run_worker_alive(locked):
+        return transition_run(run.pk, RunStatus.CANCELLED, error=_orphan_cancel_error(locked))
+    return cancelled
+
+
+def _orphan_cancel_error(run: Run) -> str:
+    return f"cancelled while its worker {run.worker_name} was not sending heartbeats (the engine stops with its worker)"
 
 
 # ---------------------------------------------------------------- metrics
@@ -441,36 +459,65 @@ def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterab
 
 
 def record_heartbeat(
-    name: str, *, hostname: str, queues: list[str], gpus: list[dict[str, Any]], cpu_count: int, pid: int | None = None
+    name: str,
+    *,
+    hostname: str,
+    queues: list[str],
+    gpus: list[dict[str, Any]],
+    cpu_count: int,
+    pid: int | None = None,
+    incarnation: str = "",
 ) -> Worker:
     now = timezone.now()
-    worker, created = Worker.objects.update_or_create(
-        name=name,
-        defaults={"hostname": hostname, "queues": queues, "gpus": gpus, "cpu_count": cpu_count, "pid": pid, "last_heartbeat": now},
-        create_defaults={
-            "hostname": hostname, "queues": queues, "gpus": gpus, "cpu_count": cpu_count, "pid": pid,
-            "last_heartbeat": now, "started_at": now,
-        },
-    )
+    values = {"hostname": hostname, "queues": queues, "gpus": gpus, "cpu_count": cpu_count, "pid": pid, "incarnation": incarnation, "last_heartbeat": now}
+    existing = Worker.objects.filter(name=name).values_list("incarnation", flat=True).first()
+    if existing is not None and existing != incarnation:
+        values["started_at"] = now  # another process under the same name: it started now
+    worker, created = Worker.objects.update_or_create(name=name, defaults=values, create_defaults={**values, "started_at": now})
     return worker
 
 
+def _worker_alive(run: Run, workers: dict[str, Worker], cutoff) -> bool | None:
+    """True/False: the process that claimed `run` is/is not beating; None: too early to tell."""
+    worker = workers.get(run.worker_name)
+    same_process = worker is not None and (not run.worker_incarnation or worker.incarnation == run.worker_incarnation)
+    if same_process and worker.last_heartbeat >= cutoff:
+        return True
+    # A worker may claim a run a moment before its first heartbeat (or the first one of this
+    # incarnation) is written: the same grace period, counted from when it took the run.
+    if not same_process and run.started_at and run.started_at >= cutoff:
+        return None
+    return False
+
+
+def run_worker_alive(run: Run, lost_after_s: float | None = None) -> bool:
+    """Whether the worker process that claimed `run` still vouches for it (or may still)."""
+    lost_after_s = settings.INFLIGHT_WORKER_LOST_AFTER_S if lost_after_s is None else lost_after_s
+    if not run.worker_name:
+        return True
+    cutoff = timezone.now() - timedelta(seconds=lost_after_s)
+    return _worker_alive(run, {w.name: w for w in Worker.objects.filter(name=run.worker_name)}, cutoff) is not False
+
+
 def mark_lost_runs(lost_after_s: float | None = None) -> list[int]:
-    """Runs held by a worker whose heartbeat is older than `lost_after_s` (or that never beat) → `lost`."""
+    """Runs held by a worker process whose heartbeat is older than `lost_after_s` (or that never
+    beat, or whose name now beats from another process) → `lost`; a `cancelling` one → `cancelled`.
+
+    Call it only from a process whose own database access has worked for at least
+    `lost_after_s` (`inflight.runs.liveness.LostRunSweeper` checks that): right after an outage
+    every heartbeat is old, and the others have not had the time to write a new one yet."""
     lost_after_s = settings.INFLIGHT_WORKER_LOST_AFTER_S if lost_after_s is None else lost_after_s
     cutoff = timezone.now() - timedelta(seconds=lost_after_s)
-    alive = set(Worker.objects.filter(last_heartbeat__gte=cutoff).values_list("name", flat=True))
-    known = set(Worker.objects.values_list("name", flat=True))
+    workers = {worker.name: worker for worker in Worker.objects.all()}
     lost = []
     for run in Run.objects.filter(status__in=[RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING]):
-        if not run.worker_name or run.worker_name in alive:
-            continue
-        # A worker may claim a run a moment before its first heartbeat is written: a worker
-        # never seen gets the same grace period, counted from when it took the run.
-        if run.worker_name not in known and run.started_at and run.started_at >= cutoff:
+        if not run.worker_name or _worker_alive(run, workers, cutoff) is not False:
             continue
         try:
-            transition_run(run.pk, RunStatus.LOST, error=f"worker {run.worker_name} stopped sending heartbeats")
+            if run.status == RunStatus.CANCELLING:
+                transition_run(run.pk, RunStatus.CANCELLED, error=_orphan_cancel_error(run))
+            else:
+                transition_run(run.pk, RunStatus.LOST, error=f"worker {run.worker_name} stopped sending heartbeats")
             lost.append(run.pk)
         except IllegalTransition:
             continue  # it ended between the query and the lock

@@ -9,7 +9,9 @@ from __future__ import annotations
 CHART_GROUPS: list[dict[str, object]] = [
     {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)"], "y": "rate"},
     {"id": "eval", "title": "Benchmarks (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score"},
+    {"id": "lag_share", "title": "Trained tokens by policy lag (share per step)", "patterns": [r"^policy_lag/share/"], "y": "share"},
     {"id": "lag", "title": "Policy lag (versions)", "patterns": [r"^policy_lag/", r"^rollout/versions_per_sequence/"], "y": "versions"},
+    {"id": "stale", "title": "Dropped as stale (samples, share of tokens)", "patterns": [r"^train/dropped_stale"], "y": "count / share"},
     {"id": "version", "title": "Policy version", "patterns": [r"^weights/version$", r"^success/heldout_version"], "y": "version"},
     {"id": "throughput", "title": "Throughput", "patterns": [r"tokens_per_s$", r"samples_per_s$"], "y": "per second"},
     {"id": "pause", "title": "Weight-update pause", "patterns": [r"^weights/"], "y": "seconds"},

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from inflight.runs.safe_input import UnsafeInput, load_yaml
 from rl_core.config import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -199,9 +200,10 @@ def config_from_post(post: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
             node[parts[-1]] = _choice_value(form_field.path, text)
         elif form_field.kind == "json":
             try:
-                node[parts[-1]] = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                errors.setdefault(form_field.path, []).append(f"not valid JSON/YAML: {str(exc).splitlines()[0]}")
+                node[parts[-1]] = load_yaml(text, max_bytes=16 * 1024)
+            except UnsafeInput as exc:
+                reason = str(exc).splitlines()[0].removeprefix("not valid YAML: ")
+                errors.setdefault(form_field.path, []).append(f"not valid JSON/YAML: {reason}")
         else:
             node[parts[-1]] = text
     return data, errors, raw
@@ -240,11 +242,12 @@ def available_presets() -> list[dict[str, str]]:
 
 
 def parse_yaml_config(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """A config dict from the raw YAML editor, or an error message."""
+    """A config dict from the raw YAML editor, or an error message (aliases, oversized or
+    too deep texts are refused while parsing: `inflight.runs.safe_input`)."""
     try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        return None, f"not valid YAML: {exc}"
+        data = load_yaml(text) if text.strip() else {}
+    except UnsafeInput as exc:
+        return None, str(exc)
     if not isinstance(data, dict):
         return None, "the top level must be a mapping of config sections"
     return data, None

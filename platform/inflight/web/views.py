@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from inflight.live.selectors import run_snapshot_json as snapshot_json_text
 from inflight.runs.models import Run
+from inflight.runs.run_paths import checkpoints_of
 from inflight.runs.selectors import get_run_for_user, leaderboard_rows, runs_visible_to, workers_with_liveness
 from inflight.runs.services import IllegalTransition, InvalidRunConfig, create_run, request_cancel
 from inflight.web.charts import CHART_GROUPS
@@ -112,9 +113,13 @@ def runs_status_json(request: HttpRequest) -> HttpResponse:
 # ---------------------------------------------------------------- create
 
 
-def _create_context(values: dict[str, Any], errors: dict[str, list[str]], raw: dict[str, str], yaml_text: str, tab: str, preset: str) -> dict[str, Any]:
+def _create_context(request: HttpRequest, values: dict[str, Any], errors: dict[str, list[str]], raw: dict[str, str], yaml_text: str, tab: str, preset: str) -> dict[str, Any]:
+    start_from_errors = errors.pop("start_from", [])
     top_fields, sections, general_errors = build_sections(values, errors, raw)
     return {
+        "checkpoints": checkpoints_of(request.user),
+        "start_from": request.POST.get("start_from", "") if request.method == "POST" else "",
+        "start_from_errors": start_from_errors,
         "general_errors": general_errors,
         "top_fields": top_fields,
         "sections": sections,
@@ -147,7 +152,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
         values = resolved_values(data)
         # A preset that no longer matches the schema is shown with its errors, not refused.
         errors = _schema_errors(data) if data else {}
-        context = _create_context(values, errors, {}, yaml.safe_dump(values, sort_keys=False), "form", preset)
+        context = _create_context(request, values, errors, {}, yaml.safe_dump(values, sort_keys=False), "form", preset)
         return render(request, "inflight/run_create.html", context)
 
     tab = "yaml" if request.POST.get("mode") == "yaml" else "form"
@@ -160,6 +165,17 @@ def run_create(request: HttpRequest) -> HttpResponse:
     else:
         data, errors, raw = config_from_post(request.POST)
         yaml_text = ""
+    start_from = request.POST.get("start_from", "")
+    if start_from:
+        choice = next((c for c in checkpoints_of(request.user) if c.key == start_from), None)
+        if choice is None:
+            errors.setdefault("start_from", []).append("not a checkpoint of one of your runs")
+        else:
+            # Resolved here, server-side: the model is that checkpoint's directory.
+            model = data.setdefault("model", {})
+            if isinstance(model, dict):
+                model["path"] = choice.path
+                model["build_tiny_if_missing"] = False
     if not errors:
         try:
             run = create_run(request.user, "", data)
@@ -175,7 +191,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
     values = resolved_values(data)
     if tab == "form":
         yaml_text = yaml.safe_dump(values, sort_keys=False)
-    context = _create_context(values, errors, raw, yaml_text, tab, request.POST.get("preset", ""))
+    context = _create_context(request, values, errors, raw, yaml_text, tab, request.POST.get("preset", ""))
     context["yaml_errors"] = [f"{path}: {m}" if path != "config" else m for path, items in errors.items() for m in items] if tab == "yaml" else []
     return render(request, "inflight/run_create.html", context, status=400)
 
@@ -342,4 +358,4 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def workers(request: HttpRequest) -> HttpResponse:
-    return render(request, "inflight/workers.html", {"workers": workers_with_liveness()})
+    return render(request, "inflight/workers.html", {"workers": workers_with_liveness(request.user), "full": request.user.is_staff})

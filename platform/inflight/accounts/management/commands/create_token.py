@@ -16,9 +16,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("username", help="The user the token acts as.")
         parser.add_argument("--name", default="cli", help="What the token is for (shown in the admin).")
+        parser.add_argument("--days", type=int, default=None, help="Days until it expires (default INFLIGHT_API_TOKEN_DAYS; 0: never).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         user = get_user_model().objects.filter(username=options["username"]).first()
         if user is None:
             raise CommandError(f"no user named {options['username']!r}")
-        self.stdout.write(create_token(user, options["name"]).key)
+        self.stdout.write(create_token(user, options["name"], days=options["days"]).key or "")

@@ -2,7 +2,9 @@
 
 In order: start (or reuse) the embedded PostgreSQL + Redis, migrate, create the demo user
 and print its credentials, build the tiny model if missing, start Daphne and a Celery
-worker, submit the demo run (examples/tiny-cpu.yaml) and print its URL. Ctrl-C cancels the
+worker, submit the demo run (examples/tiny-cpu.yaml) and print its URL. A worker or web server
+that crashes is started again (a line says so; after repeated crashes it waits longer between
+tries), so one dead process never takes the platform down. Ctrl-C cancels the
 demo's active runs, stops the worker and Daphne, and stops the services it started (ones
 it found running are left running). Running it again reuses everything that exists.
 """
@@ -40,6 +42,7 @@ class Command(BaseCommand):
         parser.add_argument("--config", default=str(settings.REPO_ROOT / "examples" / "tiny-cpu.yaml"), help="Run config of the demo run.")
         parser.add_argument("--no-run", action="store_true", help="Start everything but do not submit a run.")
         parser.add_argument("--exit-after-start", action="store_true", help="Stop everything again once it is up (smoke test).")
+        parser.add_argument("--log-dir", default=str(settings.REPO_ROOT / "var" / "logs"), help="Where web.log and worker.log go.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Ctrl-C and `kill` both stop everything in order. Set explicitly: a shell starting us in
@@ -47,8 +50,10 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, _interrupt)
         signal.signal(signal.SIGTERM, _interrupt)
         self.children: list[tuple[str, subprocess.Popen]] = []
+        self.specs: dict[str, tuple[list[str], Path]] = {}
+        self.crashes: dict[str, list[float]] = {}
         self.started_services: list[str] = []
-        logs = settings.REPO_ROOT / "var" / "logs"
+        logs = Path(options["log_dir"])
         logs.mkdir(parents=True, exist_ok=True)
         try:
             self.start_services()
@@ -98,8 +103,14 @@ class Command(BaseCommand):
             secret_file.write_text(secrets.token_urlsafe(9))
             secret_file.chmod(0o600)
         password = secret_file.read_text().strip()
-        user, token = ensure_demo_user(DEMO_USERNAME, password)
-        return user.get_username(), password, token.key
+        token_file = devservices.DEFAULT_SERVICES_DIR / "demo-token"
+        if not token_file.exists():
+            from inflight.accounts.models import generate_token_key
+
+            token_file.write_text(generate_token_key())
+            token_file.chmod(0o600)
+        user, token = ensure_demo_user(DEMO_USERNAME, password, token_file.read_text().strip())
+        return user.get_username(), password, token.key or ""
 
     def ensure_tiny_model(self) -> None:
         from rl_core.config import DEFAULT_TINY_MODEL_DIR
@@ -110,12 +121,30 @@ class Command(BaseCommand):
         self.stdout.write(f"building the tiny model in {target} (once) ...")
         subprocess.run([sys.executable, "-m", "rl_core", "bootstrap-tiny", str(target)], cwd=settings.REPO_ROOT, check=True)
 
+    def child_env(self) -> dict[str, str]:
+        """What the demo's web server and worker need, set explicitly: DEBUG stays off (unless the
+        caller set it), a SECRET_KEY of this checkout (made once, kept next to the services), and
+        cookies without the Secure flag, since the demo serves plain HTTP on 127.0.0.1."""
+        env = dict(os.environ)
+        if not env.get("SECRET_KEY"):
+            key_file = devservices.DEFAULT_SERVICES_DIR / "secret-key"
+            key_file.parent.mkdir(parents=True, exist_ok=True)
+            if not key_file.exists():
+                key_file.write_text(secrets.token_urlsafe(50))
+                key_file.chmod(0o600)
+            env["SECRET_KEY"] = key_file.read_text().strip()
+        env.setdefault("INFLIGHT_SECURE_COOKIES", "0")
+        return env
+
     def spawn(self, name: str, command: list[str], log_path: Path) -> None:
         log = open(log_path, "ab")
         # Own session: Ctrl-C reaches only this command, which then stops the children in order.
-        process = subprocess.Popen(command, cwd=settings.REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=settings.REPO_ROOT, env=self.child_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self.children.append((name, process))
+        self.specs[name] = (command, log_path)
+        self.children = [(n, p) for n, p in self.children if n != name] + [(name, process)]
+        self.stdout.write(f"  {name} started (pid {process.pid}), log {log_path}")
+        self.stdout.flush()
 
     def wait_for_http(self, port: int, timeout: float = 60) -> None:
         import urllib.error
@@ -164,11 +193,30 @@ class Command(BaseCommand):
             raise CommandError(f"{config_path}: {exc}") from exc
 
     def wait_forever(self) -> None:
+        """Supervise the children: one that exits is started again, after a pause that grows
+        with its recent crashes (1 s, then up to 30 s when it keeps crashing)."""
+        restart_at: dict[str, float] = {}
         while True:
-            for name, process in self.children:
-                if process.poll() is not None:
-                    raise CommandError(f"{name} exited with code {process.returncode}; see var/logs/{name}.log")
-            time.sleep(1.0)
+            now = time.monotonic()
+            for name, process in list(self.children):
+                if process.poll() is None or name in restart_at:
+                    continue
+                recent = [t for t in self.crashes.get(name, []) if now - t < 300] + [now]
+                self.crashes[name] = recent
+                delay = min(30.0, 2.0 ** (len(recent) - 1))
+                restart_at[name] = now + delay
+                command, log_path = self.specs[name]
+                message = f"{name} (pid {process.pid}) exited with code {process.returncode}; restarting it in {delay:.0f}s (see {log_path})"
+                self.stderr.write(message)
+                self.stderr.flush()
+                with open(log_path, "a") as log:
+                    log.write(f"--- demo: {message}\n")
+            for name, when in list(restart_at.items()):
+                if now >= when:
+                    del restart_at[name]
+                    command, log_path = self.specs[name]
+                    self.spawn(name, command, log_path)
+            time.sleep(0.5)
 
     # ---------------------------------------------------------------- stop
 

@@ -1,0 +1,94 @@
+"""Resource limits of a submitted run, so that one user cannot take every worker.
+
+Bounds (settings, README's table), each refusal naming the field and the limit:
+- active runs per user (queued, starting, running, cancelling): INFLIGHT_MAX_ACTIVE_RUNS_PER_USER;
+- `trainer.max_steps` <= INFLIGHT_MAX_STEPS;
+- `max_wall_time_s` <= INFLIGHT_MAX_WALL_TIME_S (a run without one gets that limit);
+- processes (inference servers + trainer ranks) <= INFLIGHT_MAX_PROCESSES;
+- CPU threads (servers x threads_per_server + ranks x trainer.threads) <= INFLIGHT_MAX_THREADS
+  and <= the CPUs of the largest worker of the run's queue;
+- GPUs: the run must fit on the largest GPU worker (`rl_core.placement.check_placement`).
+What workers have comes from their heartbeats: the ones alive now, else the last ones known.
+With no worker known for the queue only the operator's limits apply.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from inflight.runs.models import ACTIVE_STATUSES, Run, RunQueue, RunStatus, Worker
+from rl_core.config import RunConfig
+from rl_core.placement import PlacementError, check_placement
+
+
+def queue_capacity(queue: str) -> dict[str, int] | None:
+    """The largest CPU count and GPU count among the queue's workers (alive ones if any)."""
+    workers = list(Worker.objects.filter(queues__contains=[queue]))
+    if not workers:
+        return None
+    cutoff = timezone.now() - timedelta(seconds=settings.INFLIGHT_WORKER_LOST_AFTER_S)
+    alive = [worker for worker in workers if worker.last_heartbeat >= cutoff]
+    pool = alive or workers
+    return {"cpus": max(worker.cpu_count for worker in pool), "gpus": max(len(worker.gpus or []) for worker in pool)}
+
+
+def active_run_count(owner: AbstractBaseUser) -> int:
+    return Run.objects.filter(owner=owner, status__in=[RunStatus.QUEUED, *ACTIVE_STATUSES]).count()
+
+
+def limit_errors(owner: AbstractBaseUser, config: RunConfig) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """(errors keyed by field, values the platform fills in) for a run `owner` submits."""
+    errors: dict[str, list[str]] = {}
+    filled: dict[str, Any] = {}
+
+    def refuse(field: str, message: str) -> None:
+        errors.setdefault(field, []).append(message)
+
+    if config.trainer.max_steps > settings.INFLIGHT_MAX_STEPS:
+        refuse("trainer.max_steps", f"at most {settings.INFLIGHT_MAX_STEPS} steps on this platform (INFLIGHT_MAX_STEPS)")
+    wall = settings.INFLIGHT_MAX_WALL_TIME_S
+    if config.max_wall_time_s is None:
+        filled["max_wall_time_s"] = wall
+    elif config.max_wall_time_s > wall:
+        refuse("max_wall_time_s", f"at most {wall:g} s on this platform (INFLIGHT_MAX_WALL_TIME_S)")
+
+    inference, trainer = config.inference, config.trainer
+    on_gpu = trainer.device.startswith("cuda")
+    ranks = (trainer.gpus or 1) if on_gpu else trainer.cpu_ranks
+    processes = inference.num_servers + ranks
+    if processes > settings.INFLIGHT_MAX_PROCESSES:
+        refuse("inference.num_servers", f"{inference.num_servers} servers + {ranks} trainer ranks = {processes} processes; "
+               f"at most {settings.INFLIGHT_MAX_PROCESSES} (INFLIGHT_MAX_PROCESSES)")
+
+    queue = RunQueue.GPU if config.needs_gpu else RunQueue.CPU
+    capacity = queue_capacity(queue)
+    threads = inference.num_servers * inference.threads_per_server + ranks * trainer.threads
+    max_threads = settings.INFLIGHT_MAX_THREADS
+    source = "INFLIGHT_MAX_THREADS"
+    if capacity is not None and 0 < capacity["cpus"] < max_threads:
+        max_threads, source = capacity["cpus"], f"the largest '{queue}' worker has {capacity['cpus']} CPUs"
+    if threads > max_threads:
+        refuse("trainer.threads", f"{threads} CPU threads (servers x threads_per_server + ranks x trainer.threads); "
+               f"at most {max_threads} ({source})")
+
+    if config.needs_gpu and capacity is not None:
+        try:
+            check_placement(config, capacity["gpus"])
+        except PlacementError as exc:
+            refuse("inference.num_servers", f"{exc} (the largest '{queue}' worker has {capacity['gpus']} GPUs)")
+    return errors, filled
+
+
+def active_runs_error(owner: AbstractBaseUser) -> str | None:
+    """Why `owner` may not submit another run now, or None. Call with the owner's row locked."""
+    limit = settings.INFLIGHT_MAX_ACTIVE_RUNS_PER_USER
+    count = active_run_count(owner)
+    if limit > 0 and count >= limit:
+        return (f"you have {count} runs queued or running; the limit is {limit} per user "
+                "(INFLIGHT_MAX_ACTIVE_RUNS_PER_USER): wait for one to end or cancel one")
+    return None

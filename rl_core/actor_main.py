@@ -1,0 +1,49 @@
+"""The actor's process: `python -m rl_core actor --run-dir DIR --servers URL[,URL]` (started by
+`run`). Opens the clients, the stream writer and the metrics sink, runs `actor.Actor`, closes them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from rl_core.actor import Actor
+from rl_core.config import RunConfig, load_config
+from rl_core.metrics import METRICS_FILE, JsonlSink
+from rl_core.stream import open_writer
+from rl_core.trainer import stream_redis_url
+
+
+async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) -> None:
+    from rl_core.client import InferenceClient
+
+    clients = [InferenceClient(url) for url in server_urls]
+    writer = open_writer(config.stream.kind, run_dir, stream_redis_url(config, run_dir))
+    sink = JsonlSink(run_dir / METRICS_FILE)
+    try:
+        await Actor(config, run_dir, clients, writer, sink).run()
+    finally:
+        writer.close()
+        sink.close()
+        for client in clients:
+            await client.aclose()
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m rl_core actor", description="Rollout actor of a run (started by `run`).")
+    parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
+    parser.add_argument("--servers", required=True, help="Comma-separated inference server base URLs.")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the actor only parses, scores and routes
+    run_dir = Path(args.run_dir)
+    config = load_config(run_dir / "config.yaml")
+    servers = [url for url in args.servers.split(",") if url]
+    if not servers:
+        print("actor: --servers is empty", file=sys.stderr)
+        return 2
+    asyncio.run(run_actor(config, run_dir, servers))
+    print("actor: finished", flush=True)
+    return 0

@@ -1,0 +1,115 @@
+"""A restarted worker settles the runs an earlier process under its name left behind.
+
+When a worker process dies (SIGKILL, OOM, a crash), its runs' engines stop with it
+(PR_SET_PDEATHSIG), but the database still says `starting`, `running` or `cancelling`, and the
+last metric lines it had not delivered are only in the run directory. The next process started
+under the same worker name (same node, same run directories) reads each such run's directory:
+it delivers every metric and eval line not stored yet (ingest is idempotent per line), stops an
+engine that is somehow still alive, and records the final state:
+
+- `status.json` says `succeeded` or `failed` → that (the engine finished on its own);
+- a cancel was requested → `cancelled`;
+- otherwise → `lost` (the engine was stopped because its worker died), with the reason.
+
+A run the lost-run sweep already marked `lost` is settled the same way (lost → its real end).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from inflight.runs import services
+from inflight.runs.models import ACTIVE_STATUSES, ALLOWED_TRANSITIONS, Run, RunStatus
+from workers.supervisor import RunSupervisor, read_status
+
+logger = logging.getLogger(__name__)
+
+
+def _engine_alive(pid: int, run_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return state != "Z" and str(run_dir) in cmdline
+
+
+def _stop_engine(pid: int, run_dir: Path) -> None:
+    if not _engine_alive(pid, run_dir):
+        return
+    logger.warning("run dir %s: engine pid %d outlived its worker; stopping it", run_dir, pid)
+    for sig, wait_s in ((signal.SIGTERM, settings.INFLIGHT_CANCEL_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _engine_alive(pid, run_dir):
+                return
+            time.sleep(0.2)
+
+
+def reconcile_run(run: Run, timeout_s: float = 60.0) -> str:
+    """Deliver what `run`'s directory holds and record its final state; returns that state."""
+    from workers.tasks import PlatformReporter
+
+    run_dir = Path(run.run_dir or settings.INFLIGHT_RUNS_DIR / str(run.pk))
+    status = read_status(run_dir) or {}
+    pid = status.get("pid")
+    if isinstance(pid, int) and status.get("state") not in ("succeeded", "failed", "cancelled"):
+        _stop_engine(pid, run_dir)
+        status = read_status(run_dir) or {}
+    supervisor = RunSupervisor(run_dir=run_dir, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=settings.REPO_ROOT)
+    deadline = time.monotonic() + timeout_s
+    while not supervisor.deliver():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {run.pk}: could not deliver its run directory's lines")
+        time.sleep(1.0)
+    state = status.get("state")
+    run.refresh_from_db()
+    cancel_wanted = run.cancel_requested_at is not None or run.status == RunStatus.CANCELLING
+    if state in ("succeeded", "failed"):
+        final, error = state, (status.get("error") or "") if state == "failed" else ""
+    elif cancel_wanted:
+        final, error = RunStatus.CANCELLED, ""
+    else:
+        final = RunStatus.LOST
+        error = f"worker {run.worker_name} died while the run was {state or 'starting'}; the engine stopped with it"
+    for _ in range(3):
+        run.refresh_from_db()
+        if run.status == final or (run.is_terminal and final not in ALLOWED_TRANSITIONS[run.status]):
+            break
+        try:
+            if final == RunStatus.CANCELLED and run.status in (RunStatus.STARTING, RunStatus.RUNNING):
+                services.transition_run(run.pk, RunStatus.CANCELLING)
+            services.transition_run(run.pk, final, error=error)
+            break
+        except services.IllegalTransition:
+            continue  # someone else moved it meanwhile (the sweep, a cancel): decide again
+    Run.objects.filter(pk=run.pk).update(reconciled_at=timezone.now())
+    run.refresh_from_db()
+    logger.warning("run %s of an earlier process of this worker reconciled from %s: %s", run.pk, run_dir, run.status)
+    return run.status
+
+
+def reconcile_previous_incarnations(worker_name: str, incarnation: str) -> list[int]:
+    """Settle every run an earlier process named `worker_name` left unsettled."""
+    runs = (
+        Run.objects.filter(worker_name=worker_name, reconciled_at__isnull=True)
+        .exclude(worker_incarnation=incarnation)
+        .filter(Q(status__in=list(ACTIVE_STATUSES)) | Q(status=RunStatus.LOST))
+    )
+    done = []
+    for run in runs:
+        reconcile_run(run)
+        done.append(run.pk)
+    return done
