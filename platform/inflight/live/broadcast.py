@@ -13,7 +13,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def run_group(run_id: int) -> str:
@@ -105,5 +105,3 @@ def flush_broadcasts(timeout_s: float = 5.0) -> bool:
     """Block until this process's queued live pushes were sent; False if they did not go in time."""
     return _broadcaster.flush(timeout_s)
 
-
-# ---------------------------------------------------------------- creating and dispatching

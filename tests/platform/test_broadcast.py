@@ -1,0 +1,34 @@
+"""The live-push sender: one failed send (Redis away) is logged and the next one still goes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inflight.live import broadcast
+
+
+class FlakyLayer:
+    """A channel layer whose first group_send fails, as Redis does while it restarts."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.delivered: list[tuple[str, dict[str, Any]]] = []
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise ConnectionError("redis is restarting")
+        self.delivered.append((group, message))
+
+
+def test_a_failed_push_does_not_stop_later_pushes(monkeypatch) -> None:
+    layer = FlakyLayer()
+    monkeypatch.setattr(broadcast, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(broadcast, "_broadcaster", broadcast._Broadcaster())
+
+    broadcast._group_send("run-1", {"type": "metrics.batch", "seq": 1})
+    assert broadcast.flush_broadcasts(timeout_s=5)
+    broadcast._group_send("run-1", {"type": "metrics.batch", "seq": 2})
+    assert broadcast.flush_broadcasts(timeout_s=5)
+
+    assert layer.delivered == [("run-1", {"type": "metrics.batch", "seq": 2})]
