@@ -37,12 +37,17 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.RUNNING: frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLING, RunStatus.LOST}),
     RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.LOST}),
     RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset(),
-    RunStatus.CANCELLED: frozenset(),
+    # `queued` again: the owner resumed the run from its latest checkpoint (`services.resume_run`
+    # checks that one exists; the worker then starts the engine with `--resume`).
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
     # A lost run is resolved later only by what is known for sure: its run directory read by
     # the restarted worker that owned it (`workers/reconcile.py`), or a cancel by its owner.
-    RunStatus.LOST: frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}),
+    RunStatus.LOST: frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.QUEUED}),
 }
+
+# Where a resume may start from: a run that ended without finishing its steps.
+RESUMABLE_STATUSES = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.CANCELLED})
 
 
 class RunQueue(models.TextChoices):
@@ -69,6 +74,23 @@ class Run(models.Model):
     run_dir = models.CharField(max_length=500, blank=True, default="", help_text="The run directory on the worker.")
     # Incremented once per ingested metrics batch: the cursor of live snapshot + deltas.
     metrics_seq = models.BigIntegerField(default=0)
+    # Lineage: a clone records its source run (parent_step None); a fork also the checkpoint
+    # step its model came from. SET_NULL: deleting a parent keeps its children's history.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children",
+        help_text="The run this one was cloned or forked from.",
+    )
+    parent_step = models.BigIntegerField(
+        null=True, blank=True, help_text="The parent's checkpoint step this run's model is (a fork); empty for a clone."
+    )
+    resume_count = models.IntegerField(
+        default=0, help_text="How many times the run was resumed; above 0 the worker starts the engine with --resume."
+    )
+    tags = models.JSONField(default=list, blank=True, help_text="Short labels chosen by the owner (list of strings).")
+    note = models.TextField(blank=True, default="", help_text="Free text by the owner.")
+    archived_at = models.DateTimeField(
+        null=True, blank=True, db_index=True, help_text="Hidden from the default run list since then; empty: not archived."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -80,6 +102,14 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def is_resumable(self) -> bool:
+        return self.status in RESUMABLE_STATUSES
+
+    @property
+    def archived(self) -> bool:
+        return self.archived_at is not None
 
     @property
     def wall_time_s(self) -> float | None:
