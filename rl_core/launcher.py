@@ -44,6 +44,7 @@ from typing import IO, Any
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
 from rl_core.metrics import METRICS_FILE, ConsoleSink, JsonlSink
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
+from rl_core.resume import ResumeError, record_resume
 from rl_core.trainer import PROGRESS_FILE, latest_checkpoint, read_progress, write_json_atomic
 
 STATUS_FILE = "status.json"
@@ -438,8 +439,12 @@ class Launcher:
 def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume:
-        if latest_checkpoint(run_dir) is None:
-            raise LaunchError(f"--resume: {run_dir}/checkpoints/latest does not exist")
+        # Refuses loudly (naming the checkpoint) rather than starting over from step 0, and
+        # records which earlier lines the resume rewinds (rl_core/resume.py).
+        try:
+            record_resume(run_dir)
+        except ResumeError as exc:
+            raise LaunchError(f"--resume: {exc}") from exc
     elif (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists():
         raise LaunchError(f"--out {run_dir} already holds a run; use --resume to continue it or a new directory")
     # Left over from the previous attempt: the actor must wait for the new trainer.

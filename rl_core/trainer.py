@@ -425,8 +425,9 @@ class Trainer:
             assert samples is not None
             started = time.monotonic()
             stats, step_info = train_step(self.backend, samples, self.config, self.ranks)
-            if self.ranks.world_size > 1:
-                self.record_shard(stats.rank_sample_ids or [])
+            # Every run records which samples each step trained: a resume's "each sample trained
+            # once" is checked from this file (single rank too: one short line per step).
+            self.record_shard(stats.rank_sample_ids or [])
             train_s = time.monotonic() - started
             self.trained_tokens += stats.num_tokens
             sync = self.broadcast()
