@@ -21,14 +21,15 @@ import threading
 import uuid
 
 import django
-from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
-from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
 django.setup()
 
 from django.conf import settings  # noqa: E402
+
+# The platform's own app (queues, broker settings); this module adds what a worker needs.
+from inflight.task_queue import app  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +38,6 @@ logger = logging.getLogger(__name__)
 # vouches for the runs of the process that died.
 INCARNATION = uuid.uuid4().hex
 
-app = Celery("inflight")
-app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_queues = (Queue("cpu"), Queue("gpu"))
-app.conf.task_default_queue = "cpu"
-app.conf.broker_connection_retry_on_startup = True
-# acks_late: a message is acknowledged when its run ends, so a run that a dead worker had
-# taken but not started is handed to another worker once the visibility timeout passes. A
-# run lasting longer than that may be redelivered while it runs: `services.claim_run` then
-# finds it no longer queued and the second delivery does nothing.
-app.conf.broker_transport_options = {"visibility_timeout": 600}
 app.conf.worker_hijack_root_logger = False
 app.autodiscover_tasks(["workers"], related_name="tasks", force=True)
 

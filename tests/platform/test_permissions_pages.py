@@ -47,7 +47,7 @@ def test_anonymous_is_sent_to_login_or_gets_401(run) -> None:
     for name in GLOBAL_PAGES:
         response = client.get(reverse(name))
         if name == "web:runs_status":
-            assert response.status_code == 401 and "sign in" in response.json()["error"]["message"]
+            assert response.status_code == 401 and "sign in" in response.json()["error"]
         else:
             assert response.status_code == 302 and response["Location"].startswith("/accounts/login/"), name
     for kind, url in _run_urls(run.pk).items():

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.utils import timezone
 
 from inflight.runs import selectors, services
@@ -86,6 +87,11 @@ def test_finish_keeps_a_lost_run_lost(owner) -> None:
     services.claim_run(run.pk, "w@host")
     services.transition_run(run.pk, RunStatus.LOST, error="worker vanished")
     assert services.finish_run(run.pk, "succeeded").status == RunStatus.LOST
+
+
+def test_finish_refused_by_the_state_machine_keeps_the_status(owner) -> None:
+    run = make_run(owner)  # still queued: queued → succeeded is not a transition
+    assert services.finish_run(run.pk, "succeeded").status == RunStatus.QUEUED
 
 
 def _points(lines: range, names=("loss", "reward")) -> list[PointIn]:
@@ -185,8 +191,10 @@ def test_visibility_owner_other_staff(owner, other_user, staff_user, django_user
     from django.contrib.auth.models import AnonymousUser
 
     run = make_run(owner)
-    assert selectors.get_run_for_user(owner, run.pk) == run
-    assert selectors.get_run_for_user(staff_user, run.pk) == run
-    with pytest.raises(Run.DoesNotExist):
-        selectors.get_run_for_user(other_user, run.pk)
+    assert selectors.visible_run_or_404(owner, run.pk) == run
+    assert selectors.visible_run_or_404(staff_user, run.pk) == run
+    with pytest.raises(Http404):
+        selectors.visible_run_or_404(other_user, run.pk)
+    with pytest.raises(Http404):  # past a bigint: not a run, and never sent to the database
+        selectors.visible_run_or_404(owner, 2**63)
     assert not selectors.runs_visible_to(AnonymousUser()).exists()

@@ -8,33 +8,15 @@ from typing import Any, Callable
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inflight.accounts.services import authenticate_token
+from inflight.api.errors import ApiError, error_response, json_response
 from inflight.runs.safe_input import MAX_INT, UnsafeInput, load_json
 
 logger = logging.getLogger(__name__)
-
-
-class ApiError(Exception):
-    """Raised by a view to answer with `status` and `{"error": message, ...extra}`."""
-
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.extra = extra
-
-
-def json_response(data: Any, status: int = 200) -> JsonResponse:
-    return JsonResponse(data, status=status, safe=False, encoder=DjangoJSONEncoder)
-
-
-def error_response(status: int, message: str, **extra: Any) -> JsonResponse:
-    return json_response({"error": message, **extra}, status=status)
 
 
 def read_json_body(request: HttpRequest) -> dict[str, Any]:
@@ -73,7 +55,7 @@ def int_param(request: HttpRequest, name: str, default: int | None = None, minim
 def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., JsonResponse]]:
     """Token-authenticated JSON endpoint: `Authorization: Token <key>`.
 
-    401 without a valid token, 405 for other methods, ApiError → its status,
+    401 without a valid token, 405 for other methods, ApiError → its status, Http404 → 404,
     PermissionDenied → 403; an unexpected error is logged and answered 500 as JSON."""
 
     def decorate(view: Callable[..., Any]) -> Callable[..., JsonResponse]:
@@ -106,6 +88,8 @@ def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., Json
                 result = view(request, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc.status, exc.message, **exc.extra)
+            except Http404 as exc:  # selectors.visible_run_or_404 and friends
+                return error_response(404, str(exc) or "not found")
             except PermissionDenied as exc:
                 return error_response(403, str(exc) or "permission denied")
             except (OperationalError, InterfaceError):

@@ -20,7 +20,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from inflight.api.auth import ApiError, api_view, int_param, json_response, read_json_body
+from inflight.api.auth import api_view, int_param, read_json_body
+from inflight.api.errors import ApiError, json_response
 from inflight.live.selectors import run_snapshot
 from inflight.runs import selectors, services
 from inflight.runs.models import EvalScore, Run, RunStatus
@@ -61,13 +62,6 @@ def eval_json(score: EvalScore) -> dict[str, Any]:
         "policy_versions": score.policy_versions,
         "t": score.t,
     }
-
-
-def _visible_run(request: HttpRequest, run_id: int) -> Run:
-    try:
-        return selectors.get_run_for_user(request.user, run_id)
-    except Run.DoesNotExist as exc:
-        raise ApiError(404, f"run {run_id} not found") from exc
 
 
 def _names_param(request: HttpRequest) -> list[str] | None:
@@ -111,12 +105,12 @@ def runs(request: HttpRequest) -> Any:
 
 @api_view("GET")
 def run_detail(request: HttpRequest, run_id: int) -> Any:
-    return run_json(_visible_run(request, run_id))
+    return run_json(selectors.visible_run_or_404(request.user, run_id))
 
 
 @api_view("POST")
 def run_cancel(request: HttpRequest, run_id: int) -> Any:
-    run = _visible_run(request, run_id)
+    run = selectors.visible_run_or_404(request.user, run_id)
     try:
         run = services.request_cancel(run, request.user)
     except services.IllegalTransition as exc:
@@ -126,7 +120,7 @@ def run_cancel(request: HttpRequest, run_id: int) -> Any:
 
 @api_view("GET")
 def run_metrics(request: HttpRequest, run_id: int) -> Any:
-    run = _visible_run(request, run_id)
+    run = selectors.visible_run_or_404(request.user, run_id)
     names = _names_param(request)
     since_seq = int_param(request, "since_seq")
     if since_seq is None:
@@ -139,7 +133,7 @@ def run_metrics(request: HttpRequest, run_id: int) -> Any:
 
 @api_view("GET")
 def run_evals(request: HttpRequest, run_id: int) -> Any:
-    run = _visible_run(request, run_id)
+    run = selectors.visible_run_or_404(request.user, run_id)
     return {"run": run.pk, "evals": [eval_json(score) for score in selectors.eval_scores(run)]}
 
 

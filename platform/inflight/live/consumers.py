@@ -17,9 +17,9 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.http import Http404
 
-from inflight.runs.models import Run
-from inflight.runs.selectors import get_run_for_user
+from inflight.runs.selectors import visible_run_or_404
 from inflight.runs.services import run_group, user_runs_group
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -82,11 +82,9 @@ def coalesce_batches(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _visible_run_id(user: Any, run_id: int) -> int | None:
-    if run_id > 2**63 - 1:  # not a bigint primary key: no such run
-        return None
     try:
-        return get_run_for_user(user, run_id).pk
-    except Run.DoesNotExist:
+        return visible_run_or_404(user, run_id).pk
+    except Http404:
         return None
 
 

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Avg, Max, QuerySet
+from django.http import Http404
 from django.utils import timezone
 
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, Worker
@@ -21,9 +22,21 @@ def runs_visible_to(user: AbstractBaseUser) -> QuerySet[Run]:
     return runs if user.is_staff else runs.filter(owner=user)
 
 
-def get_run_for_user(user: AbstractBaseUser, run_id: int) -> Run:
-    """The run if `user` may see it; otherwise Run.DoesNotExist (others' runs are not revealed)."""
-    return runs_visible_to(user).get(pk=run_id)
+# Primary keys are PostgreSQL bigints: a larger id (from a URL) is simply not a run, and must
+# not reach the database, which would refuse it with an error.
+MAX_RUN_ID = 2**63 - 1
+
+
+def visible_run_or_404(user: AbstractBaseUser, run_id: int) -> Run:
+    """The run if `user` may see it; otherwise Http404, the same answer whether the run does not
+    exist or belongs to someone else (others' runs are not revealed). Every view of one run
+    (API, pages, their JSON endpoints, the live socket) goes through here."""
+    if 0 <= run_id <= MAX_RUN_ID:
+        try:
+            return runs_visible_to(user).get(pk=run_id)
+        except Run.DoesNotExist:
+            pass
+    raise Http404(f"run {run_id} does not exist or is not yours")
 
 
 def metric_names(run: Run) -> list[str]:

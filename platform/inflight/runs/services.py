@@ -41,6 +41,7 @@ from inflight.runs.models import (
     Worker,
 )
 from inflight.runs.safe_input import value_errors
+from inflight.task_queue import EXECUTE_RUN_TASK, app
 from rl_core.config import RunConfig, field_errors
 
 logger = logging.getLogger(__name__)
@@ -133,15 +134,9 @@ def create_run(owner: AbstractBaseUser, name: str, config_dict: dict[str, Any]) 
     return run
 
 
-EXECUTE_RUN_TASK = "inflight.execute_run"
-
-
 def dispatch_run(run_id: int, queue: str) -> None:
-    # Sent through the project's Celery app (configured from Django settings), never Celery's
-    # default app, which a web process would otherwise use. Imported here: the Celery app
-    # module sets up Django, so it cannot be imported while settings load.
-    from workers.celery_app import app
-
+    # Sent through the project's Celery app (`inflight.task_queue`, configured from Django
+    # settings), never Celery's default app, which a web process would otherwise use.
     try:
         app.send_task(EXECUTE_RUN_TASK, args=[run_id], queue=queue, retry=False)
     except Exception as exc:  # noqa: BLE001 - the broker is away: say so on the run instead of hiding it
@@ -154,8 +149,6 @@ def _queued_run_ids_in_broker(queues: Iterable[str]) -> set[int] | None:
     the Redis broker; None when the broker is not Redis (then nothing is re-sent)."""
     import base64
     import json
-
-    from workers.celery_app import app
 
     with app.connection_for_write() as conn:
         if conn.transport_cls not in ("redis", "rediss") and not str(conn.transport_cls).startswith("redis"):
@@ -272,16 +265,25 @@ def claim_run(run_id: int, worker_name: str, worker_incarnation: str = "") -> Ru
         )
 
 
+@transaction.atomic
 def finish_run(run_id: int, status: str, error: str = "") -> Run:
     """Record how a supervised run ended. A run already `lost` (its worker was presumed dead)
-    stays lost; a run that ended `cancelled` passes through `cancelling` if nobody else set it."""
-    run = Run.objects.get(pk=run_id)
+    stays lost; a run that ended `cancelled` passes through `cancelling` if nobody else set it.
+
+    The row is locked before its status is read, so a sweeper cannot mark the run `lost`
+    between the check and the write; an end the state machine still refuses is logged and
+    the stored status kept (the worker's final write must not raise)."""
+    run = Run.objects.select_for_update().get(pk=run_id)
     if run.is_terminal:
         logger.warning("run %s ended %s but is already %s; keeping %s", run_id, status, run.status, run.status)
         return run
-    if status == RunStatus.CANCELLED and run.status != RunStatus.CANCELLING:
-        transition_run(run_id, RunStatus.CANCELLING)
-    return transition_run(run_id, status, error=error)
+    try:
+        if status == RunStatus.CANCELLED and run.status != RunStatus.CANCELLING:
+            transition_run(run_id, RunStatus.CANCELLING)
+        return transition_run(run_id, status, error=error)
+    except IllegalTransition:
+        logger.warning("run %s ended %s, which its status %s does not allow; keeping %s", run_id, status, run.status, run.status)
+        return run
 
 
 def can_manage_run(user: AbstractBaseUser, run: Run) -> bool:

@@ -19,15 +19,17 @@ from typing import Callable
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
+
+from inflight.api.errors import error_response
 
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
 def _refuse(request: HttpRequest, status: int, message: str) -> HttpResponse:
     if request.path_info.startswith("/api/"):
-        return JsonResponse({"error": message}, status=status)
+        return error_response(status, message)
     return HttpResponse(f"{status}: {message}\n", status=status, content_type="text/plain; charset=utf-8")
 
 

@@ -14,16 +14,16 @@ import yaml
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from pydantic import ValidationError
 
+from inflight.api.errors import error_response
 from inflight.live.selectors import run_snapshot_json as snapshot_json_text
-from inflight.runs.models import Run
 from inflight.runs.run_paths import checkpoints_of
-from inflight.runs.selectors import get_run_for_user, leaderboard_rows, runs_visible_to, workers_with_liveness
+from inflight.runs.selectors import MAX_RUN_ID, leaderboard_rows, runs_visible_to, visible_run_or_404, workers_with_liveness
 from inflight.runs.services import IllegalTransition, InvalidRunConfig, create_run, request_cancel
 from inflight.web.charts import CHART_GROUPS
 from inflight.web.config_form import (
@@ -46,23 +46,33 @@ def _error_page(request: HttpRequest, status: int, message: str) -> HttpResponse
     return render(request, "inflight/error.html", {"status": status, "message": message}, status=status)
 
 
-def _json_error(status: int, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"message": message}}, status=status)
-
-
 def json_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A JSON endpoint of the pages: 401 (not a redirect) when signed out, Http404 → JSON 404,
+    in the platform's one error shape (`api.errors`)."""
+
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
-            return _json_error(401, "sign in to read this run")
-        return view(request, *args, **kwargs)
+            return error_response(401, "sign in to read this run")
+        try:
+            return view(request, *args, **kwargs)
+        except Http404 as exc:
+            return error_response(404, str(exc))
 
     return wrapper
 
 
-# Primary keys are PostgreSQL bigints: a larger id in a URL is simply not a run (and must
-# not reach the database, which would refuse it with an error).
-MAX_ID = 2**63 - 1
+def page_404(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A page whose run is not visible (Http404) renders the platform's error page."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except Http404 as exc:
+            return _error_page(request, 404, f"{str(exc).capitalize()}.")
+
+    return wrapper
 
 
 def _parse_ids(parts: list[str]) -> list[int]:
@@ -70,19 +80,10 @@ def _parse_ids(parts: list[str]) -> list[int]:
     ids = []
     for part in parts:
         part = part.strip()
-        if not part.isdigit() or int(part) > MAX_ID:
+        if not part.isdigit() or int(part) > MAX_RUN_ID:
             raise ValueError(f"{part[:40]!r} is not a run id")
         ids.append(int(part))
     return list(dict.fromkeys(ids))
-
-
-def _visible_run(request: HttpRequest, run_id: int) -> Run | None:
-    if run_id > MAX_ID:
-        return None
-    try:
-        return get_run_for_user(request.user, run_id)
-    except Run.DoesNotExist:
-        return None
 
 
 # ---------------------------------------------------------------- runs list
@@ -103,9 +104,9 @@ def runs_status_json(request: HttpRequest) -> HttpResponse:
     try:
         ids = _parse_ids([part for part in raw.split(",") if part.strip()])
     except ValueError as exc:
-        return _json_error(400, f"ids: expected comma-separated run ids; {exc}")
+        return error_response(400, f"ids: expected comma-separated run ids; {exc}")
     if len(ids) > 500:
-        return _json_error(400, "ids: at most 500 runs per request")
+        return error_response(400, "ids: at most 500 runs per request")
     runs = runs_visible_to(request.user).filter(pk__in=ids)
     return JsonResponse({"runs": status_rows(runs)})
 
@@ -201,10 +202,9 @@ def run_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
+@page_404
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _visible_run(request, run_id)
-    if run is None:
-        return _error_page(request, 404, f"Run #{run_id} does not exist or is not yours.")
+    run = visible_run_or_404(request.user, run_id)
     evaluations = latest_evaluations(run)
     eval_points = [
         {"benchmark": item["benchmark"], "step": score.step, "mean_at_k": score.mean_at_k, "pass_at_k": score.pass_at_k, "k": score.k}
@@ -242,20 +242,18 @@ def json_to_yaml(config: Any) -> str:
 @require_GET
 def run_snapshot_json(request: HttpRequest, run_id: int) -> HttpResponse:
     """Downsampled series up to `seq` (`?names=a,b` to filter, `?min_shift=k` for a coarser grid)."""
-    run = _visible_run(request, run_id)
-    if run is None:
-        return _json_error(404, f"run {run_id} does not exist or is not yours")
+    run = visible_run_or_404(request.user, run_id)
     names = None
     if "names" in request.GET:
         names = [name for name in request.GET["names"].split(",") if name]
         if any(len(name) > 120 for name in names):
-            return _json_error(400, "names: a metric name is at most 120 characters")
+            return error_response(400, "names: a metric name is at most 120 characters")
     try:
         min_shift = int(request.GET.get("min_shift", "0"))
     except ValueError:
-        return _json_error(400, f"min_shift: expected an integer, got {request.GET['min_shift'][:40]!r}")
+        return error_response(400, f"min_shift: expected an integer, got {request.GET['min_shift'][:40]!r}")
     if not 0 <= min_shift <= MAX_SHIFT:
-        return _json_error(400, f"min_shift: must be between 0 and {MAX_SHIFT}")
+        return error_response(400, f"min_shift: must be between 0 and {MAX_SHIFT}")
     # Built as JSON text in PostgreSQL and passed through unparsed (the 1M-point budget).
     return HttpResponse(snapshot_json_text(run, names=names, min_shift=min_shift), content_type="application/json")
 
@@ -263,18 +261,15 @@ def run_snapshot_json(request: HttpRequest, run_id: int) -> HttpResponse:
 @json_login_required
 @require_GET
 def run_status_json(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _visible_run(request, run_id)
-    if run is None:
-        return _json_error(404, f"run {run_id} does not exist or is not yours")
+    run = visible_run_or_404(request.user, run_id)
     return JsonResponse(status_rows([run])[0])
 
 
 @login_required
 @require_POST
+@page_404
 def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _visible_run(request, run_id)
-    if run is None:
-        return _error_page(request, 404, f"Run #{run_id} does not exist or is not yours.")
+    run = visible_run_or_404(request.user, run_id)
     try:
         run = request_cancel(run, request.user)
     except PermissionDenied as exc:
