@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from rl_core.contracts import GenerationResult, SamplingParams
+from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.engine_config import Drafter, EngineConfig
 from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
@@ -78,6 +79,7 @@ class ReferenceEngine:
     ) -> None:
         self.config = config or EngineConfig()
         self.model = model.eval()
+        use_onednn_linear(model)  # CPU only: ~2x faster GEMMs than torch's default (cpu_kernels.py)
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.device = next(model.parameters()).device

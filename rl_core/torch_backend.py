@@ -14,6 +14,7 @@ from typing import Iterator
 
 import torch
 
+from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.loss import model_token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -60,11 +61,13 @@ class TorchBackend:
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
         self.model.config.use_cache = False
+        use_onednn_linear(self.model)  # CPU only: ~2x faster GEMMs, forward and backward (cpu_kernels.py)
         # Frozen copy for the k3 KL penalty; only loaded when the penalty is on.
         self.reference = None
         if reference_model:
             self.reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=DTYPES[dtype]).to(self.device)
             self.reference.eval().requires_grad_(False)
+            use_onednn_linear(self.reference)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
         )

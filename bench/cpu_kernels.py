@@ -1,0 +1,70 @@
+"""The demo with CPU linear layers on oneDNN (the default) vs torch's stock MKL path.
+
+Runs the product's CLI (`python -m rl_core run CONFIG`) twice per repeat, one after the other,
+the only difference being INFLIGHT_CPU_LINEAR (rl_core/cpu_kernels.py): `onednn` (default) or
+`torch`. Alternates the order across repeats so a drift in machine load favours neither side.
+
+    .venv/bin/python bench/cpu_kernels.py [--config examples/tiny-cpu.yaml] [--max-steps 25] [--repeats 1]
+
+Prints, per side, the median trainer step (`train/step_s`), wall seconds per optimizer step
+(first to last step) and the held-out curve, then `RESULT` lines (onednn / torch: below 1 is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = REPO / ".venv" / "bin" / "python"
+
+
+def run_demo(config: str, max_steps: int, kernel: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-cpu-kernels-{kernel}-") as tmp:
+        out = Path(tmp) / "run"
+        env = {**os.environ, "INFLIGHT_CPU_LINEAR": kernel}
+        result = subprocess.run([str(PYTHON if PYTHON.exists() else sys.executable), "-m", "rl_core", "run", config,
+                                 "--out", str(out), "--quiet", "--set", f"trainer.max_steps={max_steps}"],
+                                cwd=REPO, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"run with {kernel} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    t0 = records[0]["t"]
+    steps = [(r["step"], r["t"] - t0) for r in records if "train/loss" in r]
+    curve = " ".join(f"{r['step']}:{r['success/heldout']:.3f}" for r in records if "success/heldout" in r)
+    (first_step, first_s), (last_step, last_s) = steps[0], steps[-1]
+    return {
+        "step_s": statistics.median(r["train/step_s"] for r in records if "train/step_s" in r),
+        "wall_per_step": (last_s - first_s) / max(1, last_step - first_step),
+        "curve": curve,  # type: ignore[dict-item]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="examples/tiny-cpu.yaml", help="Run config YAML (both sides).")
+    parser.add_argument("--max-steps", type=int, default=25, help="Optimizer steps per run.")
+    parser.add_argument("--repeats", type=int, default=1, help="Runs per side (medians are printed).")
+    args = parser.parse_args()
+    config = str(REPO / args.config) if not Path(args.config).is_absolute() else args.config
+    sides = ["onednn", "torch"]
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for repeat in range(args.repeats):
+        for side in sides if repeat % 2 == 0 else sides[::-1]:
+            run = run_demo(config, args.max_steps, side)
+            runs[side].append(run)
+            print(f"[{side} #{repeat}] train/step_s {run['step_s']:.3f}  wall/step {run['wall_per_step']:.3f}  "
+                  f"held-out {run['curve']}", flush=True)
+    median = {side: {key: statistics.median(r[key] for r in rs) for key in ("step_s", "wall_per_step")} for side, rs in runs.items()}
+    print(f"RESULT onednn_over_torch_train_step_s {median['onednn']['step_s'] / median['torch']['step_s']:.3f}")
+    print(f"RESULT onednn_over_torch_wall_per_step {median['onednn']['wall_per_step'] / median['torch']['wall_per_step']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
