@@ -284,6 +284,57 @@ class EvalConfig(_Section):
     )
 
 
+
+class RolloutStoreConfig(_Section):
+    """What the platform keeps of a run's rollouts (the engine itself ignores this section)."""
+
+    keep_every_n_steps: int = Field(
+        5, ge=1, description="Store every group trained at every Nth trainer step (eval samples are always stored)."
+    )
+    max_stored: int = Field(
+        5000, ge=16, le=1_000_000,
+        description="Most rollouts stored per run: when exceeded, the stored steps are thinned to every 2Nth, 4Nth, ... step.",
+    )
+
+
+class AlertsConfig(_Section):
+    """Thresholds of the built-in alert rules, evaluated by the platform as metrics arrive."""
+
+    enabled: bool = Field(True, description="Evaluate the built-in alert rules for this run.")
+    reward_window: int = Field(10, ge=1, description="Steps averaged for the reward-collapse rule.")
+    reward_drop: float = Field(
+        0.3, gt=0, description="Reward collapse: the mean of the last `reward_window` steps fell this far below its best."
+    )
+    heldout_window: int = Field(2, ge=1, description="Held-out points averaged for the held-out-collapse rule.")
+    heldout_drop: float = Field(
+        0.2, gt=0, description="Held-out collapse: the mean of the last `heldout_window` points fell this far below its best."
+    )
+    entropy_min: float = Field(0.02, ge=0, description="Entropy collapse: `train/entropy` below this (nats per token).")
+    stale_dropped_max: int = Field(
+        0, ge=0, description="Alert when a run has dropped more than this many stale samples (`train/dropped_stale`)."
+    )
+    stall_s: float = Field(120.0, gt=0, description="Throughput stalled: no metrics for this many seconds while running.")
+    eval_drop: float = Field(0.1, gt=0, description="An evaluation's mean@k fell this far below its best for the benchmark.")
+
+
+class MirrorConfig(_Section):
+    """Optional copies of the metrics for users who also keep W&B or TensorBoard."""
+
+    sinks: list[Literal["wandb", "tensorboard"]] = Field(
+        default_factory=list, description="Mirror every metric to these (wandb and tensorboard are optional installs)."
+    )
+    wandb_project: str = Field("inflight", description="W&B project of the mirrored run.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: `offline` writes under the run directory only (sync it later with `wandb sync`)."
+    )
+
+
+class MonitoringConfig(_Section):
+    rollouts: RolloutStoreConfig = Field(default_factory=RolloutStoreConfig, description="Rollouts kept for the viewer.")
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Built-in alert rules.")
+    mirror: MirrorConfig = Field(default_factory=MirrorConfig, description="Mirror metrics to W&B / TensorBoard.")
+
+
 class RunConfig(_Section):
     name: str = Field("run", min_length=1, max_length=120, description="Human-readable run name.")
     mode: Literal["async", "sync"] = Field(
@@ -303,6 +354,9 @@ class RunConfig(_Section):
     stream: StreamConfig = Field(default_factory=StreamConfig, description="Actor→trainer stream.")
     accelerations: AccelerationsConfig = Field(default_factory=AccelerationsConfig, description="Acceleration switches.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during and at the end of the run.")
+    monitoring: MonitoringConfig = Field(
+        default_factory=MonitoringConfig, description="Rollout viewer storage, alert thresholds and metric mirrors."
+    )
 
     @property
     def needs_gpu(self) -> bool:

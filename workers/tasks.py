@@ -13,6 +13,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
+from inflight.alerts import services as alert_services
 from inflight.runs import services
 from inflight.runs.models import Run, RunStatus
 from workers.supervisor import Outcome, RunSupervisor
@@ -25,6 +26,12 @@ class PlatformReporter:
 
     def __init__(self, run_id: int) -> None:
         self.run_id = run_id
+        # Rollout viewer and alerts (their own apps; see inflight.rollouts / inflight.alerts).
+        self.last_metrics_at = time.monotonic()
+        self.last_step: int | None = None
+        self.stalled = False
+        self._stall_s: float | None = None
+        self.is_running = False
 
     def _call(self, function, *args: Any) -> Any:
         try:
@@ -42,11 +49,68 @@ class PlatformReporter:
                 logger.error("run %s metrics.jsonl line %d skipped: %s", self.run_id, line_no, exc)
         if points:
             self._call(services.ingest_metrics, self.run_id, points)
+        self._alerts(alert_services.evaluate_metric_lines, self.run_id, records)
+        self.last_metrics_at = time.monotonic()
+        self.last_step = max([self.last_step or 0, *(int(r.get("step", 0) or 0) for _, r in records)])
+        if self.stalled:
+            self.stalled = False
+            self._alerts(alert_services.check_stalled, self.run_id, 0.0, self.last_step)
+
+    def _alerts(self, function, *args: Any) -> None:
+        """Alert rules run after the data is stored. A database error is raised (the batch is
+        retried; evaluation is idempotent per line), any other error only logged: a bug in a
+        rule must never hold up the run's metrics."""
+        try:
+            self._call(function, *args)
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:  # noqa: BLE001
+            logger.exception("run %s: alert evaluation failed", self.run_id)
+
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        from inflight.rollouts.services import ingest_rollouts
+        from inflight.rollouts.tokens import decoder_for_model
+
+        model_path = str(((self._config() or {}).get("model") or {}).get("path") or "")
+        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path))
+
+    def _config(self) -> dict[str, Any]:
+        if not hasattr(self, "_run_config"):
+            self._run_config = self._call(lambda: Run.objects.filter(pk=self.run_id).values_list("config", flat=True).first()) or {}
+        return self._run_config
+
+    def tick(self) -> None:
+        """`stalled`: no metrics for `monitoring.alerts.stall_s` while running (checked locally;
+        the database is asked only when the alert starts)."""
+        if self.stalled or not self.is_running:
+            return
+        if self._stall_s is None:
+            self._stall_s = float(((self._config().get("monitoring") or {}).get("alerts") or {}).get("stall_s", 120.0))
+        idle = time.monotonic() - self.last_metrics_at
+        if idle >= self._stall_s:
+            fired = self._call(alert_services.check_stalled, self.run_id, idle, self.last_step)
+            # Not running yet (still starting): keep the clock, ask again later.
+            self.stalled = bool(fired) or self._is_stalled_episode_open()
+
+    def _is_stalled_episode_open(self) -> bool:
+        from inflight.alerts.models import AlertEpisode
+
+        return self._call(lambda: AlertEpisode.objects.filter(run_id=self.run_id, rule="stalled", active=True).exists())
+
+    def resumed(self, point: Any) -> None:
+        """The engine resumed from checkpoint `point.step`: drop what the dead attempt logged
+        after it (rl_core.resume.ResumePoint), so every step is charted once."""
+        from inflight.runs.actions import supersede_rewound_history
+
+        self._call(supersede_rewound_history, self.run_id, point.step, point.lines.get("metrics.jsonl", 0), point.t)
 
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
-        self._call(services.ingest_eval, self.run_id, record, problem_rows)
+        score = self._call(services.ingest_eval, self.run_id, record, problem_rows)
+        self._alerts(alert_services.evaluate_eval, self.run_id, score)
 
     def running(self, pid: int) -> None:
+        self.last_metrics_at = time.monotonic()  # the stall clock starts when the run does
+        self.is_running = True
         run = self._call(lambda: Run.objects.get(pk=self.run_id))
         if run.status == RunStatus.STARTING:
             self._call(services.transition_run, self.run_id, RunStatus.RUNNING)

@@ -96,6 +96,8 @@ INSTALLED_APPS = [
     "inflight.api",
     "inflight.web",
     "inflight.live",
+    "inflight.rollouts",
+    "inflight.alerts",
     "axes",
 ]
 
@@ -181,6 +183,8 @@ INFLIGHT_RL_PYTHON = os.environ.get("INFLIGHT_RL_PYTHON", "")
 INFLIGHT_RL_COMMAND = os.environ.get("INFLIGHT_RL_COMMAND", "")
 # How often the worker tails the run directory (also the coalescing window of live pushes).
 INFLIGHT_POLL_S = float(os.environ.get("INFLIGHT_POLL_S", "0.25"))
+# Alert webhooks (the URL each user sets): the operator can switch all of them off.
+INFLIGHT_ALERT_WEBHOOKS = os.environ.get("INFLIGHT_ALERT_WEBHOOKS", "1").lower() not in ("0", "false", "no", "off")
 # SIGTERM → SIGKILL grace period when a run is cancelled.
 INFLIGHT_CANCEL_TIMEOUT_S = float(os.environ.get("INFLIGHT_CANCEL_TIMEOUT_S", "20"))
 

@@ -43,12 +43,23 @@
       .finally(function () { setTimeout(poll, 3000); });
   }
 
+  // An alert fired for one of the listed runs: show (or count up) its mark.
+  function markAlert(runId) {
+    var mark = document.querySelector('[data-alerts-of="' + runId + '"]');
+    if (!mark) return;
+    var n = (parseInt(mark.textContent.replace(/[^0-9]/g, ""), 10) || 0) + 1;
+    mark.textContent = " ⚠ " + n;
+    mark.title = n + (n === 1 ? " alert" : " alerts");
+    mark.classList.remove("hidden");
+  }
+
   function connect(delay) {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     var socket = new WebSocket(scheme + location.host + "/ws/runs/");
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
       if (message.type === "run.status") update({ id: message.run_id, status: message.status });
+      else if (message.type === "alert.fired") markAlert(message.run_id);
     };
     socket.onclose = function (event) {
       if (event.code === 4401 || event.code === 4403) return;

@@ -71,6 +71,8 @@
       if (message.type === "metrics.batch") applyPush(message);
       else if (message.type === "run.status") setStatus(message.status, message.error);
       else if (message.type === "eval.score") { evals.push(message); scheduleRender(); noteEvaluation(message); }
+      // Other pushes (rollouts.batch, alert.fired) are for rollouts.js, on the same socket.
+      else document.dispatchEvent(new CustomEvent("inflight:push", { detail: message }));
     };
     socket.onclose = function (event) {
       if (event.code === 4401 || event.code === 4403) { setLive("off", "not allowed"); return; }
@@ -187,7 +189,10 @@
       var entry = byGroup[id];
       var plot = plotFor(entry.group);
       chartsEl.appendChild(plot.parentNode); // keeps DOM order = chart order
-      Plotly.react(plot, entry.traces, C.layout(controls.axis, entry.group.y), C.CONFIG);
+      var chartLayout = C.layout(controls.axis, entry.group.y);
+      // Alerts are marked where they fired (rollouts.js draws the marks).
+      if (window.inflightAlertMarks) chartLayout.shapes = window.inflightAlertMarks(controls.axis, ctx);
+      Plotly.react(plot, entry.traces, chartLayout, C.CONFIG);
     });
     var info = document.getElementById("points-info");
     info.dataset.buckets = String(buckets);
@@ -222,7 +227,7 @@
     });
   }
 
-  window.inflightRunPage = { state: function () { return state; }, refetch: refetch };
+  window.inflightRunPage = { state: function () { return state; }, refetch: refetch, rerender: scheduleRender };
   connect();
   if (TERMINAL.indexOf(status) < 0) setTimeout(pollStatus, 5000);
 })();

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
+from inflight.alerts import api_views as alert_api
 from inflight.api import views
+from inflight.rollouts import api_views as rollout_api
 
 app_name = "api"
 
@@ -15,4 +17,9 @@ urlpatterns = [
     path("evals/<int:eval_id>/", views.eval_detail, name="eval-detail"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("workers/", views.workers, name="workers"),
+    path("runs/<int:run_id>/rollouts/", rollout_api.run_rollouts, name="run-rollouts"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/", rollout_api.rollout_detail, name="run-rollout"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/group/", rollout_api.rollout_group, name="run-rollout-group"),
+    path("runs/<int:run_id>/alerts/", alert_api.run_alerts_view, name="run-alerts"),
+    path("runs/<int:run_id>/export/<str:kind>", rollout_api.run_export, name="run-export"),
 ]

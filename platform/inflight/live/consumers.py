@@ -152,6 +152,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def eval_score(self, event: dict[str, Any]) -> None:
         await self.send_json(dict(event))
 
+    async def rollouts_batch(self, event: dict[str, Any]) -> None:
+        # New rows of the rollout viewer (inflight.rollouts.services): already bounded per push.
+        await self.send_json(dict(event))
+
+    async def alert_fired(self, event: dict[str, Any]) -> None:
+        await self.send_json(dict(event))
+
 
 class UserRunsConsumer(AsyncJsonWebsocketConsumer):
     """Status changes of the user's own runs (group `runs-user-<id>`); the runs list listens here.
@@ -179,3 +186,7 @@ class UserRunsConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_status(self, event: dict[str, Any]) -> None:
         await self.send_json({key: event.get(key) for key in ("type", "run_id", "status", "error")})
+
+    async def alert_fired(self, event: dict[str, Any]) -> None:
+        # The run list marks the run (inflight.alerts.services).
+        await self.send_json({"type": "alert.fired", "run_id": event["alert"]["run"], "rule": event["alert"]["rule"]})

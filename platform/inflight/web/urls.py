@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inflight.web import views
+from inflight.web import rollout_views, views
 
 app_name = "web"
 
@@ -19,4 +19,11 @@ urlpatterns = [
     path("compare/", views.compare, name="compare"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("workers/", views.workers, name="workers"),
+    path("runs/<int:run_id>/rollouts.json", rollout_views.rollouts_json, name="run_rollouts"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>.json", rollout_views.rollout_json, name="run_rollout"),
+    path("runs/<int:run_id>/rollouts/<int:rollout_id>/group.json", rollout_views.rollout_group_json, name="run_rollout_group"),
+    path("runs/<int:run_id>/evals/<int:eval_id>/problem.json", rollout_views.eval_problem_json, name="run_eval_problem"),
+    path("runs/<int:run_id>/alerts.json", rollout_views.alerts_json, name="run_alerts"),
+    path("runs/<int:run_id>/export/<str:kind>", rollout_views.run_export, name="run_export"),
+    path("settings/alerts/", rollout_views.alert_settings, name="alert_settings"),
 ]

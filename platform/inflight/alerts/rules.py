@@ -1,0 +1,101 @@
+"""The built-in alert rules, as pure functions of metric lines and rolling windows (no database).
+
+Each check returns the conditions that hold now: `{(rule, key): Firing}`; a rule absent from
+the result for a metric the line carries is a condition that no longer holds (its episode ends).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_core.config import AlertsConfig
+from rl_core.metrics import NONFINITE_PREFIX
+
+RULES = {
+    "nonfinite": "non-finite loss or gradient norm",
+    "reward_collapse": "reward collapse",
+    "heldout_collapse": "held-out success collapse",
+    "entropy_collapse": "entropy collapse",
+    "policy_lag": "policy lag above max_lag",
+    "stale_dropped": "stale samples dropped",
+    "stalled": "throughput stalled",
+    "eval_drop": "evaluation score fell from its best",
+}
+NONFINITE_WATCHED = ("train/loss", "train/grad_norm")
+# (rule, metric, window setting, drop setting)
+COLLAPSES = (
+    ("reward_collapse", "train/reward_mean", "reward_window", "reward_drop"),
+    ("heldout_collapse", "success/heldout", "heldout_window", "heldout_drop"),
+)
+
+
+@dataclass
+class Firing:
+    message: str
+    values: dict[str, Any]
+
+
+@dataclass
+class Verdicts:
+    """What one line says: conditions that hold (`firing`) and rules it shows to be clear."""
+
+    firing: dict[tuple[str, str], Firing] = field(default_factory=dict)
+    clear: set[tuple[str, str]] = field(default_factory=set)
+
+
+def _update_window(windows: dict[str, Any], metric: str, value: float, size: int) -> tuple[float | None, float | None]:
+    """Push `value`; returns (rolling mean over the last `size`, best rolling mean so far), or
+    (None, best) while fewer than `size` values were seen."""
+    entry = windows.setdefault(metric, {"values": [], "best": None})
+    entry["values"] = (entry["values"] + [value])[-size:]
+    if len(entry["values"]) < size:
+        return None, entry["best"]
+    mean = sum(entry["values"]) / size
+    entry["best"] = mean if entry["best"] is None else max(entry["best"], mean)
+    return mean, entry["best"]
+
+
+def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows: dict[str, Any]) -> Verdicts:
+    out = Verdicts()
+    step = record.get("step")
+    bad = [name for name in NONFINITE_WATCHED if record.get(NONFINITE_PREFIX + name)]
+    if bad:
+        out.firing[("nonfinite", "")] = Firing(f"{' and '.join(bad)} became non-finite (NaN/inf) at step {step}", {"metrics": bad})
+    elif any(name in record for name in NONFINITE_WATCHED):
+        out.clear.add(("nonfinite", ""))
+    for rule, metric, window_name, drop_name in COLLAPSES:
+        if not isinstance(record.get(metric), (int, float)):
+            continue
+        size, drop = int(getattr(cfg, window_name)), float(getattr(cfg, drop_name))
+        mean, best = _update_window(windows, metric, float(record[metric]), size)
+        if mean is not None and best is not None and best - mean >= drop:
+            out.firing[(rule, "")] = Firing(
+                f"{metric}: mean of the last {size} is {mean:.3f}, {best - mean:.3f} below its best {best:.3f} (threshold {drop})",
+                {"metric": metric, "mean": mean, "best": best, "drop": best - mean, "threshold": drop},
+            )
+        elif mean is not None:
+            out.clear.add((rule, ""))
+    entropy = record.get("train/entropy")
+    if isinstance(entropy, (int, float)):
+        if entropy < cfg.entropy_min:
+            out.firing[("entropy_collapse", "")] = Firing(
+                f"train/entropy {entropy:.4f} is below {cfg.entropy_min}", {"entropy": entropy, "threshold": cfg.entropy_min}
+            )
+        else:
+            out.clear.add(("entropy_collapse", ""))
+    lag = record.get("policy_lag/max")
+    if isinstance(lag, (int, float)):
+        if lag > max_lag:
+            out.firing[("policy_lag", "")] = Firing(f"policy_lag/max {lag:g} is above max_lag {max_lag}", {"lag": lag, "max_lag": max_lag})
+        else:
+            out.clear.add(("policy_lag", ""))
+    dropped = record.get("train/dropped_stale")
+    if isinstance(dropped, (int, float)):
+        if dropped > cfg.stale_dropped_max:
+            out.firing[("stale_dropped", "")] = Firing(
+                f"{dropped:g} stale samples dropped (more than {cfg.stale_dropped_max})", {"dropped": dropped, "threshold": cfg.stale_dropped_max}
+            )
+        else:
+            out.clear.add(("stale_dropped", ""))
+    return out

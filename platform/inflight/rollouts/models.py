@@ -1,0 +1,65 @@
+"""A bounded sample of each run's rollouts, for the rollout viewer.
+
+The actor's stream (`stream/rollouts.jsonl`, one `contracts.RolloutSample` per line) is the
+source; the worker tails it like metrics.jsonl. `(run, line)` is unique, `line` being the
+sample's 0-based line in the stream, so a re-sent batch never duplicates a row.
+
+Which samples are kept: every sample trained at a step that is a multiple of
+`RolloutStore.stride` (starting at the run's `monitoring.rollouts.keep_every_n_steps`); when
+more than `max_stored` rows are stored the stride doubles and the rows off the new grid are
+deleted. So a run never holds more than `max_stored` rows, spread evenly over its steps.
+"""
+
+from __future__ import annotations
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+from inflight.runs.models import Run
+
+
+class RolloutStore(models.Model):
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    stride = models.IntegerField(help_text="Rows are kept for steps that are multiples of this.")
+    stored = models.IntegerField(default=0, help_text="Rows stored now (kept <= max_stored).")
+    seq = models.BigIntegerField(default=0, help_text="Ingest batches so far: the live push counter.")
+    lines_seen = models.BigIntegerField(default=0, help_text="Stream lines delivered so far (kept or not).")
+
+
+class StoredRollout(models.Model):
+    # No database-level foreign key (as MetricPoint): ingest locks the run's store row, which
+    # exists only for an existing run; deletes still cascade through the ORM.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    line = models.BigIntegerField(help_text="Idempotency key: 0-based line of the sample in stream/rollouts.jsonl.")
+    step = models.BigIntegerField(help_text="Trainer step that trains it (from its place in the stream).")
+    seq = models.BigIntegerField(help_text="RolloutStore.seq of the batch that stored it.")
+    sample_id = models.CharField(max_length=200)
+    group_id = models.CharField(max_length=200)
+    prompt_id = models.CharField(max_length=200)
+    prompt_text = models.TextField()
+    completion_text = models.TextField()
+    tokens = ArrayField(models.TextField(), help_text="Completion tokens as text, one per token id.")
+    token_ids = ArrayField(models.IntegerField())
+    logprobs = ArrayField(models.FloatField(), help_text="Behaviour (sampling) logprob per completion token.")
+    versions = ArrayField(models.IntegerField(), help_text="Policy version that sampled each completion token.")
+    train_logprobs = ArrayField(
+        models.FloatField(), null=True, blank=True, help_text="Trainer logprob per token when the run recorded it (importance ratios)."
+    )
+    reward = models.FloatField()
+    correct = models.BooleanField()
+    advantage = models.FloatField()
+    length = models.IntegerField(help_text="Completion tokens.")
+    min_version = models.IntegerField()
+    max_version = models.IntegerField()
+    versions_spanned = models.IntegerField(help_text="Distinct policy versions among its tokens.")
+    max_lag = models.IntegerField(help_text="Trainer version at its step minus its oldest token's version.")
+    extracted = models.CharField(max_length=200, blank=True, default="")
+    finish_reason = models.CharField(max_length=16, blank=True, default="")
+    t = models.FloatField(help_text="Unix seconds when the platform stored it.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "line"], name="storedrollout_run_line_uniq")]
+        indexes = [
+            models.Index(fields=["run", "step"], name="storedrollout_run_step"),
+            models.Index(fields=["run", "group_id"], name="storedrollout_run_group"),
+        ]

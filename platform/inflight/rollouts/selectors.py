@@ -1,0 +1,95 @@
+"""Reads of stored rollouts. Callers pass a run the user may see (`runs.selectors.get_run_for_user`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import QuerySet
+
+from inflight.rollouts.models import StoredRollout
+from inflight.runs.models import Run
+
+SHORT_CHARS = 120
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+def _short(text: str, limit: int = SHORT_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def summary_json(row: StoredRollout) -> dict[str, Any]:
+    """One table row (what the list API, the page and the live push carry)."""
+    return {
+        "id": row.pk, "line": row.line, "step": row.step, "sample_id": row.sample_id, "group_id": row.group_id,
+        "prompt": _short(row.prompt_text), "response": _short(row.completion_text), "reward": row.reward,
+        "correct": row.correct, "length": row.length, "versions_spanned": row.versions_spanned,
+        "min_version": row.min_version, "max_version": row.max_version, "max_lag": row.max_lag,
+        "extracted": row.extracted,
+    }
+
+
+def detail_json(row: StoredRollout) -> dict[str, Any]:
+    """The whole sample: text, and per token its text, version and behaviour logprob; the
+    importance ratio exp(train - behaviour) where the trainer's logprobs were recorded."""
+    ratios = None
+    if row.train_logprobs is not None:
+        import math
+
+        ratios = [math.exp(min(50.0, t - b)) for t, b in zip(row.train_logprobs, row.logprobs)]
+    switches = [i for i in range(1, len(row.versions)) if row.versions[i] != row.versions[i - 1]]
+    return {
+        **summary_json(row), "prompt_id": row.prompt_id, "prompt_text": row.prompt_text,
+        "completion_text": row.completion_text, "advantage": row.advantage, "finish_reason": row.finish_reason,
+        "tokens": row.tokens, "token_ids": row.token_ids, "versions": row.versions, "logprobs": row.logprobs,
+        "ratios": ratios, "version_switches": switches,
+    }
+
+
+@dataclass
+class RolloutFilter:
+    step_min: int | None = None
+    step_max: int | None = None
+    correct: bool | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    length_min: int | None = None
+    length_max: int | None = None
+    cursor: int | None = None  # rows with line < cursor (the previous page's `next_cursor`)
+    limit: int = PAGE_SIZE
+
+
+def rollouts_page(run: Run, flt: RolloutFilter) -> dict[str, Any]:
+    """Newest first (by stream line); `next_cursor` is null on the last page."""
+    rows: QuerySet[StoredRollout] = StoredRollout.objects.filter(run_id=run.pk)
+    for lookup, value in (
+        ("step__gte", flt.step_min), ("step__lte", flt.step_max), ("correct", flt.correct),
+        ("reward__gte", flt.reward_min), ("reward__lte", flt.reward_max),
+        ("length__gte", flt.length_min), ("length__lte", flt.length_max), ("line__lt", flt.cursor),
+    ):
+        if value is not None:
+            rows = rows.filter(**{lookup: value})
+    page = list(rows.order_by("-line").defer("tokens", "token_ids", "logprobs", "versions", "train_logprobs")[: flt.limit + 1])
+    more = len(page) > flt.limit
+    page = page[: flt.limit]
+    return {
+        "run": run.pk,
+        "rollouts": [summary_json(row) for row in page],
+        "next_cursor": page[-1].line if more and page else None,
+    }
+
+
+def rollout_detail(run: Run, rollout_id: int) -> StoredRollout:
+    return StoredRollout.objects.get(run_id=run.pk, pk=rollout_id)
+
+
+def group_json(run: Run, row: StoredRollout) -> dict[str, Any]:
+    siblings = StoredRollout.objects.filter(run_id=run.pk, group_id=row.group_id).order_by("line").defer(
+        "tokens", "token_ids", "logprobs", "versions", "train_logprobs"
+    )
+    return {
+        "run": run.pk, "group_id": row.group_id, "prompt_text": row.prompt_text, "step": row.step,
+        "samples": [{**summary_json(s), "advantage": s.advantage} for s in siblings],
+    }

@@ -1,0 +1,266 @@
+// Run page: the Rollouts tab (filtered table, live rows, token-coloured sample view, its group),
+// evaluation samples in the same view, and alerts (banner + marks on the charts).
+// Live pushes arrive on the run page's socket and are handed here as "inflight:push" events.
+(function () {
+  "use strict";
+  var panel = document.getElementById("rollouts-panel");
+  if (!panel) return;
+  var base = panel.dataset.baseUrl;
+  var VERSION_COLOURS = ["#dbeafe", "#fde68a", "#bbf7d0", "#fecaca", "#e9d5ff", "#fed7aa", "#a5f3fc", "#f5d0fe", "#d9f99d", "#e5e7eb"];
+  var MAX_ROWS = 500;
+  var filters = {};
+  var nextCursor = null;
+  var current = null; // the sample shown
+  var colourBy = "version";
+  var alerts = [];
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (key) { node.setAttribute(key, attrs[key]); });
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
+      if (!r.ok) throw new Error(url + " → " + r.status);
+      return r.json();
+    });
+  }
+
+  // ---------------------------------------------------------------- tabs
+
+  function showTab(name) {
+    document.querySelectorAll("[data-run-tab]").forEach(function (tab) { tab.classList.toggle("active", tab.dataset.runTab === name); });
+    document.querySelectorAll("[data-run-panel]").forEach(function (p) { p.classList.toggle("hidden", p.dataset.runPanel !== name); });
+    if (name === "metrics" && window.inflightRunPage) window.inflightRunPage.rerender(); // plots sized while hidden
+    history.replaceState(null, "", name === "rollouts" ? "#rollouts" : location.pathname + location.search);
+  }
+  document.querySelectorAll("[data-run-tab]").forEach(function (tab) {
+    tab.addEventListener("click", function () { showTab(tab.dataset.runTab); });
+  });
+  if (location.hash === "#rollouts") showTab("rollouts");
+
+  // ---------------------------------------------------------------- table
+
+  function versionColour(v) { return VERSION_COLOURS[((v % VERSION_COLOURS.length) + VERSION_COLOURS.length) % VERSION_COLOURS.length]; }
+
+  function rowFor(r) {
+    var tr = el("tr", { "data-id": r.id, "data-step": r.step, "data-correct": r.correct ? "1" : "0", "class": "rollout-row" });
+    tr.appendChild(el("td", { "class": "num" }, r.step));
+    tr.appendChild(el("td", { "class": "mono clip" }, r.prompt));
+    tr.appendChild(el("td", { "class": "mono clip" }, r.response));
+    tr.appendChild(el("td", { "class": "num" }, Number(r.reward).toFixed(2)));
+    tr.appendChild(el("td", {}, r.correct ? "✓" : "✗"));
+    tr.appendChild(el("td", { "class": "num" }, r.length));
+    var versions = el("td", { "class": "num" }, r.versions_spanned + (r.versions_spanned > 1 ? " (v" + r.min_version + "–" + r.max_version + ")" : " (v" + r.min_version + ")"));
+    tr.appendChild(versions);
+    tr.appendChild(el("td", { "class": "num" }, r.max_lag));
+    tr.addEventListener("click", function () { openSample(r.id); });
+    return tr;
+  }
+
+  function matches(r) {
+    function num(name) { return filters[name] === undefined ? null : Number(filters[name]); }
+    if (num("step_min") !== null && r.step < num("step_min")) return false;
+    if (num("step_max") !== null && r.step > num("step_max")) return false;
+    if (num("reward_min") !== null && r.reward < num("reward_min")) return false;
+    if (num("reward_max") !== null && r.reward > num("reward_max")) return false;
+    if (num("length_min") !== null && r.length < num("length_min")) return false;
+    if (num("length_max") !== null && r.length > num("length_max")) return false;
+    if (filters.correct !== undefined && String(r.correct) !== filters.correct) return false;
+    return true;
+  }
+
+  function query(cursor) {
+    var params = new URLSearchParams(filters);
+    if (cursor !== null && cursor !== undefined) params.set("cursor", cursor);
+    return panel.dataset.listUrl + "?" + params.toString();
+  }
+
+  var body = document.getElementById("rollouts-body");
+  var more = document.getElementById("rollouts-more");
+
+  function load(append) {
+    return getJSON(query(append ? nextCursor : null)).then(function (page) {
+      if (!append) body.textContent = "";
+      page.rollouts.forEach(function (r) { body.appendChild(rowFor(r)); });
+      nextCursor = page.next_cursor;
+      more.classList.toggle("hidden", nextCursor === null);
+      if (!body.children.length) {
+        var tr = el("tr", { "class": "empty" });
+        tr.appendChild(el("td", { colspan: "8", "class": "muted" }, "No stored rollout matches."));
+        body.appendChild(tr);
+      }
+    }).catch(function (error) { document.getElementById("rollouts-info").textContent = String(error); });
+  }
+
+  document.getElementById("rollout-filters").addEventListener("submit", function (event) {
+    event.preventDefault();
+    filters = {};
+    new FormData(event.target).forEach(function (value, key) { if (value !== "") filters[key] = String(value); });
+    load(false);
+  });
+  more.addEventListener("click", function () { load(true); });
+
+  function addLiveRows(rows) {
+    var empty = body.querySelector("tr.empty");
+    rows.forEach(function (r) {
+      if (!matches(r) || body.querySelector('tr[data-id="' + r.id + '"]')) return;
+      if (empty) { empty.remove(); empty = null; }
+      body.insertBefore(rowFor(r), body.firstChild); // rows come oldest first: newest ends on top
+    });
+    while (body.children.length > MAX_ROWS) { body.lastChild.remove(); nextCursor = nextCursor === null ? null : nextCursor; }
+  }
+
+  // ---------------------------------------------------------------- sample view
+
+  var view = document.getElementById("sample-view");
+  var tokensEl = document.getElementById("sample-tokens");
+  var legend = document.getElementById("sample-legend");
+
+  function logprobColour(lp) { // 0 (certain) white → very unlikely deep red
+    var x = Math.max(0, Math.min(1, -lp / 6));
+    return "rgba(220,38,38," + (0.08 + 0.8 * x).toFixed(2) + ")";
+  }
+  function ratioColour(r) { // < 1 blue, > 1 red, 1 white
+    var x = Math.max(-1, Math.min(1, Math.log(r) / Math.log(2)));
+    return x >= 0 ? "rgba(220,38,38," + (0.05 + 0.8 * x).toFixed(2) + ")" : "rgba(37,99,235," + (0.05 - 0.8 * x).toFixed(2) + ")";
+  }
+
+  function renderTokens() {
+    tokensEl.textContent = "";
+    legend.textContent = "";
+    if (!current) return;
+    if (current.kind === "eval") {
+      current.samples.forEach(function (s, i) {
+        var block = el("div", { "class": "eval-sample " + (s.correct ? "ok" : "bad") });
+        block.appendChild(el("b", {}, "#" + (i + 1) + " " + (s.correct ? "✓" : "✗") + " extracted: " + (s.extracted === null ? "—" : s.extracted)));
+        var text = el("pre", { "class": "mono tok-eval" }, s.text);
+        text.style.background = versionColour(current.policy_versions.length ? current.policy_versions[0] : 0);
+        block.appendChild(text);
+        tokensEl.appendChild(block);
+      });
+      (current.policy_versions || []).forEach(function (v) { legendItem(v); });
+      return;
+    }
+    var seen = [];
+    current.tokens.forEach(function (piece, i) {
+      var v = current.versions[i];
+      var span = el("span", { "class": "tok", "data-version": v, title: "v" + v + " · logprob " + current.logprobs[i].toFixed(3) + (current.ratios ? " · ratio " + current.ratios[i].toFixed(3) : "") }, piece);
+      if (colourBy === "version") span.style.background = versionColour(v);
+      else if (colourBy === "logprob") span.style.background = logprobColour(current.logprobs[i]);
+      else if (current.ratios) span.style.background = ratioColour(current.ratios[i]);
+      if (current.version_switches.indexOf(i) >= 0) {
+        span.classList.add("switch");
+        span.title += " · weights updated here (v" + current.versions[i - 1] + " → v" + v + ")";
+      }
+      if (seen.indexOf(v) < 0) seen.push(v);
+      tokensEl.appendChild(span);
+    });
+    if (colourBy === "version") seen.forEach(legendItem);
+    else legend.appendChild(el("span", { "class": "muted" }, colourBy === "logprob" ? "darker red = less likely under the sampling policy" : "blue: ratio < 1, red: ratio > 1 (trainer vs sampler)"));
+  }
+
+  function legendItem(v) {
+    var item = el("span", { "class": "legend-item", "data-version": v }, "v" + v);
+    item.style.background = versionColour(v);
+    legend.appendChild(item);
+  }
+
+  function openSample(id) {
+    getJSON(base + "rollouts/" + id + ".json").then(function (s) {
+      current = s;
+      current.kind = "rollout";
+      document.getElementById("sample-title").textContent = "Step " + s.step + " · " + s.sample_id;
+      document.getElementById("sample-meta").textContent = "reward " + s.reward + " · " + (s.correct ? "correct" : "wrong") + " · extracted " + (s.extracted || "—") +
+        " · advantage " + s.advantage.toFixed(3) + " · " + s.length + " tokens · versions v" + s.min_version + "–v" + s.max_version +
+        (s.version_switches.length ? " · switched at token " + s.version_switches.join(", ") : "") + " · max lag " + s.max_lag + " · " + s.finish_reason;
+      document.getElementById("sample-prompt").textContent = s.prompt_text;
+      document.getElementById("colour-ratio").disabled = !s.ratios;
+      document.getElementById("colour-ratio").parentNode.title = s.ratios ? "" : "the trainer's logprobs were not recorded for this run";
+      document.getElementById("sample-group").classList.remove("hidden");
+      document.getElementById("sample-group-view").classList.add("hidden");
+      renderTokens();
+      view.classList.remove("hidden");
+    });
+  }
+
+  function openEvalProblem(evalId, problemId) {
+    getJSON(base + "evals/" + evalId + "/problem.json?problem_id=" + encodeURIComponent(problemId)).then(function (p) {
+      current = p;
+      current.kind = "eval";
+      document.getElementById("sample-title").textContent = p.benchmark + " step " + p.step + " · " + p.problem_id;
+      document.getElementById("sample-meta").textContent = "answer " + p.answer + " · mean " + p.mean.toFixed(2) + " · " + (p.pass ? "solved" : "not solved") + " · policy v" + (p.policy_versions || []).join(", v");
+      document.getElementById("sample-prompt").textContent = "(the benchmark's problem " + p.problem_id + ")";
+      document.getElementById("sample-group").classList.add("hidden");
+      document.getElementById("sample-group-view").classList.add("hidden");
+      renderTokens();
+      view.classList.remove("hidden");
+    });
+  }
+
+  function openGroup() {
+    if (!current || current.kind !== "rollout") return;
+    getJSON(base + "rollouts/" + current.id + "/group.json").then(function (g) {
+      var box = document.getElementById("sample-group-view");
+      box.textContent = "";
+      box.appendChild(el("h4", {}, "Group " + g.group_id + " (" + g.samples.length + " stored)"));
+      var table = el("table", { "class": "table compact" });
+      var head = el("tr");
+      ["sample", "reward", "advantage", "correct", "length", "response"].forEach(function (h) { head.appendChild(el("th", {}, h)); });
+      table.appendChild(head);
+      g.samples.forEach(function (s) {
+        var tr = el("tr", { "class": "rollout-row" + (s.id === current.id ? " current" : "") });
+        [s.sample_id, Number(s.reward).toFixed(2), Number(s.advantage).toFixed(3), s.correct ? "✓" : "✗", s.length, s.response].forEach(function (v) { tr.appendChild(el("td", { "class": "mono" }, v)); });
+        tr.addEventListener("click", function () { openSample(s.id); });
+        table.appendChild(tr);
+      });
+      box.appendChild(table);
+      box.classList.remove("hidden");
+    });
+  }
+
+  document.getElementById("sample-close").addEventListener("click", function () { view.classList.add("hidden"); });
+  document.getElementById("sample-group").addEventListener("click", openGroup);
+  view.addEventListener("click", function (event) { if (event.target === view) view.classList.add("hidden"); });
+  document.addEventListener("keydown", function (event) { if (event.key === "Escape") view.classList.add("hidden"); });
+  document.querySelectorAll('#sample-colour input[name="colour"]').forEach(function (input) {
+    input.addEventListener("change", function () { colourBy = input.value; renderTokens(); });
+  });
+  document.querySelectorAll("tr.eval-problem").forEach(function (tr) {
+    tr.addEventListener("click", function () { openEvalProblem(tr.dataset.evalId, tr.dataset.problemId); });
+  });
+
+  // ---------------------------------------------------------------- alerts
+
+  var banner = document.getElementById("alert-banner");
+
+  function addAlert(a) {
+    if (alerts.some(function (b) { return b.id === a.id; })) return;
+    alerts.push(a);
+    var li = el("li", { "data-rule": a.rule }, (a.step !== null ? "step " + a.step + " · " : "") + a.title + ": " + a.message);
+    document.getElementById("alert-list").appendChild(li);
+    document.getElementById("alert-banner-count").textContent = alerts.length + (alerts.length === 1 ? " alert" : " alerts");
+    banner.classList.remove("hidden");
+    if (window.inflightRunPage) window.inflightRunPage.rerender();
+  }
+
+  // Vertical marks on every chart at the step (or time) each alert fired.
+  window.inflightAlertMarks = function (axis, ctx) {
+    return alerts.filter(function (a) { return a.step !== null || axis === "time"; }).map(function (a) {
+      var x = axis === "time" ? (a.t - ctx.t0) / 60 : axis === "samples" ? a.step * ctx.samplesPerStep : a.step;
+      return { type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1, line: { color: "#dc2626", width: 1.5, dash: "dot" } };
+    });
+  };
+
+  getJSON(banner.dataset.url).then(function (data) { data.alerts.slice().reverse().forEach(addAlert); }).catch(function () {});
+
+  document.addEventListener("inflight:push", function (event) {
+    var message = event.detail;
+    if (message.type === "rollouts.batch") addLiveRows(message.rows);
+    else if (message.type === "alert.fired") addAlert(message.alert);
+  });
+
+  load(false);
+})();

@@ -1,0 +1,188 @@
+"""Rollout viewer storage and API on the real database: which samples are kept, idempotent
+re-sends, the storage bound (thinning), filters and paging, one sample token by token, its
+group, the page's JSON, exports, and the supervisor's rollout tail."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inflight.rollouts.models import RolloutStore, StoredRollout
+from inflight.rollouts.services import ingest_rollouts
+from inflight.rollouts.tokens import decoder_for_model
+from inflight.runs import services
+from inflight.runs.models import Run
+from inflight.runs.services import PointIn
+
+pytestmark = pytest.mark.django_db
+
+
+def make_run(owner, samples_per_step: int = 4, keep_every: int = 1, max_stored: int = 5000) -> Run:
+    config = {
+        "trainer": {"samples_per_step": samples_per_step},
+        "model": {"path": "var/models/tiny"},
+        "actor": {"max_lag": 1},
+        "monitoring": {"rollouts": {"keep_every_n_steps": keep_every, "max_stored": max_stored}},
+    }
+    return Run.objects.create(owner=owner, name="r", config=config)
+
+
+def sample(line: int, samples_per_step: int = 4, *, reward: float = 1.0, versions: list[int] | None = None, length: int = 6) -> dict[str, Any]:
+    group = line // 2
+    versions = versions if versions is not None else [line // samples_per_step] * length
+    return {
+        "sample_id": f"g{group}-{line % 2}", "group_id": f"g{group}", "prompt_id": f"p{group}",
+        "prompt_token_ids": [40, 41, 42], "completion_token_ids": list(range(50, 50 + len(versions))),
+        "behaviour_logprobs": [-0.5] * len(versions), "token_versions": versions,
+        "reward": reward, "success": reward > 0.5, "advantage": reward - 0.5, "finish_reason": "stop",
+        "metadata": {"epoch": 0, "extracted": "7"},
+    }
+
+
+DECODER = decoder_for_model("var/models/tiny")
+
+
+def test_every_nth_step_is_kept_and_resending_never_duplicates(owner) -> None:
+    run = make_run(owner, samples_per_step=4, keep_every=2)
+    records = [(line, sample(line)) for line in range(16)]  # steps 1..4
+    assert ingest_rollouts(run.pk, records, DECODER) == 8  # steps 2 and 4
+    assert sorted(set(StoredRollout.objects.filter(run=run).values_list("step", flat=True))) == [2, 4]
+    assert ingest_rollouts(run.pk, records[4:], DECODER) == 0  # re-sent after an outage
+    assert StoredRollout.objects.filter(run=run).count() == 8
+    row = StoredRollout.objects.get(run=run, line=4)
+    assert row.tokens and len(row.tokens) == len(row.token_ids) == row.length == 6
+    assert "".join(row.tokens) == DECODER.text(row.token_ids)  # decoded with the model's tokenizer
+    assert row.max_lag == (row.step - 1) - row.min_version and row.extracted == "7"
+
+
+def test_storage_stays_bounded_by_thinning(owner) -> None:
+    run = make_run(owner, samples_per_step=4, keep_every=1, max_stored=32)
+    for start in range(0, 400, 40):  # 100 steps in 10 batches
+        ingest_rollouts(run.pk, [(line, sample(line)) for line in range(start, start + 40)], DECODER)
+        assert StoredRollout.objects.filter(run=run).count() <= 32
+    store = RolloutStore.objects.get(run=run)
+    steps = sorted(set(StoredRollout.objects.filter(run=run).values_list("step", flat=True)))
+    assert store.stride >= 4 and all(step % store.stride == 0 for step in steps)
+    assert steps[0] == store.stride and steps[-1] >= 100 - store.stride  # spread over the whole run
+    assert store.stored == StoredRollout.objects.filter(run=run).count()
+
+
+def test_malformed_lines_are_skipped(owner) -> None:
+    run = make_run(owner)
+    bad = sample(1)
+    bad["token_versions"] = [0]  # lengths differ
+    assert ingest_rollouts(run.pk, [(0, sample(0)), (1, bad), (2, {"nothing": 1})], DECODER) == 1
+
+
+@pytest.fixture
+def stored(owner) -> Run:
+    run = make_run(owner, samples_per_step=4)
+    records = []
+    for line in range(24):  # steps 1..6
+        step = line // 4 + 1
+        versions = [step - 2, step - 2, step - 1, step - 1] if line == 21 else [max(0, step - 1)] * (4 + line % 3)
+        records.append((line, sample(line, reward=1.0 if line % 2 else 0.0, versions=versions)))
+    ingest_rollouts(run.pk, records, DECODER)
+    return run
+
+
+def test_api_lists_newest_first_filters_and_pages(owner_api, stored) -> None:
+    url = f"/api/runs/{stored.pk}/rollouts/"
+    page = owner_api.get(url, {"limit": 10}).json()
+    lines = [r["line"] for r in page["rollouts"]]
+    assert lines == list(range(23, 13, -1)) and page["next_cursor"] == 14
+    rest = owner_api.get(url, {"limit": 100, "cursor": page["next_cursor"]}).json()
+    assert [r["line"] for r in rest["rollouts"]] == list(range(13, -1, -1)) and rest["next_cursor"] is None
+    narrowed = owner_api.get(url, {"step_min": 2, "step_max": 3, "correct": "true"}).json()["rollouts"]
+    assert narrowed and all(2 <= r["step"] <= 3 and r["correct"] for r in narrowed) and len(narrowed) == 4
+    long_ones = owner_api.get(url, {"length_min": 6}).json()["rollouts"]
+    assert long_ones and all(r["length"] >= 6 for r in long_ones)
+    assert all(r["reward"] <= 0.5 for r in owner_api.get(url, {"reward_max": 0.5}).json()["rollouts"])
+
+
+@pytest.mark.parametrize("query", [{"step_min": "x"}, {"correct": "maybe"}, {"reward_min": "nan"}, {"step_min": 5, "step_max": 2}, {"limit": 0}])
+def test_bad_filters_are_400(owner_api, stored, query) -> None:
+    response = owner_api.get(f"/api/runs/{stored.pk}/rollouts/", query)
+    assert response.status_code == 400 and "error" in response.json()
+
+
+def test_only_owner_and_staff_see_rollouts(other_api, staff_api, anonymous_api, stored) -> None:
+    row = StoredRollout.objects.filter(run=stored).first()
+    for url in (f"/api/runs/{stored.pk}/rollouts/", f"/api/runs/{stored.pk}/rollouts/{row.pk}/", f"/api/runs/{stored.pk}/alerts/",
+                f"/api/runs/{stored.pk}/export/rollouts.jsonl"):
+        assert other_api.get(url).status_code == 404, url
+        assert anonymous_api.get(url).status_code == 401, url
+        assert staff_api.get(url).status_code == 200, url
+
+
+def test_sample_detail_shows_versions_and_the_switch_and_its_group(owner_api, stored) -> None:
+    row = StoredRollout.objects.get(run=stored, line=21)
+    detail = owner_api.get(f"/api/runs/{stored.pk}/rollouts/{row.pk}/").json()
+    assert detail["versions"] == [4, 4, 5, 5] and detail["version_switches"] == [2]
+    assert detail["versions_spanned"] == 2 and detail["max_lag"] == 1 and len(detail["tokens"]) == 4
+    assert detail["ratios"] is None  # the trainer's logprobs are not in the stream
+    group = owner_api.get(f"/api/runs/{stored.pk}/rollouts/{row.pk}/group/").json()
+    assert {s["line"] for s in group["samples"]} == {20, 21} and all("advantage" in s for s in group["samples"])
+    assert owner_api.get(f"/api/runs/{stored.pk}/rollouts/999999/").status_code == 404
+
+
+def test_page_json_endpoints_and_rollouts_tab(client, owner, other_user, stored) -> None:
+    client.force_login(owner)
+    page = client.get(f"/runs/{stored.pk}/")
+    assert page.status_code == 200 and b'id="rollouts-panel"' in page.content and b"rollouts.js" in page.content
+    data = client.get(f"/runs/{stored.pk}/rollouts.json", {"step_min": 6}).json()
+    assert {r["step"] for r in data["rollouts"]} == {6}
+    assert client.get(f"/runs/{stored.pk}/rollouts.json", {"correct": "x"}).status_code == 400
+    client.force_login(other_user)
+    assert client.get(f"/runs/{stored.pk}/rollouts.json").status_code == 404
+
+
+def test_exports(owner_api, owner, stored) -> None:
+    services.ingest_metrics(stored.pk, [PointIn(line=0, name="train/loss", step=1, t=10.0, value=0.5), PointIn(line=1, name="train/loss", step=2, t=11.0, value=0.25)])
+    services.ingest_eval(stored.pk, {"benchmark": "math500", "step": 2, "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 2},
+                         [{"problem_id": "p1", "answer": "3", "samples": ["a", "b"], "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True}])
+    base = f"/api/runs/{stored.pk}/export/"
+    rows = list(csv.DictReader(io.StringIO(b"".join(owner_api.get(base + "metrics.csv").streaming_content).decode())))
+    assert [(r["name"], r["step"], float(r["value"])) for r in rows] == [("train/loss", "1", 0.5), ("train/loss", "2", 0.25)]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(owner_api.get(base + "metrics.parquet").content))
+    assert table.column("value").to_pylist() == [0.5, 0.25] and table.column("step").to_pylist() == [1, 2]
+    lines = b"".join(owner_api.get(base + "rollouts.jsonl").streaming_content).decode().splitlines()
+    assert len(lines) == 24 and json.loads(lines[21])["versions"] == [4, 4, 5, 5]
+    evals = [json.loads(line) for line in b"".join(owner_api.get(base + "evals.jsonl").streaming_content).decode().splitlines()]
+    assert evals == [{"benchmark": "math500", "step": 2, "k": 2, "policy_versions": [], "problem_id": "p1", "answer": "3", "samples": ["a", "b"],
+                      "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True}]
+    response = owner_api.get(base + "nope.txt")
+    assert response.status_code == 404 and "metrics.csv" in response.json()["error"]
+
+
+def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner, tmp_path: Path) -> None:
+    from workers.supervisor import ROLLOUTS_FILE, RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    path = tmp_path / ROLLOUTS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(sample(line)) + "\n" for line in range(8)) + '{"torn": ')
+
+    class FlakyReporter(PlatformReporter):
+        fail = True
+
+        def rollouts(self, records):
+            if self.fail:
+                self.fail = False
+                raise ConnectionError("database away")
+            return super().rollouts(records)
+
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=FlakyReporter(run.pk), cwd=tmp_path)
+    assert supervisor.deliver() is False  # refused: nothing committed, the tail did not move
+    assert StoredRollout.objects.filter(run=run).count() == 0 and supervisor.rollouts_tail.line_no == 0
+    assert supervisor.deliver() is True
+    assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(8))
+    assert supervisor.rollouts_tail.line_no == 8  # the torn last line waits for its end

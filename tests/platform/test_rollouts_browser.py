@@ -1,0 +1,153 @@
+"""The rollout viewer and alerts in a real browser (Debian chromium + Playwright) against real
+Daphne, Celery, PostgreSQL and Redis, with the real engine on the tiny model:
+
+- a shortened demo run: its Rollouts tab fills while the run goes (rows arrive over the run's
+  socket, no reload), a sample that spans two policy versions shows two colours and where the
+  weights switched, a filter narrows the table;
+- a run made to diverge (lr 1e30: NaN loss at its second step): the alert banner rises within
+  seconds of the alert, and a local HTTP receiver (the user's webhook) gets exactly one POST.
+Screenshots: /tmp/rollouts_tab.png, /tmp/sample_view.png, /tmp/alert_banner.png.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+import yaml
+
+from test_alerts import Receiver  # noqa: E402 - sibling test module (tests/platform is on sys.path)
+from test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 - the fixture is used by name
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)"),
+]
+
+
+def demo_config(**overrides: Any) -> dict[str, Any]:
+    config = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    config["trainer"].update(samples_per_step=8, max_steps=400, warmup_steps=2)
+    config["actor"].update(group_size=4, groups_in_flight=3)
+    config["task"]["heldout_size"] = 8
+    config["max_wall_time_s"] = 240
+    config["monitoring"] = {"rollouts": {"keep_every_n_steps": 1}}
+    for dotted, value in overrides.items():
+        node = config
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return config
+
+
+def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worker, owner, tiny_model: Path, wait: Callable[..., Any]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from inflight.accounts.services import create_token
+    from inflight.alerts.models import AlertWebhook
+    from inflight.runs import services
+
+    receiver = Receiver()
+    AlertWebhook.objects.create(user=owner, url=receiver.url)
+    token = create_token(owner).key
+    api = httpx.Client(base_url=daphne_server, headers={"Authorization": f"Token {token}"}, timeout=30)
+    start_worker("cpu")
+    run = services.create_run(owner, "viewer-demo", demo_config())
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 1200})
+            page.set_default_timeout(60_000)
+            page.goto(f"{daphne_server}/accounts/login/?next=/runs/{run.pk}/%23rollouts")
+            page.fill("#id_username", "owner")
+            page.fill("#id_password", "owner-password-1")
+            page.click("button[type=submit]")
+            page.wait_for_url(re.compile(rf".*/runs/{run.pk}/.*"))
+            page.click("#rollouts-tab")
+            rows = page.locator("#rollouts-body tr.rollout-row")
+
+            # The table fills while the run goes, without a reload: rows come over the socket.
+            wait(lambda: rows.count() > 0, timeout=240, interval=1, message="the first rollouts on the page")
+            first = rows.count()
+            wait(lambda: rows.count() > first, timeout=120, interval=1, message="more rollouts arriving live")
+            newest = int(rows.first.get_attribute("data-step"))
+            assert newest >= int(rows.last.get_attribute("data-step"))  # newest first
+            page.screenshot(path="/tmp/rollouts_tab.png", full_page=False)
+
+            # A sample that spans an in-flight weight update: two colours, and the switch marked.
+            def spanning_id() -> str | None:
+                found = api.get(f"/api/runs/{run.pk}/rollouts/", params={"limit": 500}).json()["rollouts"]
+                spanning = [r for r in found if r["versions_spanned"] >= 2]
+                return str(spanning[0]["id"]) if spanning else None
+
+            wait(lambda: spanning_id() is not None, timeout=240, interval=2, message="a rollout that spans two policy versions")
+            sample_id = spanning_id()
+            assert api.post(f"/api/runs/{run.pk}/cancel/").status_code == 200  # seen enough: free the CPU
+            # Narrow the table to that sample's step (the filter form), then open it like a user.
+            step = api.get(f"/api/runs/{run.pk}/rollouts/{sample_id}/").json()["step"]
+            page.fill('input[name="step_min"]', str(step))
+            page.fill('input[name="step_max"]', str(step))
+            page.click("#rollout-filters button[type=submit]")
+            page.locator(f'#rollouts-body tr[data-id="{sample_id}"]').click()
+            page.wait_for_selector("#sample-view:not(.hidden) .tok")
+            legend = page.locator("#sample-legend .legend-item")
+            assert legend.count() >= 2
+            colours = set(page.eval_on_selector_all("#sample-tokens .tok", "els => els.map(e => getComputedStyle(e).backgroundColor)"))
+            assert len(colours) >= 2, colours
+            assert page.locator("#sample-tokens .tok.switch").count() >= 1
+            page.screenshot(path="/tmp/sample_view.png", full_page=False)
+            page.click("#sample-group")
+            page.wait_for_selector("#sample-group-view:not(.hidden) tr.rollout-row")
+            page.click("#sample-close")
+
+            # A filter narrows the table.
+            page.reload()
+            page.click("#rollouts-tab")
+            wait(lambda: rows.count() > 0, timeout=30, interval=0.5, message="rows after a reload")
+            steps = [int(s) for s in page.eval_on_selector_all("#rollouts-body tr.rollout-row", "els => els.map(e => e.dataset.step)")]
+            cut = sorted(set(steps))[len(set(steps)) // 2]
+            before = rows.count()
+            page.fill('input[name="step_min"]', str(cut))
+            page.select_option('select[name="correct"]', "true")
+            page.click("#rollout-filters button[type=submit]")
+            wait(lambda: rows.count() < before, timeout=15, interval=0.2, message="the filter to narrow the table")
+            shown = page.eval_on_selector_all("#rollouts-body tr.rollout-row", "els => els.map(e => [Number(e.dataset.step), e.dataset.correct])")
+            assert all(step >= cut and correct == "1" for step, correct in shown), shown
+
+            # A run made to diverge: NaN loss at its second step → banner within seconds + one webhook POST.
+            created = api.post("/api/runs/", json={"name": "nan-run", "config": demo_config(**{
+                "trainer.lr": 1e30, "trainer.warmup_steps": 0, "monitoring.alerts.stall_s": 600})})
+            assert created.status_code == 201, created.text
+            nan_id = created.json()["id"]
+            page.goto(f"{daphne_server}/runs/{nan_id}/")
+
+            def nonfinite_alert() -> dict[str, Any] | None:
+                found = [a for a in api.get(f"/api/runs/{nan_id}/alerts/").json()["alerts"] if a["rule"] == "nonfinite"]
+                return found[0] if found else None
+
+            wait(lambda: nonfinite_alert() is not None, timeout=300, interval=0.25, message="the non-finite loss alert")
+            stored_at = time.monotonic()
+            page.wait_for_selector("#alert-banner:not(.hidden)", timeout=10_000)
+            banner_s = time.monotonic() - stored_at
+            assert "non-finite" in page.locator("#alert-banner").inner_text()
+            assert page.locator('#alert-list li[data-rule="nonfinite"]').count() == 1
+            page.screenshot(path="/tmp/alert_banner.png", full_page=False)
+            posts = [b for b in receiver.wait_for(1) if b["inflight"]["run"] == nan_id and b["inflight"]["rule"] == "nonfinite"]
+            time.sleep(2.0)  # more NaN steps may follow: still one POST for the episode
+            posts = [b for b in receiver.bodies if b["inflight"]["run"] == nan_id and b["inflight"]["rule"] == "nonfinite"]
+            assert len(posts) == 1 and "non-finite" in posts[0]["text"], receiver.bodies
+            print(f"alert banner {banner_s:.2f} s after the alert was stored")
+            page.goto(f"{daphne_server}/")
+            assert page.locator(f'[data-alerts-of="{nan_id}"]').is_visible()
+        finally:
+            browser.close()
+            receiver.server.shutdown()
+            api.close()
