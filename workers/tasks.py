@@ -142,8 +142,17 @@ def execute_run(self, run_id: int) -> str:
         logger.warning("run %s refused on the worker: %s", run_id, exc)
         _until_recorded(lambda: services.finish_run(run_id, RunStatus.FAILED, f"refused by the worker: {exc}"))
         return RunStatus.FAILED
+    resume = run.resume_count > 0
+    run_dir = settings.INFLIGHT_RUNS_DIR / str(run.pk)
+    if resume and not (run_dir / "checkpoints").is_dir():
+        # Forks and resumes read checkpoints from the run storage every worker shares
+        # (INFLIGHT_RUNS_DIR; a volume in docker-compose.yml). Say so rather than start over.
+        error = f"cannot resume: {run_dir}/checkpoints is not on worker {worker_name}; resuming needs the run storage (INFLIGHT_RUNS_DIR) shared by all workers"
+        _until_recorded(lambda: services.finish_run(run_id, RunStatus.FAILED, error))
+        return RunStatus.FAILED
     supervisor = RunSupervisor(
-        run_dir=settings.INFLIGHT_RUNS_DIR / str(run.pk),
+        run_dir=run_dir,
+        resume=resume,
         config_yaml=yaml.safe_dump(config, sort_keys=False),
         command_prefix=rl_command_prefix(),
         reporter=PlatformReporter(run.pk),
@@ -160,6 +169,21 @@ def execute_run(self, run_id: int) -> str:
         outcome = Outcome("failed", f"worker error: {exc}")
     _until_recorded(lambda: services.finish_run(run_id, outcome.status, outcome.error))
     return outcome.status
+
+
+@shared_task(name="inflight.delete_run_dir", acks_late=True, ignore_result=True)
+def delete_run_dir(run_id: int) -> str:
+    """Remove the directory of a run whose rows were deleted (`runs.actions.delete_run`)."""
+    import shutil
+
+    if Run.objects.filter(pk=run_id).exists():
+        return "kept"  # the rows are still there (a stale message): never remove a live run's files
+    run_dir = settings.INFLIGHT_RUNS_DIR / str(int(run_id))
+    if run_dir.is_symlink() or not run_dir.is_dir():
+        return "absent"
+    shutil.rmtree(run_dir)
+    logger.info("run %s deleted: removed %s", run_id, run_dir)
+    return "removed"
 
 
 def _until_recorded(write, timeout_s: float = 300.0) -> None:

@@ -1,6 +1,8 @@
 // Compare page: every run's snapshot, brought onto one grid (the coarsest run's
 // width: pairs of buckets merge exactly because widths are powers of two), one
-// overlaid chart per selected metric.
+// overlaid chart per selected metric. The address holds the view (runs, metrics, x axis,
+// smoothing) and is kept up to date, so it can be shared; a fork's curves start at its fork
+// step on the step axis (page.runs[i].step_offset).
 (function () {
   "use strict";
   var D = window.InflightDownsample;
@@ -10,6 +12,9 @@
   var select = document.getElementById("metric-select");
   var states = [];
   var controls = C.bindControls(render);
+  controls.axis = page.x || "step";
+  if (typeof page.smooth === "number") controls.smoothing = page.smooth;
+  var wanted = page.metrics && page.metrics.length ? page.metrics : null;
   var DEFAULTS = ["success/mean", "reward/mean", "success/heldout", "rollout/tokens_per_s", "policy_lag/max"];
 
   Promise.all(page.runs.map(function (run) {
@@ -28,7 +33,7 @@
     sorted.forEach(function (name) {
       var option = document.createElement("option");
       option.value = name; option.textContent = name;
-      option.selected = DEFAULTS.indexOf(name) >= 0;
+      option.selected = (wanted || DEFAULTS).indexOf(name) >= 0;
       select.appendChild(option);
     });
     if (!select.selectedOptions.length && sorted.length) select.options[0].selected = true;
@@ -39,8 +44,24 @@
     chartsEl.firstChild.textContent = String(error);
   });
 
+  function saveState(chosen) {
+    var params = new URLSearchParams(location.search);
+    params.set("runs", page.runs.map(function (r) { return r.id; }).join(","));
+    params.set("metrics", chosen.join(","));
+    params.set("x", controls.axis);
+    params.set("smooth", controls.smoothing.toFixed(2));
+    history.replaceState(null, "", location.pathname + "?" + params.toString());
+  }
+
+  var copy = document.getElementById("copy-link");
+  if (copy) copy.addEventListener("click", function () {
+    if (navigator.clipboard) navigator.clipboard.writeText(location.href).catch(function () {});
+    copy.textContent = "Link copied";
+  });
+
   function render() {
     var chosen = Array.from(select.selectedOptions).map(function (o) { return o.value; });
+    saveState(chosen);
     chartsEl.innerHTML = "";
     if (!chosen.length) { chartsEl.innerHTML = '<p class="muted">Pick one or more metrics.</p>'; return; }
     chosen.forEach(function (name, i) {
@@ -51,6 +72,9 @@
         var ctx = { t0: C.firstTime(state), samplesPerStep: run.samples_per_step };
         var columns = state.columns(name);
         if (!columns.b.length) return;
+        if (run.step_offset && controls.axis !== "time") {
+          columns.step = columns.step.map(function (s) { return s + run.step_offset; });
+        }
         traces = traces.concat(C.seriesTraces("#" + run.id + " " + run.name, columns, controls.axis, controls.smoothing, C.PALETTE[r % C.PALETTE.length], ctx));
       });
       Plotly.react(plot, traces, C.layout(controls.axis, ""), C.CONFIG);

@@ -269,3 +269,41 @@ def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, 
         else:
             out[key] = value
     return out
+
+
+def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """What each input of the form shows for `values` (path → text, or bool for a switch):
+    the clone page's script compares the inputs against these to show the diff as one edits."""
+    top_fields, sections, _ = build_sections(values)
+    return {form_field.path: form_field.value for form_field in [*top_fields, *iter_fields(sections)]}
+
+
+def changed_fields(source: Mapping[str, Any], values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`[{"path", "source", "new"}]` for every config field whose value differs between the
+    source run's config and `values` (dotted paths, sorted); `name` is not a difference."""
+    from inflight.web.selectors import flatten_config
+
+    before, after = flatten_config(source), flatten_config(values)
+    missing = "—"
+    rows = []
+    for path in sorted(set(before) | set(after)):
+        if path == "name":
+            continue
+        old, new = before.get(path, missing), after.get(path, missing)
+        if _comparable(old) != _comparable(new):
+            rows.append({"path": path, "source": old, "new": new})
+    return rows
+
+
+def _comparable(value: Any) -> Any:
+    """Posted numbers are still text until they validate: '3' and 3, '1e-4' and 0.0001 are equal."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value.strip()
+    return value

@@ -1,0 +1,92 @@
+"""Filtering and sorting run lists: the runs page, compare's run picker, the leaderboard and
+`GET /api/runs/` accept the same query parameters.
+
+    status=<status>   tag=<tag>   q=<text in the name>   owner=<username> (staff)
+    archived=0 (default: hidden) | 1 (only archived) | all
+    sort=<column> or -<column>, column in RUN_SORT_KEYS
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import F, QuerySet
+
+from inflight.runs.models import Run, RunStatus
+
+RUN_SORT_KEYS = {
+    "id": "id", "name": "name", "status": "status", "created": "created_at", "started": "started_at",
+    "finished": "finished_at", "queue": "queue", "owner": "owner__username", "mode": "config__mode",
+}
+DEFAULT_SORT = "-created"
+
+
+class BadFilter(ValueError):
+    """A filter parameter that cannot be applied; the message names it."""
+
+
+@dataclass
+class RunFilters:
+    status: str = ""
+    tag: str = ""
+    q: str = ""
+    owner: str = ""
+    archived: str = "0"
+    sort: str = DEFAULT_SORT
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, Any]) -> RunFilters:
+        def text(name: str, limit: int = 120) -> str:
+            value = str(query.get(name, "") or "").strip()
+            if len(value) > limit:
+                raise BadFilter(f"{name}: at most {limit} characters")
+            return value
+
+        filters = cls(status=text("status"), tag=text("tag", 40), q=text("q"), owner=text("owner", 150),
+                      archived=text("archived") or "0", sort=text("sort") or DEFAULT_SORT)
+        if filters.status and filters.status not in RunStatus.values:
+            raise BadFilter(f"status: unknown status {filters.status!r}; use one of {', '.join(RunStatus.values)}")
+        if filters.archived not in ("0", "1", "all"):
+            raise BadFilter("archived: use 0 (hide archived runs), 1 (only archived) or all")
+        if filters.sort.lstrip("-") not in RUN_SORT_KEYS:
+            raise BadFilter(f"sort: unknown column {filters.sort.lstrip('-')!r}; use one of {', '.join(RUN_SORT_KEYS)}")
+        return filters
+
+    def query_string(self, **changes: str) -> str:
+        """The filters as a query string (for links that change one of them, e.g. the sort)."""
+        from urllib.parse import urlencode
+
+        values = {"status": self.status, "tag": self.tag, "q": self.q, "owner": self.owner, "archived": self.archived, "sort": self.sort, **changes}
+        return urlencode({key: value for key, value in values.items() if value and not (key == "archived" and value == "0") and not (key == "sort" and value == DEFAULT_SORT)})
+
+
+def filter_runs(runs: QuerySet[Run], filters: RunFilters, user: AbstractBaseUser) -> QuerySet[Run]:
+    """`runs` (already limited to what `user` may see) narrowed and ordered by `filters`.
+    The owner filter is for staff; for others it can only match their own runs anyway."""
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.tag:
+        runs = runs.filter(tags__contains=[filters.tag])
+    if filters.q:
+        runs = runs.filter(name__icontains=filters.q)
+    if filters.owner:
+        runs = runs.filter(owner__username=filters.owner)
+    if filters.archived == "0":
+        runs = runs.filter(archived_at__isnull=True)
+    elif filters.archived == "1":
+        runs = runs.filter(archived_at__isnull=False)
+    column = RUN_SORT_KEYS[filters.sort.lstrip("-")]
+    descending = filters.sort.startswith("-")
+    # Empty values (a run not started yet) sort last in both directions.
+    order = F(column).desc(nulls_last=True) if descending else F(column).asc(nulls_last=True)
+    return runs.order_by(order, "-id")
+
+
+def all_tags(runs: QuerySet[Run]) -> list[str]:
+    """Every tag used on `runs` (for the filter's suggestions)."""
+    seen: set[str] = set()
+    for tags in runs.values_list("tags", flat=True)[:2000]:
+        seen.update(tag for tag in tags or [] if isinstance(tag, str))
+    return sorted(seen)

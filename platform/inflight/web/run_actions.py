@@ -1,0 +1,290 @@
+"""Pages that act on runs: the filtered, sortable run list; "New run from this" (clone, or fork
+from a checkpoint) on the create form with a diff against the source; resume; tags / note /
+archive; delete with confirmation; compare and leaderboard with the list's filters and a
+shareable compare URL. Writes go through `inflight.runs.actions`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from inflight.runs import actions
+from inflight.runs.models import Run
+from inflight.runs.run_filters import BadFilter, RunFilters, all_tags, filter_runs
+from inflight.runs.selectors import leaderboard_rows, runs_visible_to, visible_run_or_404
+from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, create_run
+from inflight.web import views as base_views
+from inflight.web.config_form import config_from_post, form_values, changed_fields, parse_yaml_config, resolved_values
+from inflight.web.selectors import config_diff
+
+LIST_COLUMNS = [("id", "#"), ("name", "Name"), ("owner", "Owner"), ("mode", "Mode"), ("queue", "Queue"), ("status", "Status"), ("created", "Created"), ("started", "Started")]
+
+
+def _filters_or_400(request: HttpRequest) -> RunFilters | HttpResponse:
+    try:
+        return RunFilters.from_query(request.GET)
+    except BadFilter as exc:
+        return base_views._error_page(request, 400, str(exc))
+
+
+def _sort_links(filters: RunFilters, columns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    key = filters.sort.lstrip("-")
+    out = []
+    for column, label in columns:
+        active = column == key
+        following = (column if filters.sort.startswith("-") else f"-{column}") if active else f"-{column}" if column in ("created", "started", "id") else column
+        out.append({"key": column, "label": label, "active": active, "descending": filters.sort.startswith("-"), "query": filters.query_string(sort=following)})
+    return out
+
+
+@login_required
+@require_GET
+def run_list(request: HttpRequest) -> HttpResponse:
+    filters = _filters_or_400(request)
+    if isinstance(filters, HttpResponse):
+        return filters
+    visible = runs_visible_to(request.user)
+    runs = list(filter_runs(visible, filters, request.user)[:200])
+    columns = [c for c in LIST_COLUMNS if c[0] != "owner" or request.user.is_staff]
+    return render(request, "inflight/run_list.html", {
+        "runs": runs, "filters": filters, "columns": _sort_links(filters, columns), "tags": all_tags(visible),
+        "statuses": Run._meta.get_field("status").choices, "any_runs": runs or visible.exists(),
+        "filter_query": filters.query_string(),
+    })
+
+
+# ---------------------------------------------------------------- clone / fork
+
+
+def _from_step(request: HttpRequest) -> int | None:
+    raw = request.GET.get("from_step", "")
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 12:
+        raise actions.BadActionInput({"from_step": [f"{raw[:20]!r} is not a step"]})
+    return int(raw)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@base_views.page_404
+def run_clone(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The create form prefilled with a visible run's config (`?from_step=N`: a fork whose model
+    is that checkpoint), showing what differs from the source as the user edits; the new run
+    records its parent."""
+    source = visible_run_or_404(request.user, run_id)
+    try:
+        from_step = _from_step(request)
+        source_values = resolved_values(actions.clone_config(source, {}, from_step))
+    except actions.BadActionInput as exc:
+        return base_views._error_page(request, 400, str(exc))
+    source_values["name"] = f"{source.name}-{'fork' if from_step is not None else 'clone'}"
+    if request.method == "GET":
+        context = base_views._create_context(request, source_values, {}, {}, yaml.safe_dump(source_values, sort_keys=False), "form", "")
+        return render(request, "inflight/run_create.html", {**context, **_clone_context(source, from_step, source_values, source_values)})
+
+    tab = "yaml" if request.POST.get("mode") == "yaml" else "form"
+    raw: dict[str, str] = {}
+    if tab == "yaml":
+        data, problem = parse_yaml_config(request.POST.get("config_yaml", ""))
+        errors: dict[str, list[str]] = {"config": [problem]} if problem else {}
+        data = data or {}
+    else:
+        data, errors, raw = config_from_post(request.POST)
+    fork_path = source_values["model"]["path"] if from_step is not None else None
+    if not errors:
+        try:
+            # A fork only while the model is still the chosen checkpoint; else a plain clone.
+            model_path = (data.get("model") or {}).get("path") if isinstance(data.get("model"), dict) else None
+            parent_step = from_step if fork_path is not None and model_path == fork_path else None
+            with transaction.atomic():
+                run = create_run(request.user, "", data)
+                Run.objects.filter(pk=run.pk).update(parent=source, parent_step=parent_step)
+        except InvalidRunConfig as exc:
+            errors = exc.errors
+        else:
+            messages.success(request, f"Run #{run.pk} “{run.name}” queued on the {run.queue} queue (from #{source.pk}).")
+            return redirect("web:run_detail", run_id=run.pk)
+    values = resolved_values(data)
+    context = base_views._create_context(request, values, errors, raw, request.POST.get("config_yaml", "") if tab == "yaml" else yaml.safe_dump(values, sort_keys=False), tab, "")
+    if tab == "yaml":
+        context["yaml_errors"] = [f"{path}: {m}" if path != "config" else m for path, items in errors.items() for m in items]
+    return render(request, "inflight/run_create.html", {**context, **_clone_context(source, from_step, source_values, values)}, status=400)
+
+
+def _clone_context(source: Run, from_step: int | None, source_values: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "clone_source": source,
+        "clone_step": from_step,
+        "clone_diff": changed_fields(source.config or {}, values),
+        # What each input showed for the source: the page's script diffs the form against it.
+        "clone_form_values": form_values(source_values),
+        "source_config": source.config or {},
+    }
+
+
+# ---------------------------------------------------------------- resume, edit, delete
+
+
+@login_required
+@require_POST
+@base_views.page_404
+def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = visible_run_or_404(request.user, run_id)
+    try:
+        run = actions.resume_run(run, request.user)
+    except PermissionDenied as exc:
+        return base_views._error_page(request, 403, str(exc))
+    except (actions.ActionRefused, RunLimitExceeded) as exc:
+        messages.error(request, f"Cannot resume: {exc}")
+    else:
+        messages.info(request, f"Run #{run.pk} resumes from its latest checkpoint; it is {run.status}.")
+    return redirect("web:run_detail", run_id=run_id)
+
+
+@login_required
+@require_POST
+@base_views.page_404
+def run_edit(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Tags (comma-separated), note, archive/restore — the owner's form on the run page."""
+    run = visible_run_or_404(request.user, run_id)
+    changes: dict[str, Any] = {}
+    if "tags" in request.POST:
+        changes["tags"] = [tag for tag in request.POST["tags"].split(",")]
+    if "note" in request.POST:
+        changes["note"] = request.POST["note"]
+    if "archived" in request.POST:
+        changes["archived"] = request.POST["archived"] == "1"
+    try:
+        actions.update_run(run, request.user, changes)
+    except PermissionDenied as exc:
+        return base_views._error_page(request, 403, str(exc))
+    except actions.BadActionInput as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Archived." if changes.get("archived") else "Saved.")
+    return redirect("web:run_detail", run_id=run_id)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@base_views.page_404
+def run_delete(request: HttpRequest, run_id: int) -> HttpResponse:
+    """GET: the confirmation page (the owner types the run's id); POST: delete."""
+    run = visible_run_or_404(request.user, run_id)
+    if run.owner_id != request.user.pk:
+        return base_views._error_page(request, 403, "only the run's owner may delete it")
+    if request.method == "POST":
+        if request.POST.get("confirm", "").strip() != str(run.pk):
+            messages.error(request, f"Type {run.pk} to confirm.")
+            return redirect("web_actions:run_delete", run_id=run.pk)
+        try:
+            actions.delete_run(run, request.user)
+        except actions.ActionRefused as exc:
+            messages.error(request, f"Cannot delete: {exc}")
+            return redirect("web:run_detail", run_id=run.pk)
+        messages.success(request, f"Run #{run_id} “{run.name}” deleted; a worker removes its directory.")
+        return redirect("web:run_list")
+    return render(request, "inflight/run_delete.html", {"run": run, "children": run.children.count()})
+
+
+# ---------------------------------------------------------------- compare and leaderboard
+
+
+def _lineage_offset(run: Run, visible_ids: set[int]) -> int:
+    """Steps before this run's step 0 along its fork chain: a fork of step k of a run that is
+    itself a fork of step j starts at j + k on the compare page's step axis."""
+    offset, seen, current = 0, set(), run
+    while current.parent_id and current.parent_step is not None and current.pk not in seen:
+        seen.add(current.pk)
+        offset += current.parent_step
+        if current.parent_id not in visible_ids:
+            break
+        current = current.parent
+    return offset
+
+
+@login_required
+@require_GET
+def compare(request: HttpRequest) -> HttpResponse:
+    """Compare with the run list's filters for the picker; the URL holds the whole view
+    (`runs`, `metrics`, `x`, `smooth`), so it can be sent to anyone who may see those runs."""
+    filters = _filters_or_400(request)
+    if isinstance(filters, HttpResponse):
+        return filters
+    raw_ids = [part for value in request.GET.getlist("runs") for part in value.split(",") if part.strip()]
+    try:
+        ids = base_views._parse_ids(raw_ids)
+    except ValueError as exc:
+        return base_views._error_page(request, 400, f"runs: expected run ids; {exc}")
+    if len(ids) > base_views.MAX_COMPARED_RUNS:
+        return base_views._error_page(request, 400, f"runs: compare at most {base_views.MAX_COMPARED_RUNS} runs at once")
+    visible_runs = runs_visible_to(request.user)
+    visible = {run.pk: run for run in visible_runs.filter(pk__in=ids).select_related("parent")}
+    unknown = [run_id for run_id in ids if run_id not in visible]
+    if unknown:
+        return base_views._error_page(request, 404, f"Run(s) {', '.join(f'#{i}' for i in unknown)} do not exist or are not yours.")
+    x_axis = request.GET.get("x", "step")
+    if x_axis not in ("step", "time", "samples"):
+        return base_views._error_page(request, 400, "x: use step, time or samples")
+    try:
+        smoothing = float(request.GET.get("smooth", "0.6"))
+    except ValueError:
+        return base_views._error_page(request, 400, "smooth: a number between 0 and 0.99")
+    if not 0 <= smoothing <= 0.99:
+        return base_views._error_page(request, 400, "smooth: a number between 0 and 0.99")
+    metrics = [name for value in request.GET.getlist("metrics") for name in value.split(",") if name.strip()][:20]
+    runs = [visible[run_id] for run_id in ids]
+    visible_ids = set(visible_runs.values_list("pk", flat=True)) if any(run.parent_id for run in runs) else set()
+    page = {
+        "runs": [
+            {"id": run.pk, "name": run.name, "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
+             "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1),
+             "step_offset": _lineage_offset(run, visible_ids), "parent": run.parent_id, "parent_step": run.parent_step}
+            for run in runs
+        ],
+        "metrics": metrics, "x": x_axis, "smooth": smoothing,
+    }
+    return render(request, "inflight/compare.html", {
+        "runs": runs, "choices": list(filter_runs(visible_runs, filters, request.user)[:200]), "selected": set(ids),
+        "diff": config_diff(runs) if len(runs) > 1 else [], "page": page, "filters": filters, "tags": all_tags(visible_runs),
+        "statuses": Run._meta.get_field("status").choices, "x_axis": x_axis, "smoothing": smoothing,
+    })
+
+
+@login_required
+@require_GET
+def leaderboard(request: HttpRequest) -> HttpResponse:
+    """The leaderboard of the runs that pass the run list's filters (`sort` stays the
+    leaderboard's own column)."""
+    try:
+        filters = RunFilters.from_query({key: value for key, value in request.GET.items() if key != "sort"})
+    except BadFilter as exc:
+        return base_views._error_page(request, 400, str(exc))
+    sort = request.GET.get("sort", "-aime24_best")
+    try:
+        rows = leaderboard_rows(request.user, sort)
+    except ValueError as exc:
+        return base_views._error_page(request, 400, f"sort: {exc}")
+    kept = set(filter_runs(runs_visible_to(request.user), filters, request.user).values_list("pk", flat=True))
+    rows = [row for row in rows if row["run_id"] in kept]
+    key = sort.lstrip("-")
+    columns = [
+        {"key": column, "label": label, "active": column == key, "descending": sort.startswith("-"),
+         "next": (column if sort.startswith("-") else f"-{column}") if column == key else (column if column == "wall_time_s" else f"-{column}")}
+        for column, label in base_views.LEADERBOARD_COLUMNS
+    ]
+    return render(request, "inflight/leaderboard.html", {
+        "rows": rows, "columns": columns, "sort": sort, "filters": filters, "filter_query": filters.query_string(),
+        "tags": all_tags(runs_visible_to(request.user)), "statuses": Run._meta.get_field("status").choices,
+    })
+

@@ -1,0 +1,33 @@
+"""The run page's lineage line and actions panel (clone, checkpoints + fork, resume, tags,
+note, archive, delete), as one inclusion tag so the shared run page template only includes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from inflight.runs import actions
+from inflight.runs.selectors import runs_visible_to
+from inflight.runs.services import can_manage_run
+
+register = template.Library()
+
+
+@register.inclusion_tag("inflight/_run_actions.html", takes_context=True)
+def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
+    user = context["request"].user
+    visible = runs_visible_to(user)
+    parent = visible.filter(pk=run.parent_id).first() if run.parent_id else None
+    return {
+        "run": run,
+        "csrf_token": context.get("csrf_token"),
+        "is_owner": run.owner_id == user.pk,
+        "can_manage": can_manage_run(user, run),
+        "parent": parent,
+        "parent_hidden": bool(run.parent_id) and parent is None,
+        "children": list(visible.filter(parent=run).select_related(None).order_by("id").only("pk", "name", "parent_step", "status")[:50]),
+        "checkpoints": actions.run_checkpoints(run),
+        "resume_problem": actions.resume_problem(run) if run.is_resumable else None,
+        "tags_text": ", ".join(run.tags or []),
+    }
