@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from rl_core.advantages import group_advantages
 from rl_core.config import RunConfig
 from rl_core.contracts import GenerationResult, RolloutSample, SamplingParams
 from rl_core.lag_throttle import LagThrottle
-from rl_core.loss import group_advantages
 from rl_core.metrics import MetricsSink
+from rl_core.run_dir import TrainerProgress, latest_checkpoint, read_progress
 from rl_core.scheduling import assign_batch
 from rl_core.stream import StreamWriter
 from rl_core.tasks import Problem, TaskData, load_task
-from rl_core.trainer import latest_checkpoint, read_progress
 
 METRICS_EVERY_S = 2.0
 CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
@@ -445,7 +445,7 @@ class Actor:
     async def log_spec_metrics(self) -> None:
         """HistoSpec runs inside the servers: sum their cumulative spec_* counters and log
         the deltas since the last reading as spec/* metrics."""
-        from rl_core.speculation import spec_metrics_from_counters
+        from rl_core.spec_metrics import spec_metrics_from_counters
 
         totals: dict[str, float] = {}
         for client in self.clients:
@@ -463,11 +463,11 @@ class Actor:
 
     # --- the loop -------------------------------------------------------------------
 
-    def refresh_progress(self) -> dict[str, Any] | None:
+    def refresh_progress(self) -> TrainerProgress | None:
         progress = read_progress(self.run_dir)
         if progress is not None:
-            self.version = int(progress["version"])
-            self.consumed = int(progress["consumed"])
+            self.version = progress.version
+            self.consumed = progress.consumed
         return progress
 
     async def wait_for_trainer(self, poll_s: float = 0.1) -> None:
@@ -496,7 +496,7 @@ class Actor:
         done = False
         while not done:
             progress = self.refresh_progress()
-            done = bool(progress and progress.get("done"))
+            done = bool(progress and progress.done)
             if done:
                 break
             self.start_periodic_evals()

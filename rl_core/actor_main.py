@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rl_core.actor import Actor
 from rl_core.config import RunConfig, load_config
-from rl_core.metrics import METRICS_FILE, JsonlSink
+from rl_core.metrics import JsonlSink
+from rl_core.run_dir import METRICS_FILE, stream_redis_url
 from rl_core.stream import open_writer
-from rl_core.trainer import stream_redis_url
 
 
 async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from rl_core.config import DEFAULT_SHARED_DATA_DIR, EvalConfig, TaskConfig
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.rewards import RewardResult, VerifierPool, score_many
+from rl_core.run_dir import EVAL_DIR, EVALS_FILE
 from rl_core.tasks import MATH_SYSTEM_PROMPT, Problem, load_jsonl_problems, load_task
 
 GenerateFn = Callable[[list[dict[str, str]], SamplingParams, int], Awaitable[list[GenerationResult]]]
@@ -353,7 +354,7 @@ def engine_generate(engine: Any) -> GenerateFn:
 
 
 def results_file_name(step: int, benchmark: str) -> str:
-    return f"eval/step_{step:06d}_{benchmark}.jsonl"
+    return f"{EVAL_DIR}/step_{step:06d}_{benchmark}.jsonl"
 
 
 def write_problem_results(path: str | Path, report: EvalReport) -> Path:
@@ -376,7 +377,7 @@ def write_report(run_dir: str | Path, step: int, report: EvalReport, metrics_sin
     line = {"t": time.time(), "step": int(step), **report.summary(), "results_file": relative}
     encoded = (json.dumps(line) + "\n").encode()
     # One write on an O_APPEND descriptor: concurrent writers never interleave inside a line.
-    descriptor = os.open(run_dir / "evals.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    descriptor = os.open(run_dir / EVALS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(descriptor, encoded)
     finally:

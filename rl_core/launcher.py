@@ -42,14 +42,25 @@ from pathlib import Path
 from typing import IO, Any
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
-from rl_core.metrics import METRICS_FILE, ConsoleSink, JsonlSink
+from rl_core.metrics import ConsoleSink, JsonlSink
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
 from rl_core.resume import ResumeError, record_resume
-from rl_core.trainer import PROGRESS_FILE, latest_checkpoint, read_progress, write_json_atomic
+from rl_core.run_dir import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    REDIS_DIR,
+    RunState,
+    clear_previous_attempt,
+    latest_checkpoint,
+    log_path,
+    parse_ready_line,
+    read_progress,
+    request_stop,
+    stop_requested,
+    write_status,
+)
 
-STATUS_FILE = "status.json"
-STOP_FILE = "STOP"  # asks the trainer to finish at the next step boundary
-SERVER_READY_PREFIX = "INFLIGHT_SERVER_READY"
 SERVER_START_TIMEOUT_S = 300.0
 FINAL_EVAL_TIMEOUT_S = 1800.0  # the actor's final evaluation after the trainer finished
 STOP_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
@@ -205,9 +216,9 @@ class Child:
 
 
 def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[str, str] | None = None) -> Child:
-    log_path = run_dir / "logs" / f"{name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log: IO[bytes] = open(log_path, "ab")
+    log_file = log_path(run_dir, name)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log: IO[bytes] = open(log_file, "ab")
     offset = log.tell()
     parent = os.getpid()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
@@ -216,7 +227,7 @@ def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[st
                                    env=env, preexec_fn=lambda: _child_setup(parent))
     finally:
         log.close()
-    return Child(name, process, log_path, offset)
+    return Child(name, process, log_file, offset)
 
 
 def wait_for_server(child: Child, timeout_s: float, should_stop: Any) -> str:
@@ -229,8 +240,9 @@ def wait_for_server(child: Child, timeout_s: float, should_stop: Any) -> str:
             handle.seek(child.log_offset)
             text = handle.read().decode(errors="replace")
         for line in text.splitlines():
-            if line.startswith(SERVER_READY_PREFIX):
-                return line.split()[1]
+            url = parse_ready_line(line)
+            if url is not None:
+                return url
         if child.process.poll() is not None:
             raise LaunchError(f"{child.name} exited with code {child.process.returncode} while starting; "
                               f"last log lines:\n{log_tail(child.log_path)}")
@@ -285,8 +297,8 @@ class Launcher:
         self._console_pending: dict[str, float] = {}
         self._console_last = 0.0
 
-    def set_status(self, state: str, error: str | None = None) -> None:
-        write_json_atomic(self.run_dir / STATUS_FILE, {"state": state, "error": error, "pid": os.getpid(), "updated": time.time()})
+    def set_status(self, state: RunState, error: str | None = None) -> None:
+        write_status(self.run_dir, state, error)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -308,8 +320,8 @@ class Launcher:
             from rl_core.stream import start_redis_server
 
             parent = os.getpid()
-            process, _url = start_redis_server(self.run_dir / "redis", preexec_fn=lambda: _child_setup(parent))
-            self.children.append(Child("redis", process, self.run_dir / "redis" / "redis.log"))
+            process, _url = start_redis_server(self.run_dir / REDIS_DIR, preexec_fn=lambda: _child_setup(parent))
+            self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / "redis.log"))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
         servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, str(serve_model))]
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
@@ -362,12 +374,12 @@ class Launcher:
                     return "cancelled"
                 now = time.monotonic()
                 if now >= next_sample:
-                    progress = read_progress(self.run_dir) or {}
-                    sink.log(int(progress.get("version", 0)), sampler.sample())
+                    progress = read_progress(self.run_dir)
+                    sink.log(progress.version if progress else 0, sampler.sample())
                     next_sample = now + SYSTEM_METRICS_EVERY_S
                 wall = self.config.max_wall_time_s
-                if wall is not None and now - self.started > wall and not (self.run_dir / STOP_FILE).exists():
-                    (self.run_dir / STOP_FILE).write_text("max_wall_time_s reached\n")
+                if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):
+                    request_stop(self.run_dir, "max_wall_time_s reached")
                 self.check_children()
                 trainer = self.child("trainer")
                 if trainer_done_at is None and trainer.process.poll() == 0:
@@ -386,7 +398,8 @@ class Launcher:
 
     def check_children(self) -> None:
         # The actor may exit a moment before the trainer process does: trust the published flag.
-        trainer_finished = self.child("trainer").process.poll() == 0 or bool((read_progress(self.run_dir) or {}).get("done"))
+        progress = read_progress(self.run_dir)
+        trainer_finished = self.child("trainer").process.poll() == 0 or bool(progress and progress.done)
 
         def finished_ok(child: Child) -> bool:
             # The trainer ends by itself; the actor only after it (final evaluation done).
@@ -445,12 +458,10 @@ def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
             record_resume(run_dir)
         except ResumeError as exc:
             raise LaunchError(f"--resume: {exc}") from exc
-    elif (run_dir / METRICS_FILE).exists() or (run_dir / "checkpoints").exists():
+    elif (run_dir / METRICS_FILE).exists() or (run_dir / CHECKPOINTS_DIR).exists():
         raise LaunchError(f"--out {run_dir} already holds a run; use --resume to continue it or a new directory")
-    # Left over from the previous attempt: the actor must wait for the new trainer.
-    for name in (PROGRESS_FILE, STOP_FILE):
-        (run_dir / name).unlink(missing_ok=True)
-    (run_dir / "config.yaml").write_text(config_to_yaml(config))
+    clear_previous_attempt(run_dir)
+    (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
 
 
 def main(argv: list[str]) -> int:

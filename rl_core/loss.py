@@ -2,8 +2,7 @@
 
 Data flows through this file in order:
 
-1. `group_advantages` — the actor scores a group of attempts at one prompt and turns
-   rewards into advantages relative to the group (GRPO-style, no value model).
+1. (`advantages.group_advantages`, in the actor: rewards → advantages relative to the group.)
 2. `pack_micro_batches` — the trainer packs an optimizer batch of samples into
    micro-batches of at most `micro_batch_tokens` tokens: a group's completions share one
    copy of their prompt (a 4-D mask lets each attend the prompt and itself only), units
@@ -21,7 +20,6 @@ Data flows through this file in order:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,24 +27,6 @@ import torch
 
 from rl_core.config import DEFAULT_ROW_TOKENS
 from rl_core.contracts import RolloutSample
-
-
-# --- 1. advantages -----------------------------------------------------------------
-
-
-def group_advantages(rewards: Sequence[float], normalize_std: bool = False, eps: float = 1e-6) -> list[float]:
-    """Reward minus the group mean; divided by the group std (population) when asked.
-
-    A group whose rewards are all equal gets all-zero advantages (also with std
-    normalisation, where the std would be 0)."""
-    if len(rewards) == 0:
-        raise ValueError("group_advantages: a group needs at least one reward")
-    mean = sum(rewards) / len(rewards)
-    centred = [reward - mean for reward in rewards]
-    if not normalize_std:
-        return centred
-    std = math.sqrt(sum(value * value for value in centred) / len(centred))
-    return [value / (std + eps) for value in centred]
 
 
 # --- 2. packing --------------------------------------------------------------------

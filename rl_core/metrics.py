@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import IO, Mapping, Protocol
 
-METRICS_FILE = "metrics.jsonl"
-
 
 class MetricsSink(Protocol):
     def log(self, step: int, metrics: Mapping[str, float], t: float | None = None) -> None: ...

@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RESUMES_FILE = "resumes.jsonl"
-CHECKPOINTS_DIR = "checkpoints"  # the trainer's layout (trainer.py), repeated here to stay torch-free
-CHECKPOINT_STATE_FILE = "trainer_state.json"
-REWOUND_FILES = ("metrics.jsonl", "evals.jsonl", "trainer_shards.jsonl")
+from rl_core.run_dir import CHECKPOINT_STATE_FILE, CHECKPOINTS_DIR, EVALS_FILE, METRICS_FILE, RESUMES_FILE, SHARDS_FILE
+
+REWOUND_FILES = (METRICS_FILE, EVALS_FILE, SHARDS_FILE)
 _STATE_KEYS = ("version", "stream_position", "consumed")
 
 

@@ -30,9 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
+from rl_core.run_dir import ready_line
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightReceiver
-
-READY_PREFIX = "INFLIGHT_SERVER_READY"
 
 
 class _Body(BaseModel):
@@ -359,7 +358,7 @@ async def serve_until_stopped(app: Any, sock: socket.socket) -> None:
     async def announce() -> None:
         while not server.started:
             await asyncio.sleep(0.02)
-        print(f"{READY_PREFIX} http://{host}:{port}", flush=True)
+        print(ready_line(f"http://{host}:{port}"), flush=True)
 
     announcer = asyncio.create_task(announce())
     try:

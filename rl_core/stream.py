@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.contracts import RolloutSample
-
-STREAM_DIR = "stream"
-STREAM_FILE = "rollouts.jsonl"
+from rl_core.run_dir import STREAM_DIR, STREAM_FILE
 
 
 class StreamWriter(Protocol):

@@ -43,46 +43,22 @@ import torch
 from rl_core.config import RunConfig, load_config
 from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, scoring_temperature
-from rl_core.metrics import METRICS_FILE, JsonlSink, MetricsSink, MultiSink
+from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
+from rl_core.run_dir import (
+    CHECKPOINT_STATE_FILE,
+    CHECKPOINTS_DIR,
+    LATEST_CHECKPOINT_LINK,
+    METRICS_FILE,
+    SHARDS_FILE,
+    TrainerProgress,
+    latest_checkpoint,
+    stop_requested,
+    stream_redis_url,
+    write_progress,
+)
 from rl_core.stream import StreamReader, open_reader
 
-PROGRESS_FILE = "trainer_progress.json"
-STOP_FILE = "STOP"  # written by the launcher (max_wall_time_s): finish at the next step boundary
-CHECKPOINTS_DIR = "checkpoints"
-CHECKPOINT_STATE_FILE = "trainer_state.json"
-SHARDS_FILE = "trainer_shards.jsonl"  # multi-rank runs: which samples each rank trained per step
 LAG_HISTOGRAM_BINS = 9  # policy_lag/share/0 .. /7 and /8+ on the run page
-
-
-# --- small shared helpers (the actor and the launcher use them too) ----------------
-
-
-def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
-    """Write-then-rename: a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
-
-
-def read_progress(run_dir: str | Path) -> dict[str, Any] | None:
-    """The trainer's published progress, or None before the trainer is ready."""
-    try:
-        return json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    link = Path(run_dir) / CHECKPOINTS_DIR / "latest"
-    return link.resolve() if link.exists() else None
-
-
-def stream_redis_url(config: RunConfig, run_dir: str | Path) -> str:
-    """The Redis URL of the run's stream: the private server's socket when embedded."""
-    if config.stream.redis_embedded:
-        return f"unix://{(Path(run_dir) / 'redis' / 'redis.sock').resolve()}"
-    return config.stream.redis_url
 
 
 # --- backend choice ----------------------------------------------------------------
@@ -305,10 +281,10 @@ class Trainer:
     def publish(self, done: bool = False) -> None:
         if self.ranks.rank != 0:
             return
-        write_json_atomic(self.run_dir / PROGRESS_FILE, {
-            "version": self.backend.version, "consumed": self.consumed, "done": done,
-            "max_steps": self.config.trainer.max_steps, "t": time.time(),
-        })
+        write_progress(self.run_dir, TrainerProgress(
+            version=self.backend.version, consumed=self.consumed, done=done,
+            max_steps=self.config.trainer.max_steps, t=time.time(),
+        ))
 
     def broadcast(self) -> dict[str, float]:
         attached = self.broadcaster is not None
@@ -334,7 +310,7 @@ class Trainer:
             os.close(fd)
 
     def stop_requested(self) -> bool:
-        return (self.run_dir / STOP_FILE).exists()
+        return stop_requested(self.run_dir)
 
     def next_batch(self) -> list[RolloutSample] | None:
         """`samples_per_step` samples in stream order, or None if a stop was requested
@@ -404,7 +380,7 @@ class Trainer:
         if tmp_link.is_symlink() or tmp_link.exists():
             tmp_link.unlink()
         os.symlink(name, tmp_link)
-        os.replace(tmp_link, root / "latest")
+        os.replace(tmp_link, root / LATEST_CHECKPOINT_LINK)
         return final
 
     def run(self) -> None:

@@ -47,10 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from rl_core.run_dir import parse_ready_line
+
 if TYPE_CHECKING:
     from rl_core.config import RunConfig
 
-READY_PREFIX = "INFLIGHT_SERVER_READY"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
 
@@ -147,8 +148,9 @@ def start_vllm_server(command: list[str], timeout_s: float = 600.0, env: dict[st
         assert process.stdout is not None
         for line in process.stdout:
             handle.output.append(line)
-            if line.startswith(READY_PREFIX) and not ready:
-                ready.append(line.split()[1])
+            url = parse_ready_line(line)
+            if url is not None and not ready:
+                ready.append(url)
 
     threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + timeout_s

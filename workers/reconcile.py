@@ -28,7 +28,8 @@ from django.utils import timezone
 
 from inflight.runs import services
 from inflight.runs.models import ACTIVE_STATUSES, ALLOWED_TRANSITIONS, Run, RunStatus
-from workers.supervisor import RunSupervisor, read_status
+from rl_core.run_dir import FINAL_STATES, read_status
+from workers.supervisor import RunSupervisor
 
 logger = logging.getLogger(__name__)
 
@@ -63,22 +64,21 @@ def reconcile_run(run: Run, timeout_s: float = 60.0) -> str:
     from workers.tasks import PlatformReporter
 
     run_dir = Path(run.run_dir or settings.INFLIGHT_RUNS_DIR / str(run.pk))
-    status = read_status(run_dir) or {}
-    pid = status.get("pid")
-    if isinstance(pid, int) and status.get("state") not in ("succeeded", "failed", "cancelled"):
-        _stop_engine(pid, run_dir)
-        status = read_status(run_dir) or {}
+    status = read_status(run_dir)
+    if status and status.pid is not None and status.state not in FINAL_STATES:
+        _stop_engine(status.pid, run_dir)
+        status = read_status(run_dir)
     supervisor = RunSupervisor(run_dir=run_dir, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=settings.REPO_ROOT)
     deadline = time.monotonic() + timeout_s
     while not supervisor.deliver():
         if time.monotonic() > deadline:
             raise RuntimeError(f"run {run.pk}: could not deliver its run directory's lines")
         time.sleep(1.0)
-    state = status.get("state")
+    state = status.state if status else None
     run.refresh_from_db()
     cancel_wanted = run.cancel_requested_at is not None or run.status == RunStatus.CANCELLING
     if state in ("succeeded", "failed"):
-        final, error = state, (status.get("error") or "") if state == "failed" else ""
+        final, error = state, ((status.error if status else None) or "") if state == "failed" else ""
     elif cancel_wanted:
         final, error = RunStatus.CANCELLED, ""
     else:

@@ -28,14 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rl_core.run_dir import (  # no torch either: the run directory's layout and records
+    EVALS_FILE,
+    FINAL_STATES,
+    LOGS_DIR,
+    METRICS_FILE,
+    STATUS_FILE,
+    SUBMITTED_CONFIG_FILE,
+    read_status,
+)
+
 logger = logging.getLogger(__name__)
 
-STATUS_FILE = "status.json"
-METRICS_FILE = "metrics.jsonl"
-EVALS_FILE = "evals.jsonl"
-SUBMITTED_CONFIG_FILE = "submitted_config.yaml"
-SUPERVISOR_LOG = "logs/supervisor_child.log"
-FINAL_STATES = ("succeeded", "failed", "cancelled")
+SUPERVISOR_LOG = f"{LOGS_DIR}/supervisor_child.log"
 
 
 class Reporter(Protocol):
@@ -101,14 +106,6 @@ class JsonlTail:
 
     def commit(self, offset: int, line_no: int) -> None:
         self.offset, self.line_no = offset, line_no
-
-
-def read_status(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / STATUS_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None  # not written yet (or mid-rename on an odd filesystem): ask again next poll
-    return data if isinstance(data, dict) else None
 
 
 def read_problem_rows(run_dir: Path, results_file: str | None) -> list[dict[str, Any]]:
@@ -237,10 +234,10 @@ class RunSupervisor:
     def check_status(self) -> None:
         if self.reported_running:
             return
-        status = read_status(self.run_dir)
-        if status and status.get("state") == "running":
+        status = read_status(self.run_dir)  # None: not written yet, ask again next poll
+        if status and status.state == "running":
             try:
-                self.reporter.running(int(status.get("pid") or self.process.pid))
+                self.reporter.running(status.pid or self.process.pid)
                 self.reported_running = True
                 self._ok("reporting running")
             except Exception:  # noqa: BLE001
@@ -297,9 +294,9 @@ class RunSupervisor:
         return self.outcome(exit_code)
 
     def outcome(self, exit_code: int | None) -> Outcome:
-        status = read_status(self.run_dir) or {}
-        state = status.get("state")
-        error = status.get("error") or ""
+        status = read_status(self.run_dir)
+        state = status.state if status else None
+        error = (status.error if status else None) or ""
         if self.cancel_sent_at is not None:
             return Outcome("cancelled", "", exit_code)
         if state in FINAL_STATES and not (state == "succeeded" and exit_code != 0):

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-ENGINE_KINDS = ["reference", "vllm"]
+from rl_core.run_dir import parse_ready_line
 
-READY_PREFIX = "INFLIGHT_SERVER_READY"
+ENGINE_KINDS = ["reference", "vllm"]
 
 
 @dataclass
@@ -92,8 +92,9 @@ def start_server(kind: str, model_dir: Path, timeout_s: float = 120.0, **kw: obj
         assert process.stdout is not None
         for line in process.stdout:
             output.append(line)
-            if line.startswith(READY_PREFIX) and not ready:
-                ready.append(line.split()[1])
+            url = parse_ready_line(line)
+            if url is not None and not ready:
+                ready.append(url)
 
     threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + timeout_s

@@ -18,7 +18,7 @@ from rl_core.actor import Actor
 from rl_core.config import RunConfig
 from rl_core.metrics import JsonlSink, read_metrics
 from rl_core.stream import FileStreamReader, FileStreamWriter
-from rl_core.trainer import write_json_atomic
+from rl_core.run_dir import TrainerProgress, parse_ready_line, write_progress
 
 
 def actor_config(model: Path, **overrides: object) -> RunConfig:
@@ -35,7 +35,7 @@ def actor_config(model: Path, **overrides: object) -> RunConfig:
 
 
 def publish(run_dir: Path, version: int, consumed: int, done: bool = False) -> None:
-    write_json_atomic(run_dir / "trainer_progress.json", {"version": version, "consumed": consumed, "done": done})
+    write_progress(run_dir, TrainerProgress(version=version, consumed=consumed, done=done))
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,9 @@ def server_url(tiny_model: Path) -> Iterator[str]:
     )
     try:
         for line in process.stdout:  # type: ignore[union-attr]
-            if line.startswith("INFLIGHT_SERVER_READY"):
-                yield line.split()[1]
+            url = parse_ready_line(line)
+            if url is not None:
+                yield url
                 break
         else:
             raise RuntimeError(f"server exited with {process.wait()} before it was ready")

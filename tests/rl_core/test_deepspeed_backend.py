@@ -287,7 +287,8 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     from rl_core.metrics import read_metrics
     from rl_core.stream import FileStreamWriter
     from rl_core.torch_backend import TorchBackend
-    from rl_core.trainer import SHARDS_FILE, latest_checkpoint, train_step
+    from rl_core.run_dir import SHARDS_FILE, latest_checkpoint
+    from rl_core.trainer import train_step
     from rl_core.vllm_engine import start_vllm_server
 
     config = RunConfig.model_validate({

@@ -201,7 +201,7 @@ def test_cli_prints_the_score_and_writes_per_problem_jsonl(untrained_tiny_model:
 
 def test_evaluate_through_a_real_inference_server(untrained_tiny_model: Path, shared_data_dir: Path, tmp_path: Path, repo_root: Path) -> None:
     from rl_core.client import InferenceClient
-    from rl_core.server import READY_PREFIX
+    from rl_core.run_dir import parse_ready_line
 
     server = subprocess.Popen(
         [sys.executable, "-m", "rl_core", "serve", "--model", str(untrained_tiny_model), "--port", "0"],
@@ -211,8 +211,8 @@ def test_evaluate_through_a_real_inference_server(untrained_tiny_model: Path, sh
         url = None
         assert server.stdout is not None
         for line in server.stdout:  # the server prints its URL once it listens
-            if line.startswith(READY_PREFIX):
-                url = line[len(READY_PREFIX):].strip()
+            url = parse_ready_line(line)
+            if url is not None:
                 break
         assert url and url.startswith("http://127.0.0.1:")
 

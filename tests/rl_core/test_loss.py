@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from rl_core.advantages import group_advantages
 from rl_core.contracts import RolloutSample
 from rl_core.loss import (
     effective_sample_size,
     model_token_logprobs,
-    group_advantages,
     pack_micro_batches,
     policy_loss,
     token_logprobs_from_logits,

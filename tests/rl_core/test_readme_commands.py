@@ -26,6 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rl_core.run_dir import parse_ready_line
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = [".venv/bin/python", "-m", "rl_core"]
 # A few steps of the demo config instead of 200; everything else as in examples/tiny-cpu.yaml.
@@ -171,7 +173,7 @@ def test_serve_answers_a_chat_request(checkout: Path) -> None:
         assert server.stdout is not None
         for line in server.stdout:
             lines.append(line)
-            if line.startswith("INFLIGHT_SERVER_READY"):
+            if parse_ready_line(line) is not None:
                 ready.set()
 
     threading.Thread(target=pump, daemon=True).start()

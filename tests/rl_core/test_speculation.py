@@ -13,10 +13,9 @@ from rl_core.config import HistoSpecConfig
 from rl_core.speculation import (
     DraftLengthController,
     HistoryDrafter,
-    SpeculationStats,
     make_drafter,
-    spec_metrics_from_counters,
 )
+from rl_core.spec_metrics import SpeculationStats, spec_metrics_from_counters
 
 
 def _drafter(**overrides) -> HistoryDrafter:

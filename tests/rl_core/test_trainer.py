@@ -16,7 +16,8 @@ from rl_core.contracts import RolloutSample
 from rl_core.metrics import JsonlSink, read_metrics
 from rl_core.stream import FileStreamWriter, open_reader
 from rl_core.torch_backend import TorchBackend, lr_multiplier
-from rl_core.trainer import Trainer, make_backend, read_progress, train_step
+from rl_core.run_dir import latest_checkpoint, read_progress
+from rl_core.trainer import Trainer, make_backend, train_step
 
 
 def make_config(model: Path, **trainer: object) -> RunConfig:
@@ -122,7 +123,6 @@ def test_gradient_does_not_depend_on_micro_batching(untrained_tiny_model: Path) 
 
 def run_trainer(config: RunConfig, run_dir: Path, resume: bool = False) -> Trainer:
     from rl_core.metrics import JsonlSink
-    from rl_core.trainer import latest_checkpoint
 
     backend = make_backend(config, config.model.path)
     trainer = Trainer(config, run_dir, backend, open_reader("file", run_dir), JsonlSink(run_dir / "metrics.jsonl"))
@@ -152,7 +152,7 @@ def test_loop_checkpoints_and_resumes_without_loss_or_repeats(untrained_tiny_mod
         assert (latest / name).is_file(), name
     state = json.loads((latest / "trainer_state.json").read_text())
     assert state["consumed"] == 8 and state["version"] == 2
-    assert read_progress(tmp_path) | {"t": 0} == {"version": 2, "consumed": 8, "done": True, "max_steps": 2, "t": 0}
+    assert read_progress(tmp_path).model_dump() | {"t": 0} == {"version": 2, "consumed": 8, "done": True, "max_steps": 2, "t": 0}
 
     # More rollouts arrive; a resumed trainer picks up exactly after the 8 it trained on.
     writer.append(make_samples(8, 5, start=8))

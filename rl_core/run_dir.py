@@ -1,0 +1,166 @@
+"""The run directory (`--out DIR`): the one owner of its layout, its records and how they are written.
+
+The processes of a run (launcher, servers, trainer ranks, actor) and the platform's worker
+meet only through files in DIR. Their names, the typed records of the JSON files that are
+rewritten in place (`status.json`, `trainer_progress.json`), the atomic write those need and
+the line a server prints once it is ready all live here, so that a reader and its writer
+cannot drift apart. docs/ARCHITECTURE.md has the table of every file.
+
+Imports neither torch nor Django: the actor, `workers/` and the platform use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from rl_core.config import RunConfig
+
+# --- layout (paths relative to DIR) -----------------------------------------------------
+
+CONFIG_FILE = "config.yaml"  # the resolved config: every process of the run reads it
+SUBMITTED_CONFIG_FILE = "submitted_config.yaml"  # the platform worker's copy of what was submitted
+STATUS_FILE = "status.json"  # launcher → worker: `RunStatusRecord`
+STOP_FILE = "STOP"  # launcher → trainer: finish at the next step boundary (max_wall_time_s)
+PROGRESS_FILE = "trainer_progress.json"  # trainer rank 0 → actor, launcher: `TrainerProgress`
+METRICS_FILE = "metrics.jsonl"
+EVALS_FILE = "evals.jsonl"
+EVAL_DIR = "eval"  # per-problem results: eval/step_XXXXXX_<bench>.jsonl
+STREAM_DIR = "stream"
+STREAM_FILE = "rollouts.jsonl"
+ROLLOUTS_FILE = f"{STREAM_DIR}/{STREAM_FILE}"  # the actor's file stream (contracts.RolloutSample lines)
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_CHECKPOINT_LINK = "latest"
+CHECKPOINT_STATE_FILE = "trainer_state.json"  # inside each checkpoint directory
+SHARDS_FILE = "trainer_shards.jsonl"
+RESUMES_FILE = "resumes.jsonl"
+LOGS_DIR = "logs"
+REDIS_DIR = "redis"  # the embedded Redis server's data, log and socket
+
+
+def log_path(run_dir: str | Path, process: str) -> Path:
+    """`logs/<process>.log`: stdout and stderr of one child of the launcher."""
+    return Path(run_dir) / LOGS_DIR / f"{process}.log"
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    link = Path(run_dir) / CHECKPOINTS_DIR / LATEST_CHECKPOINT_LINK
+    return link.resolve() if link.exists() else None
+
+
+def redis_socket(run_dir: str | Path) -> Path:
+    return (Path(run_dir) / REDIS_DIR / "redis.sock").resolve()
+
+
+def stream_redis_url(config: RunConfig, run_dir: str | Path) -> str:
+    """The Redis URL of the run's stream: the private server's socket when embedded."""
+    if config.stream.redis_embedded:
+        return f"unix://{redis_socket(run_dir)}"
+    return config.stream.redis_url
+
+
+# --- the server's ready line ----------------------------------------------------------
+# A server (reference or vLLM) prints it on stdout once it accepts connections; the launcher
+# reads it from the server's log to learn the URL (the port may have been chosen by the OS).
+
+READY_PREFIX = "INFLIGHT_SERVER_READY"
+
+
+def ready_line(url: str) -> str:
+    return f"{READY_PREFIX} {url}"
+
+
+def parse_ready_line(line: str) -> str | None:
+    """The URL of a ready line, None for any other line."""
+    parts = line.split()
+    if len(parts) >= 2 and parts[0] == READY_PREFIX:
+        return parts[1]
+    return None
+
+
+# --- records rewritten in place -------------------------------------------------------
+
+RunState = Literal["starting", "running", "succeeded", "failed", "cancelled"]
+FINAL_STATES: tuple[RunState, ...] = ("succeeded", "failed", "cancelled")
+
+
+class RunStatusRecord(BaseModel):
+    """`status.json`, written by the launcher at each change of state."""
+
+    state: RunState
+    error: str | None = None
+    pid: int | None = None
+    updated: float | None = None
+
+
+class TrainerProgress(BaseModel):
+    """`trainer_progress.json`, published by trainer rank 0 after each step: the actor keeps
+    the lag bound on `version` and `consumed`, the launcher and the actor end on `done`."""
+
+    version: int
+    consumed: int
+    done: bool = False
+    max_steps: int | None = None
+    t: float | None = None
+
+
+Record = TypeVar("Record", bound=BaseModel)
+
+
+def write_json_atomic(path: str | Path, data: dict) -> None:
+    """Write-then-rename: a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_record(path: Path, model: type[Record]) -> Record | None:
+    """The record, or None when the file is missing, half-written by a non-atomic writer, or
+    not this record (then the reader asks again later, as for a file not written yet)."""
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except (FileNotFoundError, ValidationError, ValueError):
+        return None
+
+
+def write_status(run_dir: str | Path, state: RunState, error: str | None = None) -> None:
+    record = RunStatusRecord(state=state, error=error, pid=os.getpid(), updated=time.time())
+    write_json_atomic(Path(run_dir) / STATUS_FILE, record.model_dump(mode="json"))
+
+
+def read_status(run_dir: str | Path) -> RunStatusRecord | None:
+    return _read_record(Path(run_dir) / STATUS_FILE, RunStatusRecord)
+
+
+def write_progress(run_dir: str | Path, progress: TrainerProgress) -> None:
+    write_json_atomic(Path(run_dir) / PROGRESS_FILE, progress.model_dump(mode="json"))
+
+
+def read_progress(run_dir: str | Path) -> TrainerProgress | None:
+    """The trainer's published progress, or None before the trainer is ready."""
+    return _read_record(Path(run_dir) / PROGRESS_FILE, TrainerProgress)
+
+
+# --- the stop request -----------------------------------------------------------------
+
+
+def request_stop(run_dir: str | Path, reason: str) -> None:
+    (Path(run_dir) / STOP_FILE).write_text(f"{reason}\n")
+
+
+def stop_requested(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / STOP_FILE).exists()
+
+
+def clear_previous_attempt(run_dir: str | Path) -> None:
+    """Before the children start: a progress file or stop request left by an earlier attempt
+    (a resume) must not be read as this one's (the actor would not wait for the new trainer)."""
+    for name in (PROGRESS_FILE, STOP_FILE):
+        (Path(run_dir) / name).unlink(missing_ok=True)

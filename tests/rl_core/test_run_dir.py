@@ -1,0 +1,55 @@
+"""The run directory's records and the server ready line (rl_core/run_dir.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rl_core import run_dir as rd
+
+
+def test_status_round_trips_with_the_documented_keys(tmp_path: Path) -> None:
+    assert rd.read_status(tmp_path) is None
+    rd.write_status(tmp_path, "failed", "boom")
+    raw = json.loads((tmp_path / rd.STATUS_FILE).read_text())
+    assert set(raw) == {"state", "error", "pid", "updated"}
+    status = rd.read_status(tmp_path)
+    assert status is not None and (status.state, status.error, status.pid) == ("failed", "boom", raw["pid"])
+    assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temp file
+
+
+def test_status_written_by_hand_with_fewer_keys_still_reads(tmp_path: Path) -> None:
+    (tmp_path / rd.STATUS_FILE).write_text('{"state": "succeeded"}')
+    assert rd.read_status(tmp_path) == rd.RunStatusRecord(state="succeeded")
+
+
+def test_unreadable_records_read_as_not_yet_written(tmp_path: Path) -> None:
+    (tmp_path / rd.STATUS_FILE).write_text('{"state": "runn')  # a non-atomic writer, mid-write
+    (tmp_path / rd.PROGRESS_FILE).write_text('["not", "a", "record"]')
+    assert rd.read_status(tmp_path) is None and rd.read_progress(tmp_path) is None
+
+
+def test_progress_round_trip_and_clearing_a_previous_attempt(tmp_path: Path) -> None:
+    progress = rd.TrainerProgress(version=3, consumed=24, done=True, max_steps=3, t=1.5)
+    rd.write_progress(tmp_path, progress)
+    assert json.loads((tmp_path / rd.PROGRESS_FILE).read_text()) == {"version": 3, "consumed": 24, "done": True, "max_steps": 3, "t": 1.5}
+    assert rd.read_progress(tmp_path) == progress
+    rd.request_stop(tmp_path, "max_wall_time_s reached")
+    assert rd.stop_requested(tmp_path)
+    rd.clear_previous_attempt(tmp_path)
+    assert rd.read_progress(tmp_path) is None and not rd.stop_requested(tmp_path)
+
+
+def test_ready_line_parses_back_and_other_lines_do_not() -> None:
+    assert rd.parse_ready_line(rd.ready_line("http://127.0.0.1:8001")) == "http://127.0.0.1:8001"
+    assert rd.parse_ready_line(rd.ready_line("http://h:1") + "\n") == "http://h:1"
+    for line in ("", "INFLIGHT_SERVER_READY", "INFO: INFLIGHT_SERVER_READY http://h:1", "INFLIGHT_SERVER_READYX http://h:1"):
+        assert rd.parse_ready_line(line) is None
+
+
+def test_the_layout_module_imports_neither_torch_nor_django() -> None:
+    code = "import sys, rl_core.run_dir; print(sorted(m for m in ('torch', 'django') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
