@@ -12,9 +12,10 @@ stream and cross process boundaries without pickling torch objects.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the actor and the platform use these records without torch
+    import torch
 
 
 @dataclass

@@ -429,3 +429,10 @@ async def test_the_final_version_is_evaluated_once_when_a_periodic_eval_already_
     await asyncio.wait_for(runner, 60)
     sink.close()
     assert heldout_steps() == [2]
+
+
+def test_the_actor_imports_neither_torch_nor_the_engine_or_trainer_modules() -> None:
+    code = ("import sys, rl_core.actor; print(sorted(m for m in ('torch', 'rl_core.trainer', 'rl_core.loss', "
+            "'rl_core.engine', 'rl_core.speculation', 'rl_core.server') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
