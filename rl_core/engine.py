@@ -355,7 +355,10 @@ class ReferenceEngine:
                     self._resolve(finished)  # nothing to run: hand out aborted results before sleeping
                     finished = []
                     self._cond.wait()
-                decoding = list(self._running)
+                self._compact_slots_locked()
+                # In slot order: the running sequences hold slots 0..n-1, so the cache hands the
+                # layers a view of one slot range instead of gathering a copy per layer and step.
+                decoding = sorted(self._running, key=lambda seq: seq.slot)
                 admitted = self._admit_locked()
             self._resolve(finished)
             version = self.version  # weights cannot change until the step is over
@@ -392,6 +395,24 @@ class ReferenceEngine:
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
                 finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
             self._resolve(finished)
+
+    def _compact_slots_locked(self) -> None:
+        """Move the sequences of the highest slots into the holes finished ones left below n
+        (n = running sequences), so the running ones hold slots 0..n-1 again. A move copies one
+        sequence's cached K/V once; without it a fragmented batch gathers every running
+        sequence's K/V for every layer on every step (a sixth of a decode step at batch 256).
+        Runs on the engine thread between steps, so no forward pass sees a half-moved slot."""
+        count = len(self._running)
+        holes = sorted(slot for slot in self._free_slots if slot < count)
+        if not holes:
+            return
+        movers = sorted((seq for seq in self._running if seq.slot >= count), key=lambda seq: seq.slot)
+        with torch.inference_mode():  # the cache's tensors were made inside the step's inference mode
+            for hole, seq in zip(holes, movers):
+                self.cache.copy_prefix(seq.slot, hole, seq.cache_len)
+                self._free_slots.remove(hole)
+                self._free_slots.append(seq.slot)
+                seq.slot = hole
 
     def _admit_locked(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []

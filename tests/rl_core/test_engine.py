@@ -107,6 +107,21 @@ def test_requests_join_a_running_batch(engine: ReferenceEngine, hf_model, prompt
         assert result.token_ids == hf_greedy(hf_model, prompt, GREEDY.max_new_tokens)
 
 
+def test_sequences_move_into_freed_slots_and_still_decode_exactly(engine: ReferenceEngine, hf_model, prompts) -> None:
+    # Short requests in the low slots finish first; the long ones in the high slots move down
+    # into the holes (their cached K/V copied) and must go on producing HF's exact tokens.
+    budgets = [2, 40, 3, 40, 2]
+    futures = [engine.submit(prompt, SamplingParams(temperature=0.0, max_new_tokens=budget))
+               for prompt, budget in zip(prompts, budgets)]
+    wait_for(lambda: all(futures[i].done() for i in (0, 2, 4)))
+    wait_for(lambda: engine.stats()["generated_tokens"] >= sum(budgets[i] for i in (0, 2, 4)) + 2 * 6)
+    with engine._cond:
+        running_slots = sorted(seq.slot for seq in engine._running)
+    assert running_slots in ([0, 1], [])  # the two long ones hold the lowest slots (or are done)
+    for prompt, budget, future in zip(prompts, budgets, futures):
+        assert future.result(timeout=120).token_ids == hf_greedy(hf_model, prompt, budget)
+
+
 def test_identical_prompts_share_the_prompt_cache(engine: ReferenceEngine, hf_model, prompts) -> None:
     # n samples of one prompt: submitted together, and one more while they decode.
     prompt = prompts[1]
