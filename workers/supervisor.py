@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rl_core.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
 from rl_core.run_dir import (  # no torch either: the run directory's layout and records
     EVALS_FILE,
     FINAL_STATES,
@@ -108,6 +109,13 @@ class JsonlTail:
         self.offset, self.line_no = offset, line_no
 
 
+def _step_of(record: dict[str, Any]) -> int:
+    try:
+        return int(record.get("step", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 def read_problem_rows(run_dir: Path, results_file: str | None) -> list[dict[str, Any]]:
     if not results_file:
         return []
@@ -141,7 +149,12 @@ class RunSupervisor:
     term_timeout_s: float = 20.0
     drain_timeout_s: float = 120.0  # after exit: how long to keep retrying undelivered lines
     env: dict[str, str] | None = None
+    # Continue the run in `run_dir` from its latest checkpoint (`--resume`): the directory is
+    # kept, and lines the resume rewinds (rl_core/resume.py) are not delivered.
+    resume: bool = False
     process: subprocess.Popen | None = field(default=None, init=False)
+    resumes: list[ResumePoint] = field(default_factory=list, init=False)
+    resumes_reported: int = field(default=0, init=False)
     metrics_tail: JsonlTail = field(init=False)
     evals_tail: JsonlTail = field(init=False)
     reported_running: bool = field(default=False, init=False)
@@ -169,7 +182,15 @@ class RunSupervisor:
     # -------------------------------------------------------------- 1. start
 
     def start(self) -> int:
-        if self.run_dir.exists() and any(self.run_dir.iterdir()):
+        if self.resume:
+            self.resumes = read_resumes(self.run_dir)
+            self.resumes_reported = len(self.resumes)
+            # The dead attempt's status.json must not be read as this attempt's end.
+            old = self.run_dir / STATUS_FILE
+            if old.exists():
+                (self.run_dir / "logs").mkdir(exist_ok=True)
+                old.rename(self.run_dir / "logs" / f"status.before-resume-{len(self.resumes) + 1}.json")
+        elif self.run_dir.exists() and any(self.run_dir.iterdir()):
             # Left over from another database's run with the same id (e.g. the demo's database was
             # reset): the engine refuses to mix two runs in one directory, so keep it aside.
             stale = self.run_dir.with_name(f"{self.run_dir.name}.stale-{int(time.time())}")
@@ -179,7 +200,7 @@ class RunSupervisor:
         (self.run_dir / "logs").mkdir(exist_ok=True)
         config_path = self.run_dir / SUBMITTED_CONFIG_FILE
         config_path.write_text(self.config_yaml)
-        command = [*self.command_prefix, "run", str(config_path), "--out", str(self.run_dir)]
+        command = [*self.command_prefix, "run", str(config_path), "--out", str(self.run_dir), *(["--resume"] if self.resume else [])]
         log = open(self.run_dir / SUPERVISOR_LOG, "ab")
         try:
             self.process = subprocess.Popen(
@@ -202,8 +223,11 @@ class RunSupervisor:
     def deliver(self) -> bool:
         """Hand new lines to the reporter; True when everything written so far is delivered."""
         delivered_all = True
+        if not self.resume_recorded():
+            return False
         try:
             records, offset, line_no = self.metrics_tail.peek()
+            records = [(n, r) for n, r in records if not is_superseded(self.resumes, METRICS_FILE, n, _step_of(r))]
             if records:
                 self.reporter.metrics(records)
             self.metrics_tail.commit(offset, line_no)
@@ -215,6 +239,7 @@ class RunSupervisor:
             # One evaluation at a time: a failure re-sends only the ones not yet stored.
             while True:
                 records, offset, line_no = self.evals_tail.peek(max_lines=1)
+                records = [(n, r) for n, r in records if not is_superseded(self.resumes, EVALS_FILE, n, _step_of(r))]
                 for eval_line_no, record in records:
                     try:
                         rows = read_problem_rows(self.run_dir, record.get("results_file"))
@@ -230,6 +255,29 @@ class RunSupervisor:
             self._failed("eval delivery", f"will retry from line {self.evals_tail.line_no}")
             delivered_all = False
         return delivered_all
+
+    def resume_recorded(self) -> bool:
+        """Whether lines may be delivered: always for a fresh run; for a resume, once the engine
+        recorded what it rewinds (its resumes.jsonl line, written before its children start) or
+        exited without doing so (it refused: the old lines are then delivered as they stand).
+        Each new resume is reported once (`reporter.resumed`), before any line after it."""
+        if not self.resume:
+            return True
+        found = read_resumes(self.run_dir)
+        if len(found) <= self.resumes_reported and (self.process is None or self.process.poll() is None):
+            return False
+        self.resumes = found
+        resumed = getattr(self.reporter, "resumed", None)
+        try:
+            for point in found[self.resumes_reported:]:
+                if resumed is not None:
+                    resumed(point)
+                self.resumes_reported += 1
+            self._ok("reporting the resume")
+        except Exception:  # noqa: BLE001 - the database is away: report it on a later poll
+            self._failed("reporting the resume", "will retry")
+            return False
+        return True
 
     def check_status(self) -> None:
         if self.reported_running:
