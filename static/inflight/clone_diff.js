@@ -22,7 +22,7 @@
   function render() {
     var rows = [];
     form.querySelectorAll("[name]").forEach(function (el) {
-      if (!Object.prototype.hasOwnProperty.call(source, el.name) || el.name === "name") return;
+      if (el.type === "hidden" || !Object.prototype.hasOwnProperty.call(source, el.name) || el.name === "name") return;
       var value = current(el);
       if (!same(value, source[el.name])) rows.push([el.name, shown(source[el.name]), shown(value)]);
     });
