@@ -16,7 +16,6 @@ Order of a supervision, as `supervise()` runs it:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -28,12 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rl_core.jsonl_tail import JsonlTail
+from rl_core.processes import die_with_parent
 from rl_core.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
 from rl_core.run_dir import (  # no torch either: the run directory's layout and records
     EVALS_FILE,
     FINAL_STATES,
     LOGS_DIR,
     METRICS_FILE,
+    ROLLOUTS_FILE,
     STATUS_FILE,
     SUBMITTED_CONFIG_FILE,
     read_status,
@@ -58,55 +60,17 @@ class Reporter(Protocol):
 
     def cancel_requested(self) -> bool: ...
 
+    # Optional (a reporter without them gets neither): rollout stream lines with their 0-based
+    # line numbers, and a call on every poll (alerts that fire on silence, e.g. a stalled run).
+    # def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None: ...
+    # def tick(self) -> None: ...
+
 
 @dataclass
 class Outcome:
     status: str  # succeeded | failed | cancelled
     error: str = ""
     exit_code: int | None = None
-
-
-@dataclass
-class JsonlTail:
-    """Complete lines appended to a JSONL file since the last delivered one."""
-
-    path: Path
-    offset: int = 0  # byte offset just past the last delivered line
-    line_no: int = 0  # 0-based number of the next line at `offset`
-    bad_lines: int = 0
-
-    def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
-        """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances."""
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read(16 * 1024 * 1024)
-        except FileNotFoundError:
-            return [], self.offset, self.line_no
-        records: list[tuple[int, dict[str, Any]]] = []
-        offset, line_no = self.offset, self.line_no
-        start = 0
-        while len(records) < max_lines:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                break  # a torn last line: wait until the writer finishes it
-            raw = chunk[start:end]
-            try:
-                record = json.loads(raw)
-                if isinstance(record, dict):
-                    records.append((line_no, record))
-                else:
-                    self.bad_lines += 1
-            except ValueError:
-                self.bad_lines += 1
-                logger.warning("%s line %d is not JSON; skipped", self.path.name, line_no)
-            line_no += 1
-            start = end + 1
-            offset = self.offset + start
-        return records, offset, line_no
-
-    def commit(self, offset: int, line_no: int) -> None:
-        self.offset, self.line_no = offset, line_no
 
 
 def _step_of(record: dict[str, Any]) -> int:
@@ -130,13 +94,6 @@ def read_problem_rows(run_dir: Path, results_file: str | None) -> list[dict[str,
     return rows
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the supervising worker dies (no orphaned runs)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class RunSupervisor:
     run_dir: Path
@@ -157,6 +114,7 @@ class RunSupervisor:
     resumes_reported: int = field(default=0, init=False)
     metrics_tail: JsonlTail = field(init=False)
     evals_tail: JsonlTail = field(init=False)
+    rollouts_tail: JsonlTail = field(init=False)
     reported_running: bool = field(default=False, init=False)
     cancel_sent_at: float | None = field(default=None, init=False)
     failing_since: dict[str, float] = field(default_factory=dict, init=False)
@@ -178,6 +136,7 @@ class RunSupervisor:
         self.run_dir = Path(self.run_dir)
         self.metrics_tail = JsonlTail(self.run_dir / METRICS_FILE)
         self.evals_tail = JsonlTail(self.run_dir / EVALS_FILE)
+        self.rollouts_tail = JsonlTail(self.run_dir / ROLLOUTS_FILE)
 
     # -------------------------------------------------------------- 1. start
 
@@ -204,14 +163,15 @@ class RunSupervisor:
         log = open(self.run_dir / SUPERVISOR_LOG, "ab")
         try:
             self.process = subprocess.Popen(
-                command,
+                # SIGTERM to the run if this worker dies (no orphaned runs), set without a
+                # preexec_fn: the worker is threaded (rl_core/processes.py says why).
+                die_with_parent(command),
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: one signal reaches all its children
-                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
@@ -254,7 +214,29 @@ class RunSupervisor:
         except Exception:  # noqa: BLE001
             self._failed("eval delivery", f"will retry from line {self.evals_tail.line_no}")
             delivered_all = False
+        rollouts = getattr(self.reporter, "rollouts", None)
+        if rollouts is not None:
+            try:
+                # Its own tail: rollouts that cannot be stored never hold up the metrics.
+                records, offset, line_no = self.rollouts_tail.peek(max_lines=2000)
+                if records:
+                    rollouts(records)
+                self.rollouts_tail.commit(offset, line_no)
+                self._ok("rollout delivery")
+            except Exception:  # noqa: BLE001
+                self._failed("rollout delivery", f"will retry from line {self.rollouts_tail.line_no}")
+                delivered_all = False
         return delivered_all
+
+    def tick(self) -> None:
+        tick = getattr(self.reporter, "tick", None)
+        if tick is None:
+            return
+        try:
+            tick()
+            self._ok("alert checks")
+        except Exception:  # noqa: BLE001 - asked again on the next poll
+            self._failed("alert checks", "will check again")
 
     def resume_recorded(self) -> bool:
         """Whether lines may be delivered: always for a fresh run; for a resume, once the engine
@@ -327,6 +309,7 @@ class RunSupervisor:
         while self.process.poll() is None:
             self.deliver()
             self.check_status()
+            self.tick()
             now = time.monotonic()
             if self.cancel_sent_at is not None or (now >= next_cancel_check and self._cancel_requested()):
                 self.cancel()

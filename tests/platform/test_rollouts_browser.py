@@ -4,7 +4,7 @@ Daphne, Celery, PostgreSQL and Redis, with the real engine on the tiny model:
 - a shortened demo run: its Rollouts tab fills while the run goes (rows arrive over the run's
   socket, no reload), a sample that spans two policy versions shows two colours and where the
   weights switched, a filter narrows the table;
-- a run made to diverge (lr 1e30: NaN loss at its second step): the alert banner rises within
+- a run made to diverge (lr 1e18: NaN loss at its second step): the alert banner rises within
   seconds of the alert, and a local HTTP receiver (the user's webhook) gets exactly one POST.
 Screenshots: /tmp/rollouts_tab.png, /tmp/sample_view.png, /tmp/alert_banner.png.
 """
@@ -124,7 +124,10 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
 
             # A run made to diverge: NaN loss at its second step → banner within seconds + one webhook POST.
             created = api.post("/api/runs/", json={"name": "nan-run", "config": demo_config(**{
-                "trainer.lr": 1e30, "trainer.warmup_steps": 0, "monitoring.alerts.stall_s": 600})})
+                # 1e18: Adam's first step puts the weights near 1e18, the next forward is NaN. (Not
+                # larger: PostgreSQL's jsonb prints numbers without an exponent, so a stored 1e30
+                # comes back as an integer past the platform's 64-bit bound and is refused.)
+                "trainer.lr": 1e18, "trainer.warmup_steps": 0, "monitoring.alerts.stall_s": 600})})
             assert created.status_code == 201, created.text
             nan_id = created.json()["id"]
             page.goto(f"{daphne_server}/runs/{nan_id}/")
