@@ -365,6 +365,8 @@ class ReferenceEngine:
             try:
                 with torch.inference_mode():
                     leaders, followers = split_shared_prompts(admitted, decoding, version)
+                    if followers:
+                        self._followers_first(leaders, [follower for follower, _ in followers])
                     if leaders:
                         self._prefill(leaders, version)
                     for follower, source in followers:
@@ -413,6 +415,15 @@ class ReferenceEngine:
                 self._free_slots.remove(hole)
                 self._free_slots.append(seq.slot)
                 seq.slot = hole
+
+    def _followers_first(self, leaders: list[_Sequence], followers: list[_Sequence]) -> None:
+        """Hand the step's newly admitted slots (nothing cached in them yet) to the followers
+        first: they decode right after the running sequences, so the decode batch stays one
+        slot range (a view of the cache, not a gather); the leaders prefill in the slots after."""
+        with self._cond:
+            slots = sorted(seq.slot for seq in followers + leaders)
+            for seq, slot in zip(sorted(followers, key=lambda seq: seq.slot) + leaders, slots):
+                seq.slot = slot
 
     def _admit_locked(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []

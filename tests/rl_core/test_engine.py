@@ -122,6 +122,34 @@ def test_sequences_move_into_freed_slots_and_still_decode_exactly(engine: Refere
         assert future.result(timeout=120).token_ids == hf_greedy(hf_model, prompt, budget)
 
 
+def test_decode_batches_stay_one_slot_range_while_groups_come_and_go(model_dir: Path, prompts) -> None:
+    # Groups of 4 samples of one prompt arrive while others decode and finish at different
+    # lengths: every decode forward must still cover one contiguous run of cache slots (a view),
+    # never a scattered set (a gather of every sequence's K/V per layer).
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=16, initial_cache_len=16))
+    decode_slots: list[list[int]] = []
+    prepare = engine.cache.prepare
+
+    def recording(slots: list[int], write_source: torch.Tensor, *args: object) -> None:
+        if len(write_source) == len(slots):  # one new token per row: a decode forward
+            decode_slots.append(list(slots))
+        prepare(slots, write_source, *args)
+
+    engine.cache.prepare = recording  # type: ignore[method-assign]
+    engine.start()
+    try:
+        futures = []
+        for wave, prompt in enumerate(prompts):
+            futures += [engine.submit(prompt, SamplingParams(temperature=1.0, max_new_tokens=4 + 7 * ((wave + i) % 3), seed=i))
+                        for i in range(4)]
+            wait_for(lambda: engine.stats()["generated_tokens"] >= 6 * (wave + 1))
+        results = [future.result(timeout=120) for future in futures]
+    finally:
+        engine.stop()
+    assert all(result.finish_reason == "length" for result in results)
+    assert decode_slots and all(slots == list(range(slots[0], slots[0] + len(slots))) for slots in decode_slots)
+
+
 def test_identical_prompts_share_the_prompt_cache(engine: ReferenceEngine, hf_model, prompts) -> None:
     # n samples of one prompt: submitted together, and one more while they decode.
     prompt = prompts[1]
