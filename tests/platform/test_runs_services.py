@@ -59,10 +59,13 @@ def test_state_machine_allows_the_documented_path_and_refuses_the_rest(owner) ->
 
 def test_every_status_has_a_rule_and_terminal_ones_are_final() -> None:
     assert set(ALLOWED_TRANSITIONS) == set(RunStatus.values)
-    for status in ("succeeded", "failed", "cancelled"):
-        assert ALLOWED_TRANSITIONS[status] == frozenset()
+    # An ended run only goes back to `queued` when its owner resumes it (runs.actions.resume_run);
+    # a succeeded one is final.
+    assert ALLOWED_TRANSITIONS["succeeded"] == frozenset()
+    for status in ("failed", "cancelled"):
+        assert ALLOWED_TRANSITIONS[status] == frozenset({"queued"})
     # `lost` is a presumption: the run directory (read by the restarted worker) or a cancel settles it.
-    assert ALLOWED_TRANSITIONS["lost"] == frozenset({"succeeded", "failed", "cancelled"})
+    assert ALLOWED_TRANSITIONS["lost"] == frozenset({"succeeded", "failed", "cancelled", "queued"})
 
 
 def test_cancel_queued_is_immediate_running_goes_through_cancelling(owner, other_user, staff_user) -> None:
