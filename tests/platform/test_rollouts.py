@@ -72,6 +72,15 @@ def test_storage_stays_bounded_by_thinning(owner) -> None:
     assert store.stored == StoredRollout.objects.filter(run=run).count()
 
 
+def test_a_token_that_decodes_to_nul_is_stored(owner) -> None:
+    run = make_run(owner)
+    nul_id = next(i for i in range(DECODER.tokenizer.get_vocab_size()) if "\x00" in DECODER.text([i]))
+    record = sample(0)
+    record["completion_token_ids"][2] = nul_id
+    assert ingest_rollouts(run.pk, [(0, record)], DECODER) == 1
+    assert StoredRollout.objects.get(run=run).tokens[2] == "\ufffd"
+
+
 def test_malformed_lines_are_skipped(owner) -> None:
     run = make_run(owner)
     bad = sample(1)

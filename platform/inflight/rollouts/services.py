@@ -40,6 +40,11 @@ def step_of_line(line: int, samples_per_step: int) -> int:
     return line // samples_per_step + 1
 
 
+def _text(value: str) -> str:
+    # PostgreSQL text cannot hold NUL, and a byte-level token may decode to one: show it as �.
+    return value.replace("\x00", "\ufffd")
+
+
 def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], decoder: TokenDecoder, now: float) -> StoredRollout:
     ids = [int(i) for i in record["completion_token_ids"]]
     versions = [int(v) for v in record["token_versions"]]
@@ -54,14 +59,14 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         run_id=run_id, line=line, step=step, seq=seq,
         sample_id=str(record.get("sample_id", ""))[:200], group_id=str(record.get("group_id", ""))[:200],
         prompt_id=str(record.get("prompt_id", ""))[:200],
-        prompt_text=decoder.text(record.get("prompt_token_ids") or [], skip_special=True),
-        completion_text=decoder.text(ids, skip_special=True), tokens=decoder.pieces(ids), token_ids=ids,
+        prompt_text=_text(decoder.text(record.get("prompt_token_ids") or [], skip_special=True)),
+        completion_text=_text(decoder.text(ids, skip_special=True)), tokens=[_text(piece) for piece in decoder.pieces(ids)], token_ids=ids,
         logprobs=logprobs, versions=versions,
         train_logprobs=[float(x) for x in train_logprobs] if isinstance(train_logprobs, list) and len(train_logprobs) == len(ids) else None,
         reward=float(record["reward"]), correct=bool(record["success"]), advantage=float(record.get("advantage", 0.0)),
         length=len(ids), min_version=min_version, max_version=max(versions, default=0),
         versions_spanned=len(set(versions)), max_lag=max(0, (step - 1) - min_version),
-        extracted="" if extracted is None else str(extracted)[:200], finish_reason=str(record.get("finish_reason", ""))[:16], t=now,
+        extracted="" if extracted is None else _text(str(extracted)[:200]), finish_reason=str(record.get("finish_reason", ""))[:16], t=now,
     )
 
 
