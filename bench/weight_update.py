@@ -30,13 +30,13 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "rl_core"))
 
+from rl_core.processes import free_port  # noqa: E402
 from rl_core.weight_sync import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
     ParamSpec,
     WeightBroadcaster,
     create_group,
     dtype_name,
-    free_port,
     parse_dtype,
     plan_buckets,
 )

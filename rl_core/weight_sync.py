@@ -19,7 +19,6 @@ speaks the HTTP contract (reference engine, vLLM with the same routes).
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from typing import Any, Iterable, Protocol
 import httpx
 import torch
 import torch.distributed as dist
+
+from rl_core.processes import free_port
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -129,12 +130,6 @@ def create_group(
     else:
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     return SyncGroup(group, store)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 # ------------------------------------------------------------------ trainer side

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_core.processes import free_port  # noqa: F401 (tests and benches take it from here)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_SERVICES_DIR = REPO_ROOT / "var" / "services"
 DEFAULT_POSTGRES_PORT = int(os.environ.get("INFLIGHT_PG_PORT", "55432"))
@@ -53,12 +55,6 @@ class Services:
 
     def env(self) -> dict[str, str]:
         return {"DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "CELERY_BROKER_URL": self.redis_url}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:

@@ -1,0 +1,68 @@
+"""Reading a JSONL file while another process appends to it: complete lines only.
+
+A writer appends whole lines (one O_APPEND write each), but a reader can still catch the
+last one half-written. `JsonlTail` hands out only lines that end in a newline and keeps
+its place (byte offset and line number) between reads; `peek` then `commit` lets a caller
+move past lines only once it has delivered them (the platform's supervisor: what the
+database did not take is read again on the next poll). Used by the worker's supervisor
+(metrics, evals, rollouts) and the launcher's console echo of metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class JsonlTail:
+    """Complete lines appended to a JSONL file since the last delivered one."""
+
+    path: Path
+    offset: int = 0  # byte offset just past the last delivered line
+    line_no: int = 0  # 0-based number of the next line at `offset`
+    bad_lines: int = 0
+
+    def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
+        """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read(16 * 1024 * 1024)
+        except FileNotFoundError:
+            return [], self.offset, self.line_no
+        records: list[tuple[int, dict[str, Any]]] = []
+        offset, line_no = self.offset, self.line_no
+        start = 0
+        while len(records) < max_lines:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break  # a torn last line: wait until the writer finishes it
+            raw = chunk[start:end]
+            try:
+                record = json.loads(raw)
+                if isinstance(record, dict):
+                    records.append((line_no, record))
+                else:
+                    self.bad_lines += 1
+            except ValueError:
+                self.bad_lines += 1
+                logger.warning("%s line %d is not JSON; skipped", self.path.name, line_no)
+            line_no += 1
+            start = end + 1
+            offset = self.offset + start
+        return records, offset, line_no
+
+    def commit(self, offset: int, line_no: int) -> None:
+        self.offset, self.line_no = offset, line_no
+
+    def read(self, max_lines: int = 5000) -> list[tuple[int, dict[str, Any]]]:
+        """peek() and commit() at once: for a reader that cannot fail to take the lines."""
+        records, offset, line_no = self.peek(max_lines)
+        self.commit(offset, line_no)
+        return records

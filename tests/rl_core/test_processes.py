@@ -1,0 +1,78 @@
+"""Process plumbing (rl_core/processes.py) and the JSONL tail (rl_core/jsonl_tail.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_core.jsonl_tail import JsonlTail
+from rl_core.processes import die_with_parent, free_port
+
+
+def test_free_port_can_be_bound() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))
+
+
+def test_the_wrapped_command_keeps_its_pid_and_output() -> None:
+    out = subprocess.run(die_with_parent([sys.executable, "-c", "import os; print(os.getpid())"]), capture_output=True, text=True, check=True)
+    assert out.stdout.strip().isdigit()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_the_child_gets_sigterm_when_its_parent_dies(tmp_path: Path) -> None:
+    # A middle process starts a long sleeper through die_with_parent, then is SIGKILLed.
+    middle_code = (
+        "import subprocess, sys, time; from rl_core.processes import die_with_parent;"
+        "p = subprocess.Popen(die_with_parent([sys.executable, '-c', 'import time; time.sleep(60)']));"
+        "print(p.pid, flush=True); time.sleep(60)"
+    )
+    middle = subprocess.Popen([sys.executable, "-c", middle_code], stdout=subprocess.PIPE, text=True)
+    assert middle.stdout is not None
+    child = int(middle.stdout.readline())
+    time.sleep(0.5)  # the wrapper has exec'd the sleeper by now
+    middle.send_signal(signal.SIGKILL)
+    middle.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        stat = Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{child}/stat").exists() else "X"
+        if stat == "Z":
+            return  # dead, waiting to be reaped by init
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived its parent")
+
+
+def test_tail_returns_complete_lines_only_and_resumes_after_them(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    tail = JsonlTail(path)
+    assert tail.read() == []  # no file yet
+    path.write_text(json.dumps({"step": 0}) + "\n" + '{"step": 1')  # a torn last line
+    assert tail.read() == [(0, {"step": 0})]
+    with open(path, "a") as handle:
+        handle.write("}\nnot json\n" + json.dumps({"step": 2}) + "\n")
+    assert tail.read() == [(1, {"step": 1}), (3, {"step": 2})]
+    assert tail.bad_lines == 1 and tail.read() == []
+
+
+def test_tail_peek_moves_only_when_committed(tmp_path: Path) -> None:
+    path = tmp_path / "evals.jsonl"
+    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(3)))
+    tail = JsonlTail(path)
+    records, offset, line_no = tail.peek(max_lines=2)
+    assert [n for n, _ in records] == [0, 1] and tail.peek(max_lines=2)[0] == records  # not committed: same again
+    tail.commit(offset, line_no)
+    assert tail.read() == [(2, {"i": 2})]
