@@ -1,0 +1,213 @@
+"""Rollout ingest: samples/s into PostgreSQL at the demo's rate and at 100x it, the p95 push
+latency of metrics while rollouts flow, and the storage of a 10-minute demo run's rollouts.
+
+Starts a private embedded PostgreSQL + Redis (fsync on, as the demo), migrates, then:
+
+  rate        `inflight.rollouts.services.ingest_rollouts` fed the way the worker feeds it (one
+              call per 250 ms tail of stream/rollouts.jsonl) at the demo's stream rate (64
+              samples per step, ~100 steps in 10 minutes: ~10.7 samples/s, so ~3 lines a tail)
+              and at 100x (~267 lines a tail), with the demo's store settings (every 5th step)
+              and with every sample kept (the worst case: each line becomes a row); the figure
+              is lines ingested per second of ingest time (capacity), and the time share of
+              the 250 ms tail spent on them.
+  latency     `bench/ingest.py`'s WebSocket client on the live consumer while metric batches
+              arrive every 250 ms, and at the same time a thread ingests rollouts at 100x the
+              demo's rate with every sample kept: arrival → client p95 (goal <= 200 ms).
+  storage     a 10-minute demo run's stream replayed (6,400 samples shaped like the demo's:
+              34-token prompts, 21-48-token responses, two versions on sequences that span an
+              update) through the demo's settings: rows kept and bytes in PostgreSQL (table +
+              indexes + TOAST), and the bound `max_stored` x the largest row.
+
+    .venv/bin/python bench/rollouts.py [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DEMO_SAMPLES_PER_STEP = 64
+DEMO_SAMPLES_PER_S = 64 * 100 / 600  # ~100 steps of 64 samples in the demo's 10 minutes
+TAIL_S = 0.25
+
+
+def sample(line: int, rng: random.Random, vocab: int) -> dict:
+    length = rng.randint(21, 48)
+    step = line // DEMO_SAMPLES_PER_STEP + 1
+    switch = rng.randint(1, length - 1) if rng.random() < 0.3 else length
+    versions = [max(0, step - 2)] * switch + [max(0, step - 1)] * (length - switch)
+    reward = float(rng.random() < 0.6)
+    return {
+        "sample_id": f"g{line // 8}-{line % 8}", "group_id": f"g{line // 8}", "prompt_id": f"p{line // 8}",
+        "prompt_token_ids": [rng.randrange(vocab) for _ in range(34)], "completion_token_ids": [rng.randrange(vocab) for _ in range(length)],
+        "behaviour_logprobs": [-rng.random() * 3 for _ in range(length)], "token_versions": versions,
+        "reward": reward, "success": reward > 0.5, "advantage": reward - 0.6, "finish_reason": "stop",
+        "metadata": {"epoch": 0, "extracted": str(rng.randint(0, 400))},
+    }
+
+
+def make_run(owner, keep_every: int, max_stored: int = 5000):
+    from inflight.runs.models import Run
+
+    config = {"trainer": {"samples_per_step": DEMO_SAMPLES_PER_STEP}, "model": {"path": "var/models/tiny"},
+              "monitoring": {"rollouts": {"keep_every_n_steps": keep_every, "max_stored": max_stored}}}
+    # Not "running": the bench makes more runs than a user may have active (the limit counts them).
+    return Run.objects.create(owner=owner, name="bench-rollouts", config=config, status="succeeded")
+
+
+def ingest_rate(owner, decoder, lines_per_tail: int, keep_every: int, seconds: float, vocab: int) -> tuple[float, float, int]:
+    """(lines/s of ingest time, share of each 250 ms tail spent ingesting, rows stored)."""
+    from inflight.rollouts.models import StoredRollout
+    from inflight.rollouts.services import ingest_rollouts
+
+    rng = random.Random(0)
+    run = make_run(owner, keep_every)
+    tails = max(4, int(seconds / TAIL_S))
+    line, busy = 0, 0.0
+    for _ in range(tails):
+        records = [(n, sample(n, rng, vocab)) for n in range(line, line + lines_per_tail)]
+        line += lines_per_tail
+        started = time.perf_counter()
+        ingest_rollouts(run.pk, records, decoder)
+        busy += time.perf_counter() - started
+    return line / busy, busy / (tails * TAIL_S), StoredRollout.objects.filter(run=run).count()
+
+
+def storage(owner, decoder, vocab: int) -> tuple[int, int, int]:
+    """(rows kept, bytes of those rows incl. TOAST and their index entries, bytes of the largest row)."""
+    from django.db import connection
+
+    from inflight.rollouts.models import StoredRollout
+    from inflight.rollouts.services import ingest_rollouts
+
+    rng = random.Random(1)
+    table = StoredRollout._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM FULL {table}")
+        cursor.execute("SELECT pg_total_relation_size(%s)", [table])
+        before = cursor.fetchone()[0]
+    StoredRollout.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM FULL {table}")
+        cursor.execute("SELECT pg_total_relation_size(%s)", [table])
+        empty = cursor.fetchone()[0]
+    run = make_run(owner, keep_every=5)
+    total = int(DEMO_SAMPLES_PER_S * 600)
+    per_tail = max(1, round(DEMO_SAMPLES_PER_S * TAIL_S))
+    for start in range(0, total, per_tail):
+        ingest_rollouts(run.pk, [(n, sample(n, rng, vocab)) for n in range(start, min(total, start + per_tail))], decoder)
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM FULL {table}")
+        cursor.execute("SELECT pg_total_relation_size(%s)", [table])
+        after = cursor.fetchone()[0]
+        cursor.execute(f"SELECT max(pg_column_size(t.*)) FROM {table} t WHERE run_id = %s", [run.pk])
+        largest = cursor.fetchone()[0]
+    del before
+    return StoredRollout.objects.filter(run=run).count(), after - empty, largest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="Simulated run time per rate measurement.")
+    parser.add_argument("--latency-batches", type=int, default=60, help="Metric batches sent to the WebSocket client.")
+    args = parser.parse_args()
+
+    from inflight.devservices import free_port, start_services, stop_services
+
+    folder = REPO_ROOT / "var" / "bench-rollouts" / str(os.getpid())
+    services_info = start_services(folder, postgres_port=free_port(), redis_port=free_port())
+    try:
+        os.environ.update(services_info.env())
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
+        import django
+
+        django.setup()
+        from django.contrib.auth import get_user_model
+        from django.core.management import call_command
+
+        from inflight.rollouts.tokens import decoder_for_model
+
+        call_command("migrate", verbosity=0)
+        owner = get_user_model().objects.create_user(f"bench-{os.getpid()}")
+        decoder = decoder_for_model(str(REPO_ROOT / "var" / "models" / "tiny"))
+        vocab = decoder.tokenizer.get_vocab_size() if decoder.tokenizer is not None else 1000
+
+        demo_tail = max(1, round(DEMO_SAMPLES_PER_S * TAIL_S))
+        burst_tail = round(100 * DEMO_SAMPLES_PER_S * TAIL_S)
+        rows = []
+        for label, per_tail in (("demo", demo_tail), ("100x", burst_tail)):
+            for keep_every in (5, 1):
+                rate, share, stored = ingest_rate(owner, decoder, per_tail, keep_every, args.seconds, vocab)
+                rows.append((label, per_tail, keep_every, rate, share, stored))
+        print(f"{'rate':>6} {'lines/tail':>10} {'keep every':>10} {'lines/s':>10} {'tail busy':>10} {'rows':>7}")
+        for label, per_tail, keep_every, rate, share, stored in rows:
+            print(f"{label:>6} {per_tail:>10} {keep_every:>10} {rate:>10,.0f} {share:>9.1%} {stored:>7}")
+
+        # Metric push latency while rollouts flow at 100x with every sample kept.
+        import ingest as ingest_bench
+
+        from inflight.rollouts.services import ingest_rollouts
+        from inflight.runs import services
+
+        stop = threading.Event()
+        flowing = {"lines": 0}
+
+        def flow() -> None:
+            from django.db import connection
+
+            rng = random.Random(2)
+            run = make_run(owner, keep_every=1, max_stored=1_000_000)
+            line = 0
+            while not stop.is_set():
+                started = time.monotonic()
+                ingest_rollouts(run.pk, [(n, sample(n, rng, vocab)) for n in range(line, line + burst_tail)], decoder)
+                line += burst_tail
+                flowing["lines"] = line
+                time.sleep(max(0.0, TAIL_S - (time.monotonic() - started)))
+            connection.close()
+
+        flower = threading.Thread(target=flow)
+        flower.start()
+        latency_run = services.create_run(owner, "bench-latency-with-rollouts", {})
+        flow_started = time.monotonic()
+        latencies, _ = asyncio.run(ingest_bench.latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=TAIL_S))
+        flow_s = time.monotonic() - flow_started
+        stop.set()
+        flower.join()
+        latencies.sort()
+        p95 = latencies[int(0.95 * (len(latencies) - 1))]
+        print(f"metrics ws latency while {flowing['lines'] / flow_s:,.0f} rollout lines/s flowed (all kept): "
+              f"p50 {statistics.median(latencies):.1f} ms, p95 {p95:.1f} ms, max {latencies[-1]:.1f} ms")
+
+        kept, used, largest = storage(owner, decoder, vocab)
+        print(f"10-minute demo run ({int(DEMO_SAMPLES_PER_S * 600)} samples, every 5th step kept): {kept} rows, "
+              f"{used / 1e6:.2f} MB in PostgreSQL ({used / max(1, kept):,.0f} B/row incl. indexes); largest row {largest:,} B")
+        by = {(label, keep): rate for label, _, keep, rate, _, _ in rows}
+        print(f"RESULT rollouts_ingest_lines_per_s_demo {by[('demo', 5)]:.0f}")
+        print(f"RESULT rollouts_ingest_lines_per_s_100x {by[('100x', 5)]:.0f}")
+        print(f"RESULT rollouts_ingest_rows_per_s_100x_all_kept {by[('100x', 1)]:.0f}")
+        print(f"RESULT ws_latency_p95_ms_with_rollouts {p95:.1f}")
+        print(f"RESULT rollouts_storage_10min_demo_mb {used / 1e6:.2f}")
+        print(f"RESULT rollouts_rows_10min_demo {kept}")
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        stop_services(folder, only=services_info.started)
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
