@@ -31,14 +31,14 @@ def _clean(metrics: Mapping[str, float]) -> dict[str, float]:
         if math.isfinite(value):
             out[key] = value
     return out
+
+
 # `nonfinite/<metric>: 1.0` in a metrics.jsonl line: <metric> was NaN or infinite at that step.
 NONFINITE_PREFIX = "nonfinite/"
 
 
 def nonfinite_keys(metrics: Mapping[str, float]) -> list[str]:
     return sorted(key for key, value in metrics.items() if not math.isfinite(float(value)))
-
-
 
 
 class JsonlSink:
@@ -50,12 +50,12 @@ class JsonlSink:
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")
         self._lock = threading.Lock()
 
+    def log(self, step: int, metrics: Mapping[str, float], t: float | None = None) -> None:
+        record = {"t": time.time() if t is None else t, "step": int(step), **_clean(metrics)}
         for key in nonfinite_keys(metrics):
             # JSON has no NaN, but a NaN loss is the first sign of a diverged run: it is kept
             # as a numeric flag `nonfinite/<name>: 1` (every reader of the file sees numbers only).
             record[NONFINITE_PREFIX + key] = 1.0
-    def log(self, step: int, metrics: Mapping[str, float], t: float | None = None) -> None:
-        record = {"t": time.time() if t is None else t, "step": int(step), **_clean(metrics)}
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             self._file.write(line)
