@@ -29,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
 
 SWITCHES = ("histospec", "histopipe", "tail_batching")
 

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
 
 from rl_core.metrics import read_metrics  # noqa: E402
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
 PYTHON = REPO / ".venv" / "bin" / "python"
 
 

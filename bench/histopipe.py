@@ -26,15 +26,10 @@ import os
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from tail_batching import LengthProfile, prepare_model, prompt_tokens  # noqa: E402
+from benchlib import REPO_ROOT, LengthProfile, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402

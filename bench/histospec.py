@@ -39,8 +39,7 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, HistoSpecConfig, TaskConfig  # noqa: E402
 from rl_core.contracts import GenerationResult, SamplingParams  # noqa: E402

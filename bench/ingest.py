@@ -28,26 +28,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import sys
-import threading
 import time
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-METRICS_PER_LINE = 20
-
-
-def make_points(first_line: int, lines: int):
-    from inflight.runs.services import PointIn
-
-    now = time.time()
-    return [
-        PointIn(line=line, name=f"metric/{m:02d}", step=line, t=now, value=float(line * 0.001 + m))
-        for line in range(first_line, first_line + lines)
-        for m in range(METRICS_PER_LINE)
-    ]
+from benchlib import METRICS_PER_LINE, make_points, platform_services, ws_latency  # first: it puts the checkout on sys.path
 
 
 def ingest_orm(run_id: int, points) -> None:
@@ -87,71 +72,15 @@ def throughput(owner, total_points: int, batch_points: int, mode: str) -> float:
     return sum(len(b) for b in batches) / elapsed
 
 
-async def latency(owner, run, batches: int, lines_per_batch: int, interval_s: float) -> tuple[list[float], list[float]]:
-    from channels.routing import URLRouter
-    from channels.testing import WebsocketCommunicator
-
-    from inflight.live.routing import websocket_urlpatterns
-    from inflight.runs import services
-
-    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
-    communicator.scope["user"] = owner
-    connected, _ = await communicator.connect()
-    assert connected, "the live consumer refused the connection"
-    hello = await communicator.receive_json_from(timeout=10)
-    assert hello.get("type") == "hello", hello
-    sent_at: dict[int, float] = {}
-
-    def produce() -> None:
-        from django.db import connection
-
-        for index in range(batches):
-            batch = make_points(index * lines_per_batch, lines_per_batch)
-            sent_at[index] = time.time()
-            services.ingest_metrics(run.pk, batch)
-            time.sleep(interval_s)
-        connection.close()
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    latencies: list[float] = []
-    push_times: list[float] = []
-    expected = batches * lines_per_batch * METRICS_PER_LINE
-    received = 0
-    while received < expected:
-        message = await communicator.receive_json_from(timeout=30)
-        arrived = time.time()
-        if message.get("type") != "metrics.batch":
-            continue
-        push_times.append(arrived)
-        for name, step, t, value in message["points"]:
-            latencies.append((arrived - sent_at[int(step) // lines_per_batch]) * 1000)
-            received += 1
-    producer.join()
-    await communicator.disconnect()
-    return latencies, push_times
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=200_000, help="Points per throughput measurement.")
     parser.add_argument("--latency-batches", type=int, default=60, help="Batches sent to the WebSocket client.")
     args = parser.parse_args()
 
-    from inflight.devservices import free_port, start_services, stop_services
-
-    folder = REPO_ROOT / "var" / "bench-ingest" / str(os.getpid())
-    services_info = start_services(folder, postgres_port=free_port(), redis_port=free_port())
-    try:
-        os.environ.update(services_info.env())
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
-        import django
-
-        django.setup()
+    with platform_services("ingest"):
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
 
-        call_command("migrate", verbosity=0)
         owner = get_user_model().objects.create_user(f"bench-{os.getpid()}")
 
         # Latency first: after the throughput rows the table holds millions of points and
@@ -166,10 +95,10 @@ def main() -> int:
         shipped_burst = consumers.PUSH_BURST
         consumers.PUSH_BURST = 1.0
         window_run = services.create_run(owner, "bench-latency-window", {})
-        window_latencies, _ = asyncio.run(latency(owner, window_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
+        window_latencies, _ = asyncio.run(ws_latency(owner, window_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
         window_latencies.sort()
         consumers.PUSH_BURST = shipped_burst
-        latencies, push_times = asyncio.run(latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
+        latencies, push_times = asyncio.run(ws_latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
         latencies.sort()
         most_pushes_in_1s = max(sum(1 for t in push_times if start <= t < start + 1.0) for start in push_times)
 
@@ -196,12 +125,6 @@ def main() -> int:
         print(f"RESULT ingest_speedup_vs_orm {by_key[(2000, 'services')] / by_key[(2000, 'orm')]:.2f}")
         print(f"RESULT ws_latency_p95_ms {p95:.1f}")
         print(f"RESULT ws_latency_p95_fixed_window_ms {window_p95:.1f}")
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        stop_services(folder)
-        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -27,15 +27,11 @@ import argparse
 import asyncio
 import os
 import random
-import shutil
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import REPO_ROOT, platform_services, ws_latency  # first: it puts the checkout on sys.path
 
 DEMO_SAMPLES_PER_STEP = 64
 DEMO_SAMPLES_PER_S = 64 * 100 / 600  # ~100 steps of 64 samples in the demo's 10 minutes
@@ -123,22 +119,11 @@ def main() -> int:
     parser.add_argument("--latency-batches", type=int, default=60, help="Metric batches sent to the WebSocket client.")
     args = parser.parse_args()
 
-    from inflight.devservices import free_port, start_services, stop_services
-
-    folder = REPO_ROOT / "var" / "bench-rollouts" / str(os.getpid())
-    services_info = start_services(folder, postgres_port=free_port(), redis_port=free_port())
-    try:
-        os.environ.update(services_info.env())
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
-        import django
-
-        django.setup()
+    with platform_services("rollouts"):
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
 
         from inflight.rollouts.tokens import decoder_for_model
 
-        call_command("migrate", verbosity=0)
         owner = get_user_model().objects.create_user(f"bench-{os.getpid()}")
         decoder = decoder_for_model(str(REPO_ROOT / "var" / "models" / "tiny"))
         vocab = decoder.tokenizer.get_vocab_size() if decoder.tokenizer is not None else 1000
@@ -155,8 +140,6 @@ def main() -> int:
             print(f"{label:>6} {per_tail:>10} {keep_every:>10} {rate:>10,.0f} {share:>9.1%} {stored:>7}")
 
         # Metric push latency while rollouts flow at 100x with every sample kept.
-        import ingest as ingest_bench
-
         from inflight.rollouts.services import ingest_rollouts
         from inflight.runs import services
 
@@ -181,7 +164,7 @@ def main() -> int:
         flower.start()
         latency_run = services.create_run(owner, "bench-latency-with-rollouts", {})
         flow_started = time.monotonic()
-        latencies, _ = asyncio.run(ingest_bench.latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=TAIL_S))
+        latencies, _ = asyncio.run(ws_latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=TAIL_S))
         flow_s = time.monotonic() - flow_started
         stop.set()
         flower.join()
@@ -200,12 +183,6 @@ def main() -> int:
         print(f"RESULT ws_latency_p95_ms_with_rollouts {p95:.1f}")
         print(f"RESULT rollouts_storage_10min_demo_mb {used / 1e6:.2f}")
         print(f"RESULT rollouts_rows_10min_demo {kept}")
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        stop_services(folder, only=services_info.started)
-        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -25,15 +25,11 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import shutil
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "platform"))
+from benchlib import platform_services  # first: it puts the checkout on sys.path
 
 
 def _timed(fn, repeats: int) -> tuple[float, list[float], object]:
@@ -53,29 +49,13 @@ def main() -> int:
     parser.add_argument("--naive-repeats", type=int, default=2, help="Repetitions of the slow all-points baseline.")
     args = parser.parse_args()
 
-    from inflight.devservices import free_port, start_services, stop_services
-
-    folder = REPO_ROOT / "var" / "bench-snapshot" / str(os.getpid())
     # Redis too: ingest pushes every batch to the run's channel group, as in production.
-    services_info = start_services(folder, postgres_port=free_port(), redis_port=free_port(), fast_unsafe=True)
-    try:
-        os.environ.update(services_info.env())
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
-        import django
-
-        django.setup()
+    with platform_services("snapshot", fast_unsafe=True):
         return run_bench(args)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        stop_services(folder)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
 
@@ -85,7 +65,6 @@ def run_bench(args: argparse.Namespace) -> int:
     from inflight.runs.selectors import metric_points_since
     from inflight.runs.services import PointIn, flush_broadcasts, ingest_metrics
 
-    call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
     names = [f"metric/{i:02d}" for i in range(20)]
     steps = args.points // len(names)

@@ -38,78 +38,17 @@ import argparse
 import math
 import os
 import queue
-import random
 import sys
 import time
-import zlib
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+from benchlib import REPO_ROOT, LengthProfile, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, TailBatchingConfig  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402
 from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
 from rl_core.tail_batching import TailBatchPlanner, TailRound  # noqa: E402
-from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
-
-PROMPT_LEN = 24  # tokens per synthetic prompt; their content does not matter with EOS disabled
-
-
-@dataclass
-class LengthProfile:
-    """Long-tailed response lengths. A prompt is long with probability `long_fraction`; each
-    response is its prompt's base length × log-normal noise, and with probability
-    `runaway_fraction` a response runs `runaway_factor` times longer (the per-response tail)."""
-
-    short_range: tuple[int, int] = (12, 40)
-    long_range: tuple[int, int] = (120, 240)
-    long_fraction: float = 0.15
-    noise_sigma: float = 0.3
-    runaway_fraction: float = 0.04
-    runaway_factor: float = 4.0
-    max_len: int = 320
-    seed: int = 0
-
-    def base(self, prompt_id: str) -> float:
-        rng = random.Random(f"{self.seed}:base:{prompt_id}")
-        low, high = self.long_range if rng.random() < self.long_fraction else self.short_range
-        return rng.uniform(low, high)
-
-    def length(self, prompt_id: str, response_key: int, attempt: int) -> int:
-        rng = random.Random(f"{self.seed}:resp:{prompt_id}:{response_key}:{attempt}")
-        value = self.base(prompt_id) * math.exp(rng.gauss(0.0, self.noise_sigma))
-        if rng.random() < self.runaway_fraction:
-            value *= self.runaway_factor
-        return int(min(self.max_len, max(4, round(value))))
-
-
-def load_model_without_eos(model_dir: Path) -> torch.nn.Module:
-    """The tiny model with every end-of-sequence id removed, so a request decodes exactly
-    `max_new_tokens` tokens (the engine reads stop ids from the model's configs)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    model.config.eos_token_id = None
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.eos_token_id = None
-    return model
-
-
-def prompt_tokens(prompt_id: str, vocab_size: int) -> list[int]:
-    rng = random.Random(zlib.crc32(prompt_id.encode()))
-    return [rng.randrange(3, vocab_size) for _ in range(PROMPT_LEN)]
-
-
-def prepare_model(args: argparse.Namespace) -> torch.nn.Module:
-    torch.set_num_threads(args.threads)
-    model_dir = Path(args.model)
-    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
-        ensure_tiny_model(model_dir)
-    return load_model_without_eos(model_dir)
 
 
 def run_round(engine: ReferenceEngine, round_: TailRound, profile: LengthProfile, attempts: dict[str, int]) -> tuple[float, float]:

@@ -26,10 +26,7 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-
-from weight_update import bare_broadcast, build_model, updates_while_decoding  # noqa: E402
+from benchlib import bare_broadcast, build_model, updates_while_decoding  # first: it puts the checkout on sys.path
 
 from rl_core.vllm_engine import start_vllm_server, vllm_available, vllm_python  # noqa: E402
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES  # noqa: E402

@@ -9,6 +9,9 @@
   rl_core.processes --parent PID [--ignore-sigint] -- COMMAND...`), which sets the signal
   and then execs COMMAND in the same process: the pid, the process group and the
   signal setting carry over to COMMAND.
+- `start_server_process`: an inference server command (reference or vLLM) started in its own
+  process group, waited for until it prints its ready line (`run_dir.parse_ready_line`);
+  `ServerProcess.stop` ends the whole group (vLLM's engine-core and worker children too).
 
 The death signal is sent when the *thread* that started the child exits, not only the
 process; the launcher starts its children from its main thread, and a worker's run is
@@ -24,7 +27,11 @@ import ctypes
 import os
 import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,6 +50,66 @@ def die_with_parent(command: list[str], *, ignore_sigint: bool = False, python: 
     if ignore_sigint:
         prefix.append("--ignore-sigint")
     return [*prefix, "--", *command]
+
+
+@dataclass
+class ServerProcess:
+    """A server started by `start_server_process`: its URL once ready, and every line it printed."""
+
+    url: str
+    process: subprocess.Popen
+    output: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL the process group (a server's own children too)."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        else:
+            try:  # the server is gone; its children must not outlive it
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start_server_process(command: list[str], timeout_s: float = 600.0, env: dict[str, str] | None = None, what: str = "server") -> ServerProcess:
+    """Start a server command in its own process group and wait for its ready line.
+    Raises RuntimeError with the end of its output if it exits or times out first."""
+    # Imported here: the die_with_parent trampoline imports this module before every exec.
+    from rl_core.run_dir import parse_ready_line
+
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True)
+    handle = ServerProcess(url="", process=process)
+    ready: list[str] = []
+
+    def pump() -> None:
+        # Drain the pipe for the server's whole life so it never blocks on a full pipe.
+        assert process.stdout is not None
+        for line in process.stdout:
+            handle.output.append(line)
+            url = parse_ready_line(line)
+            if url is not None and not ready:
+                ready.append(url)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not ready:
+        if process.poll() is not None or time.monotonic() > deadline:
+            handle.stop()
+            raise RuntimeError(f"{what} did not start (rc={process.poll()}):\n{''.join(handle.output)[-4000:]}")
+        time.sleep(0.05)
+    handle.url = ready[0]
+    return handle
 
 
 def _set_parent_death_signal(parent_pid: int) -> None:

@@ -43,11 +43,10 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from rl_core.run_dir import parse_ready_line
+from rl_core.processes import ServerProcess, start_server_process
 
 if TYPE_CHECKING:
     from rl_core.config import RunConfig
@@ -106,61 +105,17 @@ def server_command(config: RunConfig, model_path: str, port: int = 0, python: st
     return command
 
 
-@dataclass
-class VllmServerHandle:
-    url: str
-    process: subprocess.Popen
-    output: list[str] = field(default_factory=list)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL the process group (vLLM's engine-core and worker children too)."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, 15)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait(timeout=10)
-        else:
-            try:  # the server is gone; its children must not outlive it
-                os.killpg(self.process.pid, 9)
-            except ProcessLookupError:
-                pass
+# The handle `start_vllm_server` returns (one server process type for every engine).
+VllmServerHandle = ServerProcess
 
 
-def start_vllm_server(command: list[str], timeout_s: float = 600.0, env: dict[str, str] | None = None) -> VllmServerHandle:
+def start_vllm_server(command: list[str], timeout_s: float = 600.0, env: dict[str, str] | None = None) -> ServerProcess:
     """Start a vLLM server command (from `server_command` or by hand) in its own process
     group and wait for its READY line."""
     full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env["PYTHONUNBUFFERED"] = "1"
     # The vLLM venv finds rl_core from the checkout even without an editable install.
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True)
-    handle = VllmServerHandle(url="", process=process)
-    ready: list[str] = []
-
-    def pump() -> None:
-        # Drain the pipe for the server's whole life so it never blocks on a full pipe.
-        assert process.stdout is not None
-        for line in process.stdout:
-            handle.output.append(line)
-            url = parse_ready_line(line)
-            if url is not None and not ready:
-                ready.append(url)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while not ready:
-        if process.poll() is not None or time.monotonic() > deadline:
-            handle.stop()
-            raise RuntimeError(f"vLLM server did not start (rc={process.poll()}):\n{''.join(handle.output)[-4000:]}")
-        time.sleep(0.1)
-    handle.url = ready[0]
-    return handle
+    return start_server_process(command, timeout_s, full_env, what="vLLM server")
 
 
 # --- server side: runs in the vLLM venv ---------------------------------------------

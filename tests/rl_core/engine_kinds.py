@@ -8,16 +8,13 @@ contract tests then run once per kind with ids `[reference]` / `[vllm]`.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rl_core.run_dir import parse_ready_line
+from rl_core.processes import start_server_process
 
 ENGINE_KINDS = ["reference", "vllm"]
 
@@ -80,27 +77,5 @@ def start_server(kind: str, model_dir: Path, timeout_s: float = 120.0, **kw: obj
         return _vllm_server(model_dir, **kw)
     if kind != "reference":
         raise ValueError(f"unknown engine kind {kind!r}; known: {ENGINE_KINDS}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        _reference_command(model_dir, **kw), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    output: list[str] = []
-    ready: list[str] = []
-
-    def pump() -> None:
-        # Keep draining the pipe for the server's whole life so it never blocks on a full pipe.
-        assert process.stdout is not None
-        for line in process.stdout:
-            output.append(line)
-            url = parse_ready_line(line)
-            if url is not None and not ready:
-                ready.append(url)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while not ready:
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"{kind} server did not start:\n{''.join(output)[-3000:]}")
-        time.sleep(0.05)
-    return ServerHandle(url=ready[0], process=process, output=output)
+    handle = start_server_process(_reference_command(model_dir, **kw), timeout_s, env={"OMP_NUM_THREADS": "1"}, what=f"{kind} server")
+    return ServerHandle(url=handle.url, process=handle.process, output=handle.output, stop_hook=handle.stop)

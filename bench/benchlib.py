@@ -1,0 +1,334 @@
+"""Set-up shared by the bench scripts: import it first (`import benchlib`, the scripts' own
+folder is on sys.path when run as `python bench/NAME.py`).
+
+- puts the checkout (`rl_core`, `workers`) and `platform/` (`inflight`) on sys.path, so a bench
+  runs from a checkout with or without the editable install;
+- `platform_services`: a private embedded PostgreSQL + Redis with Django set up on them;
+- `start_reference_server`: a real `python -m rl_core serve` process;
+- workloads and measurements more than one bench uses: the long-tailed length profile (tail
+  batching, HistoPipe), metric points and the WebSocket latency probe (ingest, rollouts), the
+  ~125M model and the weight-update measurements (reference and vLLM weight updates).
+
+Run as a script only as the bare receiver of `bare_broadcast` (`--bare-receiver`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for _path in (REPO_ROOT / "platform", REPO_ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+# torch and Django are imported where used: the platform benches need no torch, the engine
+# benches no Django.
+from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
+from rl_core.processes import ServerProcess, free_port, start_server_process  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+@contextmanager
+def platform_services(name: str, fast_unsafe: bool = False) -> Iterator[None]:
+    """Embedded PostgreSQL + Redis under var/bench-NAME/PID, their settings in the environment,
+    Django set up and migrated; everything stopped and removed on exit."""
+    from inflight.devservices import start_services, stop_services
+
+    folder = REPO_ROOT / "var" / f"bench-{name}" / str(os.getpid())
+    services_info = start_services(folder, postgres_port=free_port(), redis_port=free_port(), fast_unsafe=fast_unsafe)
+    try:
+        os.environ.update(services_info.env())
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        stop_services(folder, only=services_info.started)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_reference_server(model_dir: Path, timeout_s: float = 300.0, **flags: object) -> ServerProcess:
+    """`python -m rl_core serve --model DIR --port 0 --threads 1` plus `--flag value` per keyword."""
+    command = [sys.executable, "-m", "rl_core", "serve", "--model", str(model_dir), "--port", "0", "--threads", "1"]
+    for key, value in flags.items():
+        command += ["--" + key.replace("_", "-"), str(value)]
+    return start_server_process(command, timeout_s, what="reference server")
+
+
+# --- long-tailed response lengths (tail batching, HistoPipe) ------------------------------
+
+PROMPT_LEN = 24  # tokens per synthetic prompt; their content does not matter with EOS disabled
+
+
+@dataclass
+class LengthProfile:
+    """Long-tailed response lengths. A prompt is long with probability `long_fraction`; each
+    response is its prompt's base length × log-normal noise, and with probability
+    `runaway_fraction` a response runs `runaway_factor` times longer (the per-response tail)."""
+
+    short_range: tuple[int, int] = (12, 40)
+    long_range: tuple[int, int] = (120, 240)
+    long_fraction: float = 0.15
+    noise_sigma: float = 0.3
+    runaway_fraction: float = 0.04
+    runaway_factor: float = 4.0
+    max_len: int = 320
+    seed: int = 0
+
+    def base(self, prompt_id: str) -> float:
+        rng = random.Random(f"{self.seed}:base:{prompt_id}")
+        low, high = self.long_range if rng.random() < self.long_fraction else self.short_range
+        return rng.uniform(low, high)
+
+    def length(self, prompt_id: str, response_key: int, attempt: int) -> int:
+        rng = random.Random(f"{self.seed}:resp:{prompt_id}:{response_key}:{attempt}")
+        value = self.base(prompt_id) * math.exp(rng.gauss(0.0, self.noise_sigma))
+        if rng.random() < self.runaway_fraction:
+            value *= self.runaway_factor
+        return int(min(self.max_len, max(4, round(value))))
+
+
+def load_model_without_eos(model_dir: Path) -> torch.nn.Module:
+    """The tiny model with every end-of-sequence id removed, so a request decodes exactly
+    `max_new_tokens` tokens (the engine reads stop ids from the model's configs)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model.config.eos_token_id = None
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.eos_token_id = None
+    return model
+
+
+def prompt_tokens(prompt_id: str, vocab_size: int) -> list[int]:
+    rng = random.Random(zlib.crc32(prompt_id.encode()))
+    return [rng.randrange(3, vocab_size) for _ in range(PROMPT_LEN)]
+
+
+def prepare_model(args: argparse.Namespace) -> torch.nn.Module:
+    import torch
+
+    from rl_core.tiny_model import ensure_tiny_model
+
+    torch.set_num_threads(args.threads)
+    model_dir = Path(args.model)
+    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
+        ensure_tiny_model(model_dir)
+    return load_model_without_eos(model_dir)
+
+
+# --- metric points and the live WebSocket latency (ingest, rollouts) -----------------------
+
+
+METRICS_PER_LINE = 20
+
+
+def make_points(first_line: int, lines: int):
+    from inflight.runs.services import PointIn
+
+    now = time.time()
+    return [
+        PointIn(line=line, name=f"metric/{m:02d}", step=line, t=now, value=float(line * 0.001 + m))
+        for line in range(first_line, first_line + lines)
+        for m in range(METRICS_PER_LINE)
+    ]
+
+
+async def ws_latency(owner, run, batches: int, lines_per_batch: int, interval_s: float) -> tuple[list[float], list[float]]:
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+
+    from inflight.live.routing import websocket_urlpatterns
+    from inflight.runs import services
+
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
+    communicator.scope["user"] = owner
+    connected, _ = await communicator.connect()
+    assert connected, "the live consumer refused the connection"
+    hello = await communicator.receive_json_from(timeout=10)
+    assert hello.get("type") == "hello", hello
+    sent_at: dict[int, float] = {}
+
+    def produce() -> None:
+        from django.db import connection
+
+        for index in range(batches):
+            batch = make_points(index * lines_per_batch, lines_per_batch)
+            sent_at[index] = time.time()
+            services.ingest_metrics(run.pk, batch)
+            time.sleep(interval_s)
+        connection.close()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    latencies: list[float] = []
+    push_times: list[float] = []
+    expected = batches * lines_per_batch * METRICS_PER_LINE
+    received = 0
+    while received < expected:
+        message = await communicator.receive_json_from(timeout=30)
+        arrived = time.time()
+        if message.get("type") != "metrics.batch":
+            continue
+        push_times.append(arrived)
+        for name, step, t, value in message["points"]:
+            latencies.append((arrived - sent_at[int(step) // lines_per_batch]) * 1000)
+            received += 1
+    producer.join()
+    await communicator.disconnect()
+    return latencies, push_times
+
+
+# --- the ~125M model and weight updates (reference and vLLM servers) -----------------------
+
+
+def build_model(directory: Path) -> int:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rl_core.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer(0, 1024)
+    config = Qwen2Config(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=4, head_dim=64, max_position_embeddings=1024, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def bare_receiver(master_port: int, plan_file: str, rounds: int) -> None:
+    """Rank 1 of a plain gloo group: handshake, then receive every bucket; print the times."""
+    import torch
+
+    from rl_core.weight_sync import ParamSpec, create_group, parse_dtype, plan_buckets
+
+    torch.set_num_threads(1)
+    specs = [ParamSpec.from_json(item) for item in json.loads(Path(plan_file).read_text())["params"]]
+    bucket_bytes = json.loads(Path(plan_file).read_text())["bucket_bytes"]
+    buckets = plan_buckets(specs, bucket_bytes)
+    group = create_group("gloo", "127.0.0.1", master_port, 1, 2)
+    buffers = {bucket.dtype: torch.empty(max(b.numel for b in buckets if b.dtype == bucket.dtype), dtype=parse_dtype(bucket.dtype)) for bucket in buckets}
+    times = []
+    for _ in range(rounds):
+        work, _ = group.agree(False, torch.device("cpu"))
+        work.wait()
+        started = time.perf_counter()
+        for bucket in buckets:
+            group.broadcast(buffers[bucket.dtype][: bucket.numel]).wait()
+        times.append(time.perf_counter() - started)
+    print(json.dumps({"receive_s": times}), flush=True)
+
+
+def bare_broadcast(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, rounds: int, scratch: Path) -> list[float]:
+    import torch
+
+    from rl_core.weight_sync import ParamSpec, create_group, dtype_name, plan_buckets
+
+    specs = [ParamSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)) for name, tensor in named]
+    plan_file = scratch / "plan.json"
+    plan_file.write_text(json.dumps({"params": [spec.to_json() for spec in specs], "bucket_bytes": bucket_bytes}))
+    port = free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--bare-receiver", "--master-port", str(port), "--plan", str(plan_file), "--rounds", str(rounds)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    group = create_group("gloo", "127.0.0.1", port, 0, 2)
+    tensors = dict(named)
+    for _ in range(rounds):
+        work, _ = group.agree(False, torch.device("cpu"))
+        work.wait()
+        # Same sender pipelining as WeightBroadcaster: assemble bucket k+1 while k is on the wire.
+        in_flight = None
+        for bucket in plan_buckets(specs, bucket_bytes):
+            flat = torch.cat([tensors[specs[index].name].reshape(-1) for index, _, _ in bucket.members])
+            if in_flight is not None:
+                in_flight[0].wait()
+            in_flight = (group.broadcast(flat), flat)
+        in_flight[0].wait()
+    output, _ = receiver.communicate(timeout=600)
+    return json.loads(output.strip().splitlines()[-1])["receive_s"]
+
+
+def keep_decoding(url: str, stop: threading.Event) -> None:
+    """Requests in flight during every update, as in a real run."""
+    from rl_core.client import InferenceClient
+    from rl_core.contracts import SamplingParams
+
+    async def loop() -> None:
+        async with InferenceClient(url) as client:
+            while not stop.is_set():
+                await client.generate([{"role": "user", "content": "1+1"}], SamplingParams(temperature=1.0, max_new_tokens=32), n=2)
+
+    asyncio.run(loop())
+
+
+def updates_while_decoding(url: str, named: list[tuple[str, torch.Tensor]], updates: int, bucket_bytes: int) -> tuple[list[float], list[float]]:
+    """Broadcast `updates` new weight versions to the server at `url` while it keeps decoding;
+    returns the server's pause and the trainer's broadcast time per update."""
+    import torch
+
+    from rl_core.weight_sync import WeightBroadcaster
+
+    stop = threading.Event()
+    decoder = threading.Thread(target=keep_decoding, args=(url, stop), daemon=True)
+    broadcaster = WeightBroadcaster([url], bucket_bytes=bucket_bytes)
+    try:
+        broadcaster.connect()
+        decoder.start()
+        time.sleep(2.0)  # updates land mid-decode, as in a run
+        pauses, broadcasts = [], []
+        for version in range(1, updates + 1):
+            with torch.no_grad():
+                for _, tensor in named:
+                    tensor.mul_(1.0001)
+            figures = broadcaster.broadcast(named, version)
+            pauses.append(figures["weights/update_pause_s"])
+            broadcasts.append(figures["weights/broadcast_s"])
+    finally:
+        stop.set()
+        decoder.join(120)
+        broadcaster.close()
+    return pauses, broadcasts
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="bare_broadcast's receiving rank")
+    parser.add_argument("--bare-receiver", action="store_true", required=True)
+    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--rounds", type=int, required=True)
+    cli = parser.parse_args()
+    bare_receiver(cli.master_port, cli.plan, cli.rounds)
