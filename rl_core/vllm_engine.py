@@ -289,13 +289,9 @@ class VllmWeightReceiver:
     def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        if not 1 <= rank or rank + self.engine.weight_sync_ranks > world_size:
-            raise ValueError(
-                f"rank must be in 1..world_size-{self.engine.weight_sync_ranks} (the trainer is rank 0 and this server's "
-                f"{self.engine.weight_sync_ranks} worker(s) take ranks from it), got rank={rank} world_size={world_size}"
-            )
-        if backend == "nccl" and self.device_type != "cuda":
-            raise ValueError("backend 'nccl' needs a vLLM server on CUDA; use 'gloo' on CPU")
+        from rl_core.weight_sync import check_join
+
+        check_join(rank, world_size, backend, on_cuda=self.device_type == "cuda", ranks=self.engine.weight_sync_ranks, what="a vLLM server")
         info = {"master_address": master_address, "master_port": master_port, "rank_offset": rank, "world_size": world_size,
                 "timeout_s": timeout_s, "backend": backend}
         with self._lock:
@@ -311,17 +307,11 @@ class VllmWeightReceiver:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         from rl_core.vllm_plugin import REFUSED_MARKER, update_info_for
-        from rl_core.weight_sync import ParamSpec
+        from rl_core.weight_sync import parse_update
 
         if self.group is None:
             raise RuntimeError("no process group: POST /init_process_group first")
-        problem: str | None = None
-        specs: list[ParamSpec] = []
-        try:
-            specs = [ParamSpec.from_json(item) for item in raw_params]
-            self.engine.check_update((spec.name, spec.shape) for spec in specs)
-        except (ValueError, KeyError) as exc:
-            problem, specs = str(exc.args[0] if exc.args else exc), []
+        specs, problem = parse_update(raw_params, self.engine.check_update)
         engine, llm = self.engine, self.engine.llm
         update_info = update_info_for(specs, bucket_bytes, refuse=problem is not None)
         with self._lock:

@@ -9,8 +9,8 @@ spawns), an engine under two names:
 - `inflight_nccl`: torch's ProcessGroupNCCL — the GPU path.
 
 Both join the group exactly as the reference server's `WeightReceiver` does
-(`weight_sync.create_group` on the trainer's TCPStore) and cut the parameter list into
-the same buckets (`weight_sync.plan_buckets`), so the unchanged trainer-side
+(`weight_sync.create_group` on the trainer's TCPStore), vote and receive through the same
+helpers (`SyncGroup.handshake`, `weight_sync.receive_buckets`), so the unchanged trainer-side
 `WeightBroadcaster` feeds reference and vLLM servers alike. Received tensors go through
 vLLM's `model.load_weights` inside the layerwise-reload lifecycle
 (`start_weight_update` / `finish_weight_update`), like the stock NCCL engine, so vLLM
@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, ParamSpec, SyncGroup, create_group, parse_dtype, plan_buckets
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, ParamSpec, SyncGroup, create_group, parse_dtype, receive_buckets
 
 ENGINE_NAMES = {"gloo": "gloo", "inflight_nccl": "nccl"}  # vLLM backend name -> torch.distributed backend
 
@@ -177,32 +177,31 @@ class InflightWeightTransferEngine(base.WeightTransferEngine):
         if self.group is None:
             raise RuntimeError("weight transfer not initialised: init_weight_transfer_engine first")
         # Go/no-go handshake of weight_sync's protocol: every rank adds 1 if it refuses.
-        work, refusals = self.group.agree(bool(update_info.refuse), self.device)
-        work.wait()
-        if int(refusals.item()) > 0:
-            raise ValueError(f"{REFUSED_MARKER}: {int(refusals.item())} rank(s) refused the update; nothing was changed")
+        refusals = self.group.handshake(bool(update_info.refuse), self.device)
+        if refusals > 0:
+            raise ValueError(f"{REFUSED_MARKER}: {refusals} rank(s) refused the update; nothing was changed")
         initialize_layerwise_reload(self.model)
         self._reload_started = True
         specs = update_info.specs()
-        with torch.no_grad():
-            for bucket in plan_buckets(specs, int(update_info.bucket_bytes)):
-                # A fresh buffer per bucket: layerwise reload may hold on to the loaded
-                # views until a whole layer has arrived.
-                flat = torch.empty(bucket.numel, dtype=parse_dtype(bucket.dtype), device=self.device)
-                self.group.broadcast(flat).wait()
-                self.model.load_weights(
-                    [(specs[index].name, flat[offset : offset + numel].view(specs[index].shape)) for index, offset, numel in bucket.members]
-                )
+
+        def into(number: int, bucket: Bucket) -> torch.Tensor:
+            # A fresh buffer per bucket: layerwise reload may hold on to the loaded
+            # views until a whole layer has arrived.
+            return torch.empty(bucket.numel, dtype=parse_dtype(bucket.dtype), device=self.device)
+
+        def load(number: int, bucket: Bucket, flat: torch.Tensor) -> None:
+            self.model.load_weights(
+                [(specs[index].name, flat[offset : offset + numel].view(specs[index].shape)) for index, offset, numel in bucket.members]
+            )
+
+        # overlap=False: each bucket is loaded before the next one is received, as this
+        # engine always did; overlapping them under layerwise reload is untested.
+        receive_buckets(self.group, specs, int(update_info.bucket_bytes), into, load, overlap=False)
 
     def shutdown(self) -> None:
         if self.group is not None:
             group, self.group = self.group, None
-            shutdown = getattr(group.group, "shutdown", None)
-            if shutdown is not None:
-                try:
-                    shutdown()
-                except RuntimeError:
-                    pass
+            group.shutdown()
 
 
 class InflightNcclWeightTransferEngine(InflightWeightTransferEngine):

@@ -14,6 +14,12 @@ default group a DeepSpeed trainer uses for its own data parallelism.
 
 Per-server calls sit behind `WeightSyncEndpoint`; `HttpWeightSyncEndpoint`
 speaks the HTTP contract (reference engine, vLLM with the same routes).
+
+The receiving side of the protocol is written once, here: `check_join` (which rank and
+backend a server may take), `parse_update` (the parameter list and whether this server
+refuses it), `SyncGroup.handshake` (the go/no-go vote) and `receive_buckets` (the buckets in
+order). The reference server's `WeightReceiver` and the vLLM workers' transfer engine
+(`vllm_plugin.py`) differ only in where a received bucket goes.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import datetime
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Iterable, Protocol
 
 import httpx
 import torch
@@ -108,11 +115,28 @@ class SyncGroup:
         flag = torch.tensor([1 if refuse else 0], dtype=torch.int32, device=device)
         return self.group.allreduce([flag]), flag
 
+    def handshake(self, refuse: bool, device: torch.device) -> int:
+        """A receiver's vote in the go/no-go handshake, waited for: how many ranks refused
+        (this one included). The trainer votes through `agree` and polls instead."""
+        work, flag = self.agree(refuse, device)
+        work.wait()
+        return int(flag.item())
+
     def broadcast(self, tensor: torch.Tensor) -> Any:
         """Start a broadcast from rank 0; returns the collective's work handle."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
         return self.group.broadcast([tensor], options)
+
+    def shutdown(self) -> None:
+        """Release the backend's resources now (a process group has no close of its own
+        everywhere; an older torch without `shutdown` frees it with the object)."""
+        shutdown = getattr(self.group, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except RuntimeError:
+                pass
 
 
 def create_group(
@@ -335,15 +359,87 @@ class WeightBroadcaster:
             endpoint.close()
         if self.group is not None:
             group, self.group = self.group, None
-            shutdown = getattr(group.group, "shutdown", None)
-            if shutdown is not None:
-                try:
-                    shutdown()
-                except RuntimeError:
-                    pass
+            group.shutdown()
 
 
 # ------------------------------------------------------------------ server side
+
+
+def check_join(rank: int, world_size: int, backend: str, on_cuda: bool, ranks: int = 1, what: str = "an engine") -> None:
+    """Refuse a join the group could not complete: this server takes `ranks` consecutive
+    ranks from `rank` (the trainer is rank 0), and NCCL needs CUDA tensors."""
+    if not 1 <= rank or rank + ranks > world_size:
+        workers = "" if ranks == 1 else f" and this server's {ranks} workers take ranks from it"
+        raise ValueError(f"rank must be in 1..world_size-{ranks} (the trainer is rank 0{workers}), got rank={rank} world_size={world_size}")
+    if backend == "nccl" and not on_cuda:
+        raise ValueError(f"backend 'nccl' needs {what} on CUDA; use 'gloo' on CPU")
+
+
+def parse_update(raw_params: list[dict[str, Any]], check: Callable[[Iterable[tuple[str, tuple[int, ...]]]], None]) -> tuple[list[ParamSpec], str | None]:
+    """The parameter list of a /request_weight_update, checked against the model by `check`.
+    Returns (specs, None), or ([], why) when this server must refuse the update — it still
+    votes in the handshake, so the trainer and the other servers learn it."""
+    try:
+        specs = [ParamSpec.from_json(item) for item in raw_params]
+        check((spec.name, spec.shape) for spec in specs)
+    except (ValueError, KeyError) as exc:
+        return [], str(exc.args[0] if exc.args else exc)
+    return specs, None
+
+
+def receive_buckets(
+    group: SyncGroup,
+    specs: list[ParamSpec],
+    bucket_bytes: int,
+    into: Callable[[int, Bucket], torch.Tensor],
+    deliver: Callable[[int, Bucket, torch.Tensor], None],
+    overlap: bool = True,
+) -> None:
+    """Receive every bucket of an agreed update, in `plan_buckets` order. `into(number,
+    bucket)` is the flat tensor bucket `number` lands in; `deliver(number, bucket, flat)`
+    runs once it has arrived. With `overlap`, bucket k is delivered after bucket k+1's
+    receive was posted, so copying k out overlaps k+1 on the wire (`into` must then not
+    hand out the buffer of the bucket still being delivered)."""
+    pending: tuple[Any, int, Bucket, torch.Tensor] | None = None
+    with torch.no_grad():
+        for number, bucket in enumerate(plan_buckets(specs, bucket_bytes)):
+            flat = into(number, bucket)
+            work = group.broadcast(flat)
+            if not overlap:
+                work.wait()
+                deliver(number, bucket, flat)
+                continue
+            if pending is not None:
+                pending[0].wait()
+                deliver(*pending[1:])
+            pending = (work, number, bucket, flat)
+        if pending is not None:
+            pending[0].wait()
+            deliver(*pending[1:])
+
+
+class PauseHandle(Protocol):
+    pause_s: float
+
+
+class UpdatableEngine(Protocol):
+    """What `WeightReceiver` needs from an engine (`engine.ReferenceEngine` is one)."""
+
+    device: torch.device
+
+    def check_update(self, specs: Iterable[tuple[str, tuple[int, ...]]]) -> None:
+        """Raise KeyError/ValueError, touching nothing, if a name or shape does not fit."""
+        ...
+
+    def tensor_by_name(self, name: str) -> torch.Tensor: ...
+
+    def paused(self) -> AbstractContextManager[PauseHandle]:
+        """No forward pass runs inside the block; `pause_s` is set when it ends."""
+        ...
+
+    def set_version(self, version: int) -> None: ...
+
+    def record_update(self, pause_s: float) -> float: ...
 
 
 class WeightReceiver:
@@ -351,17 +447,14 @@ class WeightReceiver:
     pauses the engine at a step boundary, receives the buckets and copies each slice
     into the engine's tensors in place."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: UpdatableEngine) -> None:
         self.engine = engine
         self.group: SyncGroup | None = None
         self.wire_device = torch.device("cpu")
         self._lock = threading.Lock()
 
     def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
-        if not 1 <= rank < world_size:
-            raise ValueError(f"rank must be in 1..world_size-1 (the trainer is rank 0), got rank={rank} world_size={world_size}")
-        if backend == "nccl" and self.engine.device.type != "cuda":
-            raise ValueError("backend 'nccl' needs an engine on a CUDA device; use 'gloo' on CPU")
+        check_join(rank, world_size, backend, on_cuda=self.engine.device.type == "cuda")
         with self._lock:
             self.group = create_group(backend, master_address, master_port, rank, world_size, timeout_s)
             # gloo moves host memory: a CUDA engine receives into CPU staging and copies up.
@@ -377,18 +470,11 @@ class WeightReceiver:
 
     def _receive_locked(self, version: int, raw_params: list[dict[str, Any]], bucket_bytes: int) -> float:
         assert self.group is not None
-        problem: str | None = None
-        specs: list[ParamSpec] = []
-        try:
-            specs = [ParamSpec.from_json(item) for item in raw_params]
-            self.engine.check_update((spec.name, spec.shape) for spec in specs)
-        except (ValueError, KeyError) as exc:
-            problem = str(exc.args[0] if exc.args else exc)
-        work, refusals = self.group.agree(problem is not None, self.wire_device)
-        work.wait()
+        specs, problem = parse_update(raw_params, self.engine.check_update)
+        refusals = self.group.handshake(problem is not None, self.wire_device)
         if problem is not None:
             raise ValueError(f"params: {problem}")
-        if int(refusals.item()) > 0:
+        if refusals > 0:
             raise ValueError("another server refused this update; nothing was changed")
         targets = [self.engine.tensor_by_name(spec.name) for spec in specs]
         buckets = plan_buckets(specs, bucket_bytes)
@@ -410,27 +496,17 @@ class WeightReceiver:
             for dtype, numel in largest.items()
         }
 
-        def copy_out(bucket: Bucket, flat: torch.Tensor | None) -> None:
-            if flat is None:
+        def into(number: int, bucket: Bucket) -> torch.Tensor:
+            in_place = direct[number]
+            return in_place.data.view(-1) if in_place is not None else staging[bucket.dtype][number % 2][: bucket.numel]
+
+        def copy_out(number: int, bucket: Bucket, flat: torch.Tensor) -> None:
+            if direct[number] is not None:
                 return
             for index, offset, numel in bucket.members:
                 targets[index].copy_(flat[offset : offset + numel].view(specs[index].shape))
 
         with self.engine.paused() as pause:
-            with torch.no_grad():
-                pending: tuple[Any, Bucket, torch.Tensor | None] | None = None
-                for number, (bucket, in_place) in enumerate(zip(buckets, direct)):
-                    if in_place is not None:
-                        work, flat = self.group.broadcast(in_place.data.view(-1)), None
-                    else:
-                        flat = staging[bucket.dtype][number % 2][: bucket.numel]
-                        work = self.group.broadcast(flat)
-                    if pending is not None:
-                        pending[0].wait()
-                        copy_out(pending[1], pending[2])
-                    pending = (work, bucket, flat)
-                if pending is not None:
-                    pending[0].wait()
-                    copy_out(pending[1], pending[2])
+            receive_buckets(self.group, specs, bucket_bytes, into, copy_out)
             self.engine.set_version(version)
         return self.engine.record_update(pause.pause_s)

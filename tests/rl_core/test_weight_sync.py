@@ -11,7 +11,17 @@ from transformers import AutoModelForCausalLM
 
 from rl_core.client import InferenceClient
 from rl_core.contracts import SamplingParams
-from rl_core.weight_sync import ParamSpec, WeightBroadcaster, WeightSyncError, plan_buckets
+from rl_core.processes import free_port
+from rl_core.weight_sync import (
+    ParamSpec,
+    WeightBroadcaster,
+    WeightSyncError,
+    check_join,
+    create_group,
+    parse_update,
+    plan_buckets,
+    receive_buckets,
+)
 from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
 
 
@@ -31,6 +41,58 @@ def test_plan_buckets_packs_same_dtype_neighbours() -> None:
         ("float32", [4]),
     ]
     assert buckets[0].members == [(0, 0, 10), (1, 10, 10)] and buckets[0].numel == 20
+
+
+def test_join_and_update_checks_shared_by_every_receiver() -> None:
+    check_join(1, 2, "gloo", on_cuda=False)
+    check_join(2, 4, "gloo", on_cuda=False, ranks=2)  # a server of two workers takes ranks 2 and 3
+    with pytest.raises(ValueError, match="rank must be in 1..world_size-2"):
+        check_join(3, 4, "gloo", on_cuda=False, ranks=2)
+    with pytest.raises(ValueError, match="rank must be in 1..world_size-1"):
+        check_join(0, 2, "gloo", on_cuda=False)
+    with pytest.raises(ValueError, match="'nccl' needs a vLLM server on CUDA"):
+        check_join(1, 2, "nccl", on_cuda=False, what="a vLLM server")
+
+    def check(specs) -> None:
+        for name, shape in specs:
+            if name != "w" or shape != (2, 3):
+                raise KeyError(f"model has no parameter or buffer named {name!r}")
+
+    assert parse_update([{"name": "w", "dtype": "float32", "shape": [2, 3]}], check) == ([ParamSpec("w", "float32", (2, 3))], None)
+    assert parse_update([{"name": "v", "dtype": "float32", "shape": [1]}], check) == ([], "model has no parameter or buffer named 'v'")
+    assert parse_update([{"name": "w", "dtype": "int7", "shape": [2, 3]}], check)[1].startswith("unsupported dtype")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_receive_buckets_delivers_every_bucket_in_order(overlap: bool) -> None:
+    """A real gloo pair in one process: rank 0 broadcasts the buckets as the trainer does,
+    rank 1 receives them through the shared helper, pipelined (reference server) or not (vLLM)."""
+    import threading
+
+    specs = [ParamSpec("a", "float32", (4,)), ParamSpec("b", "float32", (3,)), ParamSpec("c", "float64", (2,))]
+    values = [torch.arange(4.0), torch.arange(3.0) + 10, torch.arange(2.0, dtype=torch.float64) + 20]
+    port = free_port()
+    sender: dict = {}
+    thread = threading.Thread(target=lambda: sender.update(group=create_group("gloo", "127.0.0.1", port, 0, 2, 60)))
+    thread.start()
+    receiver = create_group("gloo", "127.0.0.1", port, 1, 2, 60)
+    thread.join()
+
+    def send() -> None:
+        for bucket in plan_buckets(specs, bucket_bytes=16):
+            sender["group"].broadcast(torch.cat([values[index] for index, _, _ in bucket.members])).wait()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    delivered: list[tuple[int, list[float]]] = []
+    receive_buckets(
+        receiver, specs, 16, lambda number, bucket: torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype)),
+        lambda number, bucket, flat: delivered.append((number, flat.tolist())), overlap=overlap,
+    )
+    thread.join()
+    receiver.shutdown()
+    sender["group"].shutdown()
+    assert delivered == [(0, [0.0, 1.0, 2.0, 3.0]), (1, [10.0, 11.0, 12.0]), (2, [20.0, 21.0])]
 
 
 def test_param_spec_rejects_malformed_entries() -> None:
