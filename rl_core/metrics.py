@@ -8,13 +8,21 @@ if the platform is briefly away.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import math
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Mapping, Protocol
+from typing import IO, TYPE_CHECKING, Any, Mapping, Protocol
+
+from rl_core.jsonl_tail import JsonlTail
+from rl_core.run_dir import METRICS_FILE, TENSORBOARD_DIR
+
+if TYPE_CHECKING:
+    from rl_core.config import MirrorConfig
 
 
 class MetricsSink(Protocol):
@@ -116,3 +124,194 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
                 break
             records.append(json.loads(line))
     return records
+
+
+# --- mirrors: W&B and TensorBoard copies of metrics.jsonl ---------------------------------
+#
+# metrics.jsonl stays the source of truth. A mirror is fed by the launcher, which tails that
+# file on a thread of its own (`MetricsMirror`), so every line any process of the run writes is
+# mirrored once, in one W&B run / one TensorBoard log, and no process that trains or samples
+# ever waits on W&B or TensorBoard. A mirror that fails is logged once and dropped.
+
+MIRROR_FIELD = "monitoring.mirror.sinks"
+# The module each mirror imports, and the pip name that provides it.
+MIRROR_PACKAGES = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
+# W&B's own x axis must only grow, but lines reach metrics.jsonl out of step order (an
+# evaluation logs at the step it started): every W&B metric is charted against this one.
+WANDB_STEP_KEY = "trainer_step"
+
+logger = logging.getLogger(__name__)
+
+
+class MirrorUnavailable(RuntimeError):
+    """A configured mirror's package is not installed; the message names the field."""
+
+
+def check_mirror_sinks(sinks: list[str]) -> None:
+    """Raises MirrorUnavailable before anything starts if a named mirror cannot be imported."""
+    for name in sinks:
+        module, package = MIRROR_PACKAGES[name]
+        if importlib.util.find_spec(module) is None:
+            raise MirrorUnavailable(
+                f"{MIRROR_FIELD}: '{name}' but {package} is not installed "
+                f"(pip install 'inflight[mirror]', or remove '{name}' from {MIRROR_FIELD})"
+            )
+
+
+class WandbSink:
+    """One W&B run; `mode="offline"` writes only under `directory/wandb/` (`wandb sync` it later)."""
+
+    def __init__(self, directory: str | Path, project: str, mode: str = "offline", name: str | None = None,
+                 config: Mapping[str, Any] | None = None) -> None:
+        import wandb
+
+        self._run = wandb.init(
+            project=project, dir=str(directory), mode=mode, name=name, config=dict(config or {}),
+            # The run's own console and system sampling belong to the launcher, not to W&B.
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        )
+        self._run.define_metric(WANDB_STEP_KEY)
+        self._run.define_metric("*", step_metric=WANDB_STEP_KEY)
+
+    @property
+    def run_dir(self) -> Path:
+        """The offline run's directory (holds `run-<id>.wandb`)."""
+        return Path(self._run.dir).parent
+
+    def log(self, step: int, metrics: Mapping[str, float], t: float | None = None) -> None:
+        self._run.log({WANDB_STEP_KEY: int(step), **_clean(metrics)})
+
+    def close(self) -> None:
+        import wandb
+
+        self._run.finish()
+        # finish() returns before W&B's service has written the run's file (the offline
+        # `.wandb` stays at its header for ~1 s); teardown waits for the service to exit. The
+        # launcher holds a single W&B run, so ending the process's W&B service is what it wants.
+        wandb.teardown()
+
+
+class TensorBoardSink:
+    """Scalars as TensorBoard event files in `log_dir`, written with tensorboard's own writer
+    (not torch's SummaryWriter: the launcher that feeds mirrors imports no torch)."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._event, self._summary = Event, Summary
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(log_dir), flush_secs=5)
+
+    def log(self, step: int, metrics: Mapping[str, float], t: float | None = None) -> None:
+        values = [self._summary.Value(tag=key, simple_value=value) for key, value in _clean(metrics).items()]
+        if values:
+            self._writer.add_event(self._event(
+                wall_time=time.time() if t is None else t, step=int(step), summary=self._summary(value=values)
+            ))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class _Guarded:
+    """A mirror that is logged once and dropped on its first failure (never raises)."""
+
+    def __init__(self, name: str, sink: MetricsSink | None) -> None:
+        self.name, self.sink = name, sink
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        logger.warning("metrics mirror %s: %s failed (%r); mirroring to it stops, metrics.jsonl is unaffected",
+                       self.name, what, exc)
+        self.sink = None
+
+    def log(self, step: int, metrics: Mapping[str, float], t: float | None = None) -> None:
+        if self.sink is None:
+            return
+        try:
+            self.sink.log(step, metrics, t)
+        except Exception as exc:  # noqa: BLE001 - a mirror must never stop the run
+            self._fail("log", exc)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            try:
+                self.sink.close()
+            except Exception as exc:  # noqa: BLE001
+                self._fail("close", exc)
+
+
+def open_mirror(name: str, run_dir: Path, mirror: MirrorConfig, run_name: str = "run",
+                run_config: Mapping[str, Any] | None = None) -> MetricsSink:
+    if name == "wandb":
+        return WandbSink(run_dir, mirror.wandb_project, mirror.wandb_mode, run_name, run_config)
+    if name == "tensorboard":
+        return TensorBoardSink(run_dir / TENSORBOARD_DIR)
+    raise ValueError(f"{MIRROR_FIELD}: unknown mirror {name!r}")
+
+
+class MetricsMirror:
+    """Tails `DIR/metrics.jsonl` on a daemon thread and copies each complete line to the
+    configured mirrors. `from_end` skips the lines already there (a resume: the earlier attempt
+    mirrored them). `close()` copies what is left, then closes the mirrors (bounded wait)."""
+
+    def __init__(self, run_dir: str | Path, mirror: MirrorConfig, run_name: str = "run",
+                 run_config: Mapping[str, Any] | None = None, from_end: bool = False, poll_s: float = 1.0,
+                 opener: Any = open_mirror) -> None:
+        self.run_dir = Path(run_dir)
+        self._tail = JsonlTail(self.run_dir / METRICS_FILE)
+        while from_end:  # move past the lines already there (peek reads 16 MB at a time)
+            before = self._tail.offset
+            _records, offset, line_no = self._tail.peek(max_lines=10**9)
+            self._tail.commit(offset, line_no)
+            from_end = offset != before
+        self._names = list(dict.fromkeys(mirror.sinks))
+        self._open = lambda name: opener(name, self.run_dir, mirror, run_name, run_config)
+        self.mirrors: list[_Guarded] = []
+        self.lines = 0
+        self._poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="metrics-mirror", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        # Opened here, not in the launcher's thread: wandb.init takes seconds.
+        for name in self._names:
+            guarded = _Guarded(name, None)
+            try:
+                guarded.sink = self._open(name)
+            except Exception as exc:  # noqa: BLE001
+                guarded._fail("start", exc)
+            self.mirrors.append(guarded)
+        while True:
+            stopping = self._stop.wait(self._poll_s)
+            self._copy()
+            if stopping:
+                break
+        for guarded in self.mirrors:
+            guarded.close()
+
+    def _copy(self) -> None:
+        while True:
+            try:
+                records, offset, line_no = self._tail.peek(max_lines=2000)
+            except OSError as exc:
+                logger.warning("metrics mirror: cannot read %s (%r)", self._tail.path, exc)
+                return
+            for _line_no, record in records:
+                step = int(record.pop("step", 0))
+                t = record.pop("t", None)
+                numbers = {key: value for key, value in record.items() if isinstance(value, (int, float))}
+                for guarded in self.mirrors:
+                    guarded.log(step, numbers, t)
+                self.lines += 1
+            self._tail.commit(offset, line_no)
+            if not records:
+                return
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.warning("metrics mirror: still closing after %.0f s; left behind", timeout_s)

@@ -42,6 +42,9 @@ SHARDS_FILE = "trainer_shards.jsonl"
 RESUMES_FILE = "resumes.jsonl"
 LOGS_DIR = "logs"
 REDIS_DIR = "redis"  # the embedded Redis server's data, log and socket
+TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-token logprobs at training time
+TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)
+WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb); W&B names it itself under DIR
 
 
 def log_path(run_dir: str | Path, process: str) -> Path:
