@@ -11,7 +11,7 @@ from pathlib import Path
 from rl_core.actor import Actor
 from rl_core.config import RunConfig, load_config
 from rl_core.metrics import JsonlSink
-from rl_core.run_dir import METRICS_FILE, stream_redis_url
+from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, stream_redis_url, wait_for_servers
 from rl_core.stream import open_writer
 
 
@@ -35,14 +35,19 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m rl_core actor", description="Rollout actor of a run (started by `run`).")
     parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
-    parser.add_argument("--servers", required=True, help="Comma-separated inference server base URLs.")
+    parser.add_argument("--servers", default="", help="Comma-separated inference server base URLs.")
+    parser.add_argument("--await-servers", action="store_true",
+                        help="Read the URLs from the run directory's servers.json once the launcher writes it "
+                             "(the launcher starts the actor while the servers load).")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the actor only parses, scores and routes
     run_dir = Path(args.run_dir)
     config = load_config(run_dir / "config.yaml")
     servers = [url for url in args.servers.split(",") if url]
+    if args.await_servers:
+        servers = wait_for_servers(run_dir, SERVERS_WAIT_S)
     if not servers:
-        print("actor: --servers is empty", file=sys.stderr)
+        print("actor: no servers (give --servers or --await-servers)", file=sys.stderr)
         return 2
     asyncio.run(run_actor(config, run_dir, servers))
     print("actor: finished", flush=True)

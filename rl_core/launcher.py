@@ -58,6 +58,7 @@ from rl_core.run_dir import (
     read_progress,
     request_stop,
     stop_requested,
+    write_servers,
     write_status,
 )
 
@@ -173,10 +174,12 @@ def server_children(config: RunConfig, placement: Placement, serve_model: str | 
 
 
 def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, model_path: str | Path,
-                     server_urls: list[str], resume: bool, master_port: int, python: str = sys.executable) -> list[ChildSpec]:
+                     server_urls: list[str] | None, resume: bool, master_port: int, python: str = sys.executable) -> list[ChildSpec]:
     """One spec per trainer rank. Rank 0 is named `trainer` (it publishes progress,
-    metrics and checkpoints and broadcasts the weights); rank r > 0 is `trainer<r>`."""
-    args = ["trainer", "--run-dir", str(run_dir), "--servers", ",".join(server_urls), "--model", str(model_path),
+    metrics and checkpoints and broadcasts the weights); rank r > 0 is `trainer<r>`.
+    `server_urls` None: the ranks read them from the run directory's servers.json."""
+    servers = ["--await-servers"] if server_urls is None else ["--servers", ",".join(server_urls)]
+    args = ["trainer", "--run-dir", str(run_dir), *servers, "--model", str(model_path),
             "--weight-sync-backend", placement.weight_sync_backend]
     if resume:
         args.append("--resume")
@@ -309,10 +312,13 @@ class Launcher:
             self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / "redis.log"))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
         servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, str(serve_model))]
-        urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
-        for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, urls, self.resume, free_port()):
+        # The trainer and the actor start now and load while the servers do; they read the
+        # servers' URLs from servers.json, written below once every server is ready.
+        for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, None, self.resume, free_port()):
             self.spec_child(spec)
-        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--servers", ",".join(urls))
+        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--await-servers")
+        urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
+        write_servers(self.run_dir, urls)
 
     def child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)

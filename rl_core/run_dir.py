@@ -29,6 +29,7 @@ SUBMITTED_CONFIG_FILE = "submitted_config.yaml"  # the platform worker's copy of
 STATUS_FILE = "status.json"  # launcher → worker: `RunStatusRecord`
 STOP_FILE = "STOP"  # launcher → trainer: finish at the next step boundary (max_wall_time_s)
 PROGRESS_FILE = "trainer_progress.json"  # trainer rank 0 → actor, launcher: `TrainerProgress`
+SERVERS_FILE = "servers.json"  # launcher → trainer, actor: `ServerList`, once every server is ready
 METRICS_FILE = "metrics.jsonl"
 EVALS_FILE = "evals.jsonl"
 EVAL_DIR = "eval"  # per-problem results: eval/step_XXXXXX_<bench>.jsonl
@@ -113,6 +114,14 @@ class TrainerProgress(BaseModel):
     t: float | None = None
 
 
+class ServerList(BaseModel):
+    """`servers.json`: the inference servers' base URLs, written once all are ready. The
+    launcher starts the trainer and the actor while the servers load (their imports and model
+    load overlap the servers'); they read the URLs here when they need them."""
+
+    urls: list[str]
+
+
 Record = TypeVar("Record", bound=BaseModel)
 
 
@@ -158,12 +167,33 @@ def request_stop(run_dir: str | Path, reason: str) -> None:
     (Path(run_dir) / STOP_FILE).write_text(f"{reason}\n")
 
 
+# Longer than the launcher's wait for its servers (launcher.SERVER_START_TIMEOUT_S): the
+# launcher gives up first and stops the waiting processes itself.
+SERVERS_WAIT_S = 600.0
+
+
+def write_servers(run_dir: str | Path, urls: list[str]) -> None:
+    write_json_atomic(Path(run_dir) / SERVERS_FILE, ServerList(urls=urls).model_dump())
+
+
+def wait_for_servers(run_dir: str | Path, timeout_s: float, poll_s: float = 0.05) -> list[str]:
+    """The servers' URLs once the launcher wrote them; TimeoutError after `timeout_s` (the
+    launcher gives up on servers earlier and stops this process, so that is a launcher bug)."""
+    deadline = time.monotonic() + timeout_s
+    while (record := _read_record(Path(run_dir) / SERVERS_FILE, ServerList)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {SERVERS_FILE} in {run_dir} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return record.urls
+
+
 def stop_requested(run_dir: str | Path) -> bool:
     return (Path(run_dir) / STOP_FILE).exists()
 
 
 def clear_previous_attempt(run_dir: str | Path) -> None:
     """Before the children start: a progress file or stop request left by an earlier attempt
-    (a resume) must not be read as this one's (the actor would not wait for the new trainer)."""
-    for name in (PROGRESS_FILE, STOP_FILE):
+    (a resume) must not be read as this one's (the actor would not wait for the new trainer),
+    nor the old servers' addresses."""
+    for name in (PROGRESS_FILE, STOP_FILE, SERVERS_FILE):
         (Path(run_dir) / name).unlink(missing_ok=True)

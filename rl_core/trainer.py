@@ -45,15 +45,17 @@ from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, scoring_temperature
 from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
 from rl_core.run_dir import (
-    CHECKPOINT_STATE_FILE,
     CHECKPOINTS_DIR,
+    CHECKPOINT_STATE_FILE,
     LATEST_CHECKPOINT_LINK,
     METRICS_FILE,
+    SERVERS_WAIT_S,
     SHARDS_FILE,
     TrainerProgress,
     latest_checkpoint,
     stop_requested,
     stream_redis_url,
+    wait_for_servers,
     write_progress,
 )
 from rl_core.stream import StreamReader, open_reader
@@ -448,6 +450,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl_core trainer", description="Trainer of a run (started by `run`).")
     parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
     parser.add_argument("--servers", default="", help="Comma-separated server base URLs to broadcast weights to.")
+    parser.add_argument("--await-servers", action="store_true",
+                        help="Read the URLs from the run directory's servers.json once the launcher writes it "
+                             "(the launcher starts the trainer while the servers load).")
     parser.add_argument("--model", default=None, help="Initial weights (default: config model.path).")
     parser.add_argument("--resume", action="store_true", help="Continue from checkpoints/latest.")
     parser.add_argument("--weight-sync-backend", default="gloo", choices=["gloo", "nccl"],
@@ -472,6 +477,8 @@ def main(argv: list[str]) -> int:
     sink: MetricsSink = JsonlSink(run_dir / METRICS_FILE) if ranks.rank == 0 else MultiSink()
     broadcaster = None
     servers = [url for url in args.servers.split(",") if url]
+    if args.await_servers:  # the model is loaded: now the servers are needed
+        servers = wait_for_servers(run_dir, SERVERS_WAIT_S)
     if servers and ranks.rank == 0:
         from rl_core.weight_sync import WeightBroadcaster
 

@@ -53,3 +53,18 @@ def test_the_layout_module_imports_neither_torch_nor_django() -> None:
     code = "import sys, rl_core.run_dir; print(sorted(m for m in ('torch', 'django') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_processes_started_before_the_servers_read_their_urls_once_written(tmp_path: Path) -> None:
+    import threading
+
+    writer = threading.Timer(0.2, rd.write_servers, args=(tmp_path, ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]))
+    writer.start()
+    assert rd.wait_for_servers(tmp_path, timeout_s=10) == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    # A resume's new servers have new addresses: the old list never survives into the next attempt.
+    rd.clear_previous_attempt(tmp_path)
+    try:
+        rd.wait_for_servers(tmp_path, timeout_s=0.1)
+        raise AssertionError("a cleared servers.json was read")
+    except TimeoutError as exc:
+        assert rd.SERVERS_FILE in str(exc)
