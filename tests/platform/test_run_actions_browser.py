@@ -1,5 +1,5 @@
 """In a real browser (Debian chromium, Playwright) against Daphne on the test database:
-"New run from this" → the diff appears as a field is edited → launch → the new run's page
+"New run from this" → the diff appears as a field is edited (on the YAML tab too) → launch → the new run's page
 names its parent; and a compare view's address, shared, opens the same view for another user
 who may see the runs (staff), while a user who may not gets a 404."""
 
@@ -66,6 +66,20 @@ def test_clone_edit_launch_and_a_shared_compare_url(daphne_server: str, owner, s
             assert sorted(rows.nth(i).get_attribute("data-path") for i in range(2)) == ["trainer.lr", "trainer.max_steps"]
             assert "0.0003" in page.locator('#clone-diff-table tr[data-path="trainer.lr"]').inner_text()
             page.screenshot(path="/tmp/clone_page.png", full_page=False)
+
+            # The YAML tab diffs its own text (asked of the server as one types), an unreadable
+            # text says why, and back on the Form tab the form's diff returns.
+            page.click('.tab[data-tab="yaml"]')
+            wait(lambda: rows.count() == 0, timeout=10, message="the YAML tab's diff (the YAML is unedited)")
+            editor = page.locator('textarea[name="config_yaml"]')
+            editor.fill(re.sub(r"max_steps: \d+", "max_steps: 9", editor.input_value()))
+            wait(lambda: rows.count() == 1 and rows.first.get_attribute("data-path") == "trainer.max_steps", timeout=10, message="the YAML edit in the diff")
+            assert "9" in page.locator('#clone-diff-table tr[data-path="trainer.max_steps"]').inner_text()
+            editor.fill("trainer: [1, 2")
+            error = page.locator("#clone-diff-error")
+            wait(lambda: error.is_visible() and "config_yaml" in error.inner_text(), timeout=10, message="the YAML error under the diff")
+            page.click('.tab[data-tab="form"]')
+            wait(lambda: rows.count() == 2 and not error.is_visible(), timeout=10, message="the form's diff again")
             page.click("#launch-form")
             page.wait_for_url(re.compile(r".*/runs/\d+/$"))
             assert f"Cloned from #{first.pk} first" in page.locator("#run-lineage").inner_text()

@@ -8,7 +8,7 @@
     GET  /api/runs/<id>/metrics/     [?names=a,b]                                → downsampled snapshot
     GET  /api/runs/<id>/evals/                                                   → {"evals": [...]}
     GET  /api/evals/<id>/                                                        → eval + per-problem results
-    GET  /api/leaderboard/           ?sort=-aime24_best                          → {"rows": [...]}
+    GET  /api/leaderboard/           ?sort=-aime24_best[&status=&tag=&q=&owner=&archived=] → {"rows": [...]}
     GET  /api/workers/                                                           → {"workers": [...]}
 
 Other users' runs answer 404 (their existence is not revealed); staff see and cancel all.
@@ -25,6 +25,7 @@ from inflight.api.errors import ApiError, json_response
 from inflight.live.selectors import run_snapshot
 from inflight.runs import selectors, services
 from inflight.runs.models import EvalScore, Run, RunStatus
+from inflight.runs.run_filters import BadFilter, RunFilters
 
 MAX_RAW_POINTS = 50_000
 
@@ -160,11 +161,16 @@ def eval_detail(request: HttpRequest, eval_id: int) -> Any:
 
 @api_view("GET")
 def leaderboard(request: HttpRequest) -> Any:
+    # The run list's filters (one parser: runs.run_filters); `sort` is the leaderboard's own column.
+    try:
+        filters = RunFilters.from_query(request.GET, sort=False)
+    except BadFilter as exc:
+        raise ApiError(400, str(exc)) from exc
     sort = request.GET.get("sort", "-aime24_best")
     try:
-        rows = selectors.leaderboard_rows(request.user, sort)
+        rows = selectors.leaderboard_rows(request.user, sort, filters)
     except ValueError as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(400, f"sort: {exc}") from exc
     return {"sort": sort, "rows": rows}
 
 

@@ -274,7 +274,13 @@ def delete_run(run: Run, by_user: AbstractBaseUser) -> None:
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status not in TERMINAL_STATUSES:
             raise ActionRefused(f"run {run.pk} is {locked.status}; stop it before deleting it")
-        forks = list(Run.objects.filter(parent=locked, parent_step__isnull=False).exclude(status__in=TERMINAL_STATUSES).values_list("pk", flat=True))
+        # Not only its forks: a clone of a fork, or a run started from this run's checkpoint on
+        # the create form ("start from checkpoint", no parent recorded), reads the same files.
+        active = Run.objects.exclude(status__in=TERMINAL_STATUSES).exclude(pk=locked.pk)
+        forks = sorted(
+            {pk for pk in active.filter(parent=locked, parent_step__isnull=False).values_list("pk", flat=True)}
+            | {pk for pk, path in active.values_list("pk", "config__model__path") if run_paths.checkpoint_run_id(path) == locked.pk}
+        )
         if forks:
             raise ActionRefused(f"run(s) {', '.join(f'#{pk}' for pk in forks)} start from this run's checkpoints and have not ended")
         run_id, queue = locked.pk, locked.queue

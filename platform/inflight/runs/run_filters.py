@@ -37,7 +37,11 @@ class RunFilters:
     sort: str = DEFAULT_SORT
 
     @classmethod
-    def from_query(cls, query: Mapping[str, Any]) -> RunFilters:
+    def from_query(cls, query: Mapping[str, Any], *, sort: bool = True) -> RunFilters:
+        """The filters of a request's query. `sort=False` for views whose `sort` parameter
+        names their own columns (the leaderboard's scores): it is then neither read nor
+        checked here, and the runs keep the default order."""
+
         def text(name: str, limit: int = 120) -> str:
             value = str(query.get(name, "") or "").strip()
             if len(value) > limit:
@@ -45,7 +49,7 @@ class RunFilters:
             return value
 
         filters = cls(status=text("status"), tag=text("tag", 40), q=text("q"), owner=text("owner", 150),
-                      archived=text("archived") or "0", sort=text("sort") or DEFAULT_SORT)
+                      archived=text("archived") or "0", sort=(text("sort") if sort else "") or DEFAULT_SORT)
         if filters.status and filters.status not in RunStatus.values:
             raise BadFilter(f"status: unknown status {filters.status!r}; use one of {', '.join(RunStatus.values)}")
         if filters.archived not in ("0", "1", "all"):

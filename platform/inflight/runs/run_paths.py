@@ -87,6 +87,19 @@ def checkpoint_path(run_id: int, step: int) -> Path:
     return runs_dir() / str(run_id) / "checkpoints" / f"step_{step:06d}"
 
 
+def checkpoint_run_id(model_path: Any) -> int | None:
+    """The id of the run whose checkpoints folder holds `model_path` (as a config names it:
+    absolute or relative to the repo root), else None. Read lexically, like the submit-time
+    check: deleting a run must not pull a checkpoint from under a run that starts from it."""
+    if not isinstance(model_path, str) or not model_path:
+        return None
+    path = _absolute(model_path)
+    if path is None or not _under(path, runs_dir()):
+        return None
+    match = CHECKPOINT_RE.match(path.relative_to(runs_dir()).as_posix())
+    return int(match.group("run")) if match else None
+
+
 def checkpoints_of(user: AbstractBaseUser, max_runs: int = 50) -> list[CheckpointChoice]:
     """Checkpoints on disk of the runs `user` may see (own runs; staff: all), newest run first."""
     from inflight.runs.selectors import runs_visible_to

@@ -12,6 +12,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, Worker
+from inflight.runs.run_filters import RunFilters, filter_runs
 
 
 def runs_visible_to(user: AbstractBaseUser) -> QuerySet[Run]:
@@ -124,15 +125,18 @@ def _best_and_last(pairs: list[tuple[int, float]]) -> tuple[float | None, float 
     return max(value for _, value in pairs), pairs[-1][1]
 
 
-def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best") -> list[dict[str, Any]]:
+def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best", filters: RunFilters | None = None) -> list[dict[str, Any]]:
     """One row per visible run with best/last mean@k on AIME 2024 and MATH-500, success
     rate best/last, mean throughput and wall time. `sort` is a key of LEADERBOARD_SORT_KEYS,
-    `-` for descending; runs missing the figure sort last either way."""
+    `-` for descending; runs missing the figure sort last either way. `filters` are the run
+    list's (status, tag, name, owner, archived: `RunFilters.from_query(query, sort=False)`),
+    applied in the database before any score is read; None: every visible run."""
     descending = sort.startswith("-")
     key = sort.lstrip("-")
     if key not in LEADERBOARD_SORT_KEYS:
         raise ValueError(f"unknown sort key {key!r}; use one of {', '.join(LEADERBOARD_SORT_KEYS)}")
-    runs = list(runs_visible_to(user))
+    visible = runs_visible_to(user)
+    runs = list(filter_runs(visible, filters, user) if filters is not None else visible)
     run_ids = [run.pk for run in runs]
     evals: dict[tuple[int, str], list[tuple[int, float]]] = {}
     for run_id, bench, step, mean in (

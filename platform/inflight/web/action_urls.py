@@ -15,6 +15,7 @@ urlpatterns = [
     path("compare/", run_actions.compare, name="compare"),
     path("leaderboard/", run_actions.leaderboard, name="leaderboard"),
     path("runs/<int:run_id>/clone/", run_actions.run_clone, name="run_clone"),
+    path("runs/<int:run_id>/clone/diff.json", run_actions.run_clone_diff, name="run_clone_diff"),
     path("runs/<int:run_id>/resume/", run_actions.run_resume, name="run_resume"),
     path("runs/<int:run_id>/edit/", run_actions.run_edit, name="run_edit"),
     path("runs/<int:run_id>/delete/", run_actions.run_delete, name="run_delete"),

@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
 from inflight.runs.models import Run
 from inflight.runs.run_filters import BadFilter, RunFilters, all_tags, filter_runs
@@ -121,6 +122,24 @@ def run_clone(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "inflight/run_create.html", {**context, **_clone_context(source, from_step, source_values, values)}, status=400)
 
 
+@base_views.json_login_required
+@require_POST
+def run_clone_diff(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The clone page's YAML tab, as the user types: `config_yaml` (form-encoded, CSRF-checked
+    like the page's own forms) → `{"diff": [{"path", "source", "new"}]}` against the source
+    run's config, by the same `changed_fields` the form's diff and a rejected submission use;
+    400 with the parser's message for text that is not a YAML mapping. Nothing is stored."""
+    source = visible_run_or_404(request.user, run_id)
+    try:
+        _from_step(request)  # a fork's page posts its ?from_step=; a malformed one is refused alike
+    except actions.BadActionInput as exc:
+        return error_response(400, str(exc), fields=exc.errors)
+    data, problem = parse_yaml_config(request.POST.get("config_yaml", ""))
+    if problem or data is None:
+        return error_response(400, f"config_yaml: {problem}")
+    return json_response({"run": source.pk, "diff": changed_fields(source.config or {}, resolved_values(data))})
+
+
 def _clone_context(source: Run, from_step: int | None, source_values: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     return {
         "clone_source": source,
@@ -204,10 +223,11 @@ def _lineage_offset(run: Run, visible_ids: set[int]) -> int:
     """Steps before this run's step 0 along its fork chain: a fork of step k of a run that is
     itself a fork of step j starts at j + k on the compare page's step axis."""
     offset, seen, current = 0, set(), run
-    while current.parent_id and current.parent_step is not None and current.pk not in seen:
+    while current.parent_step is not None and current.pk not in seen:
         seen.add(current.pk)
         offset += current.parent_step
-        if current.parent_id not in visible_ids:
+        # A deleted parent (parent_id set to NULL) still forked at parent_step: count it, stop there.
+        if not current.parent_id or current.parent_id not in visible_ids:
             break
         current = current.parent
     return offset
@@ -267,16 +287,14 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
     """The leaderboard of the runs that pass the run list's filters (`sort` stays the
     leaderboard's own column)."""
     try:
-        filters = RunFilters.from_query({key: value for key, value in request.GET.items() if key != "sort"})
+        filters = RunFilters.from_query(request.GET, sort=False)
     except BadFilter as exc:
         return base_views._error_page(request, 400, str(exc))
     sort = request.GET.get("sort", "-aime24_best")
     try:
-        rows = leaderboard_rows(request.user, sort)
+        rows = leaderboard_rows(request.user, sort, filters)
     except ValueError as exc:
         return base_views._error_page(request, 400, f"sort: {exc}")
-    kept = set(filter_runs(runs_visible_to(request.user), filters, request.user).values_list("pk", flat=True))
-    rows = [row for row in rows if row["run_id"] in kept]
     key = sort.lstrip("-")
     columns = [
         {"key": column, "label": label, "active": column == key, "descending": sort.startswith("-"),
