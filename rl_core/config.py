@@ -286,7 +286,8 @@ class EvalConfig(_Section):
 
 
 class RolloutStoreConfig(_Section):
-    """What the platform keeps of a run's rollouts (the engine itself ignores this section)."""
+    """What the platform keeps of a run's rollouts. The trainer reads `train_logprobs` and
+    `keep_every_n_steps` (which steps it records); the rest is the platform's."""
 
     keep_every_n_steps: int = Field(
         5, ge=1, description="Store every group trained at every Nth trainer step (eval samples are always stored)."
@@ -294,6 +295,11 @@ class RolloutStoreConfig(_Section):
     max_stored: int = Field(
         5000, ge=16, le=1_000_000,
         description="Most rollouts stored per run: when exceeded, the stored steps are thinned to every 2Nth, 4Nth, ... step.",
+    )
+    train_logprobs: bool = Field(
+        True,
+        description="The trainer records each token's logprob at training time (train_logprobs.jsonl) for the samples "
+        "of every `keep_every_n_steps`th step, so the viewer can colour tokens by importance ratio.",
     )
 
 

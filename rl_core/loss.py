@@ -20,7 +20,7 @@ Data flows through this file in order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -60,6 +60,9 @@ class MicroBatch:
     advantages: torch.Tensor
     token_versions: torch.Tensor
     num_sequences: int
+    # Index (into the packed samples) of each completion, in the order their tokens appear in
+    # `loss_mask` read row by row: maps trained tokens back to samples (train_records.py).
+    sample_order: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -234,6 +237,7 @@ def _stack_rows(rows: list[list[list[int]]], samples: Sequence[RolloutSample]) -
         advantages=padded("adv", 0.0, torch.float32),
         token_versions=padded("ver", 0, torch.long),
         num_sequences=sum(len(unit_members) for row in rows for unit_members in row),
+        sample_order=[index for row in rows for unit_members in row for index in unit_members],
     )
 
 

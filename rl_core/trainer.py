@@ -59,6 +59,7 @@ from rl_core.run_dir import (
     write_progress,
 )
 from rl_core.stream import StreamReader, open_reader
+from rl_core.train_records import TrainRecords
 
 LAG_HISTOGRAM_BINS = 9  # policy_lag/share/0 .. /7 and /8+ on the run page
 
@@ -173,7 +174,8 @@ class StepStats:
 
 
 def train_step(
-    backend: TrainerBackend, samples: list[RolloutSample], config: RunConfig, ranks: TrainerRanks | None = None
+    backend: TrainerBackend, samples: list[RolloutSample], config: RunConfig, ranks: TrainerRanks | None = None,
+    records: TrainRecords | None = None,
 ) -> tuple[StepStats, dict[str, float]]:
     """Gradient accumulation over packed micro-batches, then one optimizer step.
 
@@ -197,6 +199,8 @@ def train_step(
     for batch in micro_batches:
         layout = (batch.attention_mask, batch.position_ids)
         logprobs, entropy = backend.token_logprobs(batch.input_ids, *layout, temperature, batch.logit_source)
+        if records is not None:  # the viewer's importance ratios (references only; written after the step)
+            records.capture(batch, logprobs, share)
         reference = None
         if t.kl_coef > 0:
             reference = backend.reference_logprobs(batch.input_ids, *layout, temperature, batch.logit_source)
@@ -270,6 +274,7 @@ class Trainer:
         # Completion tokens dropped as stale and trained, for the dropped share of tokens.
         self.dropped_stale_tokens = 0
         self.trained_tokens = 0
+        self.train_records = TrainRecords.for_run(config, self.run_dir)
 
     def resume(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text())
@@ -402,7 +407,9 @@ class Trainer:
                 break
             assert samples is not None
             started = time.monotonic()
-            stats, step_info = train_step(self.backend, samples, self.config, self.ranks)
+            records = self.train_records if self.train_records.wants(self.backend.version + 1) else None
+            stats, step_info = train_step(self.backend, samples, self.config, self.ranks, records)
+            self.train_records.flush(self.backend.version, self.consumed)  # written on its own thread
             # Every run records which samples each step trained: a resume's "each sample trained
             # once" is checked from this file (single rank too: one short line per step).
             self.record_shard(stats.rank_sample_ids or [])
@@ -443,6 +450,7 @@ class Trainer:
             if t.checkpoint_every and version % t.checkpoint_every == 0 and version < t.max_steps:
                 self.save_checkpoint()
         self.save_checkpoint()
+        self.train_records.close()
         self.publish(done=True)
 
 
