@@ -38,6 +38,7 @@ from rl_core.run_dir import (  # no torch either: the run directory's layout and
     ROLLOUTS_FILE,
     STATUS_FILE,
     SUBMITTED_CONFIG_FILE,
+    TRAIN_LOGPROBS_FILE,
     read_status,
 )
 
@@ -63,6 +64,7 @@ class Reporter(Protocol):
     # Optional (a reporter without them gets neither): rollout stream lines with their 0-based
     # line numbers, and a call on every poll (alerts that fire on silence, e.g. a stalled run).
     # def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None: ...
+    # def train_logprobs(self, records: list[dict[str, Any]]) -> None: ...  (train_logprobs.jsonl lines)
     # def tick(self) -> None: ...
 
 
@@ -71,6 +73,17 @@ class Outcome:
     status: str  # succeeded | failed | cancelled
     error: str = ""
     exit_code: int | None = None
+
+
+# Lines of train_logprobs.jsonl held in memory while their stream lines are not delivered.
+TRAIN_LOGPROBS_WAITING_MAX = 20_000
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def _step_of(record: dict[str, Any]) -> int:
@@ -115,6 +128,10 @@ class RunSupervisor:
     metrics_tail: JsonlTail = field(init=False)
     evals_tail: JsonlTail = field(init=False)
     rollouts_tail: JsonlTail = field(init=False)
+    train_logprobs_tail: JsonlTail = field(init=False)
+    # train_logprobs.jsonl lines read but not yet handed over: a line waits until the stream lines
+    # it covers (`consumed`) are delivered, so the rows it attaches to exist.
+    train_logprobs_waiting: list[dict[str, Any]] = field(default_factory=list, init=False)
     reported_running: bool = field(default=False, init=False)
     cancel_sent_at: float | None = field(default=None, init=False)
     failing_since: dict[str, float] = field(default_factory=dict, init=False)
@@ -137,6 +154,7 @@ class RunSupervisor:
         self.metrics_tail = JsonlTail(self.run_dir / METRICS_FILE)
         self.evals_tail = JsonlTail(self.run_dir / EVALS_FILE)
         self.rollouts_tail = JsonlTail(self.run_dir / ROLLOUTS_FILE)
+        self.train_logprobs_tail = JsonlTail(self.run_dir / TRAIN_LOGPROBS_FILE)
 
     # -------------------------------------------------------------- 1. start
 
@@ -226,7 +244,30 @@ class RunSupervisor:
             except Exception:  # noqa: BLE001
                 self._failed("rollout delivery", f"will retry from line {self.rollouts_tail.line_no}")
                 delivered_all = False
+            delivered_all = self.deliver_train_logprobs() and delivered_all
         return delivered_all
+
+    def deliver_train_logprobs(self) -> bool:
+        """The trainer's per-token logprobs, attached to stored rollouts (importance ratios).
+        False only when the reporter failed; a line whose stream lines are not delivered yet waits
+        (with the Redis stream there is no stream file: those lines never attach)."""
+        attach = getattr(self.reporter, "train_logprobs", None)
+        if attach is None:
+            return True
+        if len(self.train_logprobs_waiting) < TRAIN_LOGPROBS_WAITING_MAX:
+            self.train_logprobs_waiting.extend(record for _, record in self.train_logprobs_tail.read(max_lines=2000))
+        delivered = self.rollouts_tail.line_no
+        ready = [r for r in self.train_logprobs_waiting if _int(r.get("consumed")) <= delivered]
+        if not ready:
+            return True
+        try:
+            attach(ready)
+            self._ok("train logprob delivery")
+        except Exception:  # noqa: BLE001 - kept; retried next poll
+            self._failed("train logprob delivery", "will retry")
+            return False
+        self.train_logprobs_waiting = [r for r in self.train_logprobs_waiting if _int(r.get("consumed")) > delivered]
+        return True
 
     def tick(self) -> None:
         tick = getattr(self.reporter, "tick", None)

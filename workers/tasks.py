@@ -74,6 +74,11 @@ class PlatformReporter:
         model_path = str(((self._config() or {}).get("model") or {}).get("path") or "")
         self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path))
 
+    def train_logprobs(self, records: list[dict[str, Any]]) -> None:
+        from inflight.rollouts.services import attach_train_logprobs
+
+        self._call(attach_train_logprobs, self.run_id, records)
+
     def _config(self) -> dict[str, Any]:
         if not hasattr(self, "_run_config"):
             self._run_config = self._call(lambda: Run.objects.filter(pk=self.run_id).values_list("config", flat=True).first()) or {}

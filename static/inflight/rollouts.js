@@ -177,8 +177,15 @@
         " · advantage " + s.advantage.toFixed(3) + " · " + s.length + " tokens · versions v" + s.min_version + "–v" + s.max_version +
         (s.version_switches.length ? " · switched at token " + s.version_switches.join(", ") : "") + " · max lag " + s.max_lag + " · " + s.finish_reason;
       document.getElementById("sample-prompt").textContent = s.prompt_text;
-      document.getElementById("colour-ratio").disabled = !s.ratios;
-      document.getElementById("colour-ratio").parentNode.title = s.ratios ? "" : "the trainer's logprobs were not recorded for this run";
+      var ratioInput = document.getElementById("colour-ratio");
+      ratioInput.disabled = !s.ratios;
+      // The trainer records its logprobs on every keep_every_n_steps-th step (monitoring.rollouts.train_logprobs);
+      // they arrive a moment after the sample is stored, once that step is trained.
+      ratioInput.parentNode.title = s.ratios ? "" : "no trainer logprobs for this sample (not trained yet, or the run does not record them)";
+      if (!s.ratios && colourBy === "ratio") { // fall back to versions rather than showing no colours
+        colourBy = "version";
+        document.querySelector('input[name="colour"][value="version"]').checked = true;
+      }
       document.getElementById("sample-group").classList.remove("hidden");
       document.getElementById("sample-group-view").classList.add("hidden");
       renderTokens();

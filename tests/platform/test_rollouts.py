@@ -195,3 +195,62 @@ def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner
     assert supervisor.deliver() is True
     assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(8))
     assert supervisor.rollouts_tail.line_no == 8  # the torn last line waits for its end
+
+
+def test_trainer_logprobs_attach_to_stored_samples_and_give_ratios(owner_api, owner) -> None:
+    from inflight.rollouts.services import attach_train_logprobs
+
+    run = make_run(owner, samples_per_step=4)
+    ingest_rollouts(run.pk, [(line, sample(line)) for line in range(4)], DECODER)
+    train = [-0.5, -0.25, -1.5, -0.5, -0.5, 0.0]  # behaviour logprobs are all -0.5
+    records = [
+        {"sample_id": "g0-0", "step": 1, "consumed": 4, "logprobs": train},
+        {"sample_id": "g0-1", "step": 1, "consumed": 4, "logprobs": [-0.5] * 5},  # wrong length: ignored
+        {"sample_id": "g9-9", "step": 1, "consumed": 4, "logprobs": train},  # not stored: ignored
+        {"sample_id": 3, "logprobs": "x"},  # malformed: ignored
+    ]
+    assert attach_train_logprobs(run.pk, records) == 1
+    assert attach_train_logprobs(run.pk, records) == 1  # a re-sent batch writes the same values
+    row = StoredRollout.objects.get(run=run, sample_id="g0-0")
+    assert row.train_logprobs == train
+    assert StoredRollout.objects.get(run=run, sample_id="g0-1").train_logprobs is None
+    detail = owner_api.get(f"/api/runs/{run.pk}/rollouts/{row.pk}/").json()
+    import math
+
+    assert detail["ratios"] == pytest.approx([math.exp(t + 0.5) for t in train])
+
+
+def test_supervisor_attaches_trainer_logprobs_once_their_stream_lines_are_stored(owner, tmp_path: Path) -> None:
+    from workers.supervisor import ROLLOUTS_FILE, TRAIN_LOGPROBS_FILE, RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    stream = tmp_path / ROLLOUTS_FILE
+    stream.parent.mkdir(parents=True)
+    stream.write_text("".join(json.dumps(sample(line)) + "\n" for line in range(4)))
+    # Step 2's record (it covers stream lines 0-7) is written before lines 4-7 reach the platform.
+    (tmp_path / TRAIN_LOGPROBS_FILE).write_text(
+        json.dumps({"sample_id": "g0-0", "step": 1, "consumed": 4, "logprobs": [-0.25] * 6}) + "\n"
+        + json.dumps({"sample_id": "g2-0", "step": 2, "consumed": 8, "logprobs": [-0.75] * 6}) + "\n"
+    )
+
+    class FlakyReporter(PlatformReporter):
+        fail = True
+
+        def train_logprobs(self, records):
+            if self.fail:
+                self.fail = False
+                raise ConnectionError("database away")
+            return super().train_logprobs(records)
+
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=FlakyReporter(run.pk), cwd=tmp_path)
+    assert supervisor.deliver() is False  # rollouts stored, the logprobs refused: kept for the next poll
+    assert StoredRollout.objects.get(run=run, sample_id="g0-0").train_logprobs is None
+    assert supervisor.deliver() is True
+    assert StoredRollout.objects.get(run=run, sample_id="g0-0").train_logprobs == [-0.25] * 6
+    assert [r["sample_id"] for r in supervisor.train_logprobs_waiting] == ["g2-0"]  # its stream lines are not in yet
+    with stream.open("a") as handle:
+        handle.write("".join(json.dumps(sample(line)) + "\n" for line in range(4, 8)))
+    assert supervisor.deliver() is True
+    assert StoredRollout.objects.get(run=run, sample_id="g2-0").train_logprobs == [-0.75] * 6
+    assert supervisor.train_logprobs_waiting == []

@@ -112,6 +112,37 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
     return len(rows)
 
 
+def attach_train_logprobs(run_id: int, records: Sequence[dict[str, Any]]) -> int:
+    """Set the trainer's per-token logprobs (lines of train_logprobs.jsonl) on the stored rows of
+    the same samples; returns how many rows changed. Idempotent (a re-sent batch writes the same
+    values); a line for a sample the store did not keep, or of the wrong length, is ignored."""
+    by_sample: dict[str, list[float]] = {}
+    for record in records:
+        values = record.get("logprobs") if isinstance(record, dict) else None
+        sample_id = record.get("sample_id") if isinstance(record, dict) else None
+        if not isinstance(sample_id, str) or not isinstance(values, list):
+            continue
+        try:
+            by_sample[sample_id[:200]] = [float(value) for value in values]
+        except (TypeError, ValueError):
+            continue
+    if not by_sample:
+        return 0
+    with transaction.atomic():
+        rows = list(
+            StoredRollout.objects.filter(run_id=run_id, sample_id__in=list(by_sample)).only("pk", "sample_id", "length")
+        )
+        changed = []
+        for row in rows:
+            values = by_sample[row.sample_id]
+            if len(values) == row.length:
+                row.train_logprobs = values
+                changed.append(row)
+        if changed:
+            StoredRollout.objects.bulk_update(changed, ["train_logprobs"], batch_size=500)
+    return len(changed)
+
+
 def _thin(store: RolloutStore, max_stored: int) -> None:
     """Double the stride until at most `max_stored` rows remain (rows off the new grid are
     deleted), so a long run's rows stay evenly spread over all its steps."""
