@@ -91,6 +91,8 @@ class InferenceClient:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
         if prompt_id is not None:
             body["prompt_id"] = prompt_id
+        if sampling.priority:
+            body["priority"] = sampling.priority
         data = await self._request("POST", "/v1/chat/completions", body)
         try:
             prompt_token_ids = [int(token) for token in data["prompt_token_ids"]]

@@ -15,7 +15,14 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 if TYPE_CHECKING:  # annotations only: the actor and the platform use these records without torch
+    from pathlib import Path
+
     import torch
+
+    from rl_core.config import RunConfig
+
+
+EVAL_PRIORITY = -1  # SamplingParams.priority of evaluation requests (rollouts keep 0)
 
 
 @dataclass
@@ -25,6 +32,9 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # Admission order at a busy engine: lower first, then arrival (vLLM's convention). An
+    # evaluation asks for EVAL_PRIORITY so its point is not queued behind later rollouts.
+    priority: int = 0
 
 
 @dataclass
@@ -82,6 +92,11 @@ class TrainerBackend(Protocol):
     model, the optimizer and the parallelism."""
 
     version: int  # optimizer steps taken == policy version of the current weights
+
+    @classmethod
+    def from_config(cls, config: RunConfig, model_path: str | Path) -> TrainerBackend:
+        """The backend of a run, from its config and the initial weights (`trainer.make_backend`)."""
+        ...
 
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,

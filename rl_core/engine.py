@@ -34,11 +34,10 @@ from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.engine_config import Drafter, EngineConfig
 from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
+from rl_core.model_io import model_dtype
 from rl_core.speculation import DraftLengthController
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -152,9 +151,7 @@ class ReferenceEngine:
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"model directory {model_dir} has no config.json (not an HF model dir)")
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_dtype(dtype), attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         return cls(model.to(device), tokenizer, config=config, drafter=drafter)
 
@@ -221,7 +218,11 @@ class ReferenceEngine:
                 draft_length=DraftLengthController(self.config.initial_draft_len, self.config.max_draft_len),
             )
             seq.future.set_running_or_notify_cancel()
-            self._waiting.append(seq)
+            # Behind every waiting request of the same or a lower priority value: FIFO per priority.
+            position = len(self._waiting)
+            while position and self._waiting[position - 1].params.priority > params.priority:
+                position -= 1
+            self._waiting.insert(position, seq)
             self._by_id[request_id] = seq
             self.counters["requests_submitted"] += 1
             self._cond.notify_all()

@@ -27,12 +27,12 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 from rl_core.config import DEFAULT_SHARED_DATA_DIR, EvalConfig, TaskConfig
-from rl_core.contracts import GenerationResult, SamplingParams
+from rl_core.contracts import EVAL_PRIORITY, GenerationResult, SamplingParams
 from rl_core.rewards import RewardResult, VerifierPool, score_many
 from rl_core.run_dir import EVAL_DIR, EVALS_FILE
 from rl_core.tasks import MATH_SYSTEM_PROMPT, Problem, load_jsonl_problems, load_task
@@ -292,6 +292,7 @@ async def evaluate(
                 max_new_tokens=sampling.max_new_tokens,
                 stop_token_ids=list(sampling.stop_token_ids),
                 seed=problem_seed(seed if sampling.seed is None else sampling.seed, problem.id),
+                priority=EVAL_PRIORITY,
             )
             try:
                 outputs = await generate(template.messages(problem), params, k)
@@ -335,13 +336,8 @@ def engine_generate(engine: Any) -> GenerateFn:
             )
         futures = []
         for index in range(n):
-            params = SamplingParams(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_new_tokens=sampling.max_new_tokens,
-                stop_token_ids=list(sampling.stop_token_ids),
-                seed=None if sampling.seed is None else (sampling.seed + index) & 0xFFFFFFFF,
-            )
+            params = replace(sampling, stop_token_ids=list(sampling.stop_token_ids),
+                             seed=None if sampling.seed is None else (sampling.seed + index) & 0xFFFFFFFF)
             futures.append(asyncio.wrap_future(engine.submit(prompt, params)))
         return list(await asyncio.gather(*futures))
 

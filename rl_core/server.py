@@ -60,6 +60,7 @@ class ChatCompletionRequest(_Body):
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra token ids that end a completion.")
     prompt_id: str | None = Field(None, description="History key (HistoSpec / HistoPipe): the same problem shares it across epochs.")
     request_id: str | None = Field(None, description="Prefix of the engine request ids (`<request_id>-<i>`), for POST /abort.")
+    priority: int = Field(0, description="Admission order when the engine is full: lower first, then arrival (as vLLM's `priority`).")
     user: str | None = Field(None, description="Ignored (OpenAI compatibility).")
 
 
@@ -199,6 +200,7 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
                     max_new_tokens=max_tokens,
                     stop_token_ids=list(body.stop_token_ids),
                     seed=None if body.seed is None else body.seed + index,
+                    priority=body.priority,
                 )
                 futures.append(engine.submit(prompt, params, request_id=f"{prefix}-{index}", history_key=body.prompt_id))
         except ValueError as exc:

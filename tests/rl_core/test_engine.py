@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from rl_core.contracts import SamplingParams
+from rl_core.contracts import EVAL_PRIORITY, SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
 from rl_core.engine_sampling import verify_draft, verify_drafts, width_groups
 from rl_core.speculation import DraftLengthController
@@ -148,6 +148,25 @@ def test_decode_batches_stay_one_slot_range_while_groups_come_and_go(model_dir: 
         engine.stop()
     assert all(result.finish_reason == "length" for result in results)
     assert decode_slots and all(slots == list(range(slots[0], slots[0] + len(slots))) for slots in decode_slots)
+
+
+def test_a_full_engine_admits_lower_priority_values_first(model_dir: Path, prompts) -> None:
+    # Two slots, both busy; a rollout (priority 0) queues first, then an evaluation request
+    # (EVAL_PRIORITY): the evaluation takes the first slot that frees although it came later.
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=2, initial_cache_len=16))
+    engine.start()
+    try:
+        busy = [engine.submit(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=budget)) for budget in (3, 60)]
+        wait_for(lambda: engine.stats()["running"] == 2)
+        rollout = engine.submit(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=3))
+        evaluation = engine.submit(prompts[2], SamplingParams(temperature=0.0, max_new_tokens=20, priority=EVAL_PRIORITY))
+        evaluation.result(timeout=120)
+        assert not rollout.done()  # FIFO would have served the 3-token rollout long before
+        assert rollout.result(timeout=120).finish_reason == "length"
+        for future in busy:
+            future.result(timeout=120)
+    finally:
+        engine.stop()
 
 
 def test_identical_prompts_share_the_prompt_cache(engine: ReferenceEngine, hf_model, prompts) -> None:
