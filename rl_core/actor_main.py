@@ -31,8 +31,6 @@ async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) ->
 
 
 def main(argv: list[str]) -> int:
-    import torch
-
     parser = argparse.ArgumentParser(prog="python -m rl_core actor", description="Rollout actor of a run (started by `run`).")
     parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
     parser.add_argument("--servers", default="", help="Comma-separated inference server base URLs.")
@@ -40,7 +38,6 @@ def main(argv: list[str]) -> int:
                         help="Read the URLs from the run directory's servers.json once the launcher writes it "
                              "(the launcher starts the actor while the servers load).")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)  # the actor only parses, scores and routes
     run_dir = Path(args.run_dir)
     config = load_config(run_dir / "config.yaml")
     servers = [url for url in args.servers.split(",") if url]
