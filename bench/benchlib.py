@@ -233,14 +233,15 @@ def bare_receiver(master_port: int, plan_file: str, rounds: int) -> None:
     """Rank 1 of a plain gloo group: handshake, then receive every bucket; print the times."""
     import torch
 
-    from rl_core.weight_sync import ParamSpec, create_group, parse_dtype, plan_buckets
+    from rl_core.model_io import torch_dtype
+    from rl_core.weight_sync import ParamSpec, create_group, plan_buckets
 
     torch.set_num_threads(1)
     specs = [ParamSpec.from_json(item) for item in json.loads(Path(plan_file).read_text())["params"]]
     bucket_bytes = json.loads(Path(plan_file).read_text())["bucket_bytes"]
     buckets = plan_buckets(specs, bucket_bytes)
     group = create_group("gloo", "127.0.0.1", master_port, 1, 2)
-    buffers = {bucket.dtype: torch.empty(max(b.numel for b in buckets if b.dtype == bucket.dtype), dtype=parse_dtype(bucket.dtype)) for bucket in buckets}
+    buffers = {bucket.dtype: torch.empty(max(b.numel for b in buckets if b.dtype == bucket.dtype), dtype=torch_dtype(bucket.dtype)) for bucket in buckets}
     times = []
     for _ in range(rounds):
         work, _ = group.agree(False, torch.device("cpu"))
@@ -255,7 +256,8 @@ def bare_receiver(master_port: int, plan_file: str, rounds: int) -> None:
 def bare_broadcast(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, rounds: int, scratch: Path) -> list[float]:
     import torch
 
-    from rl_core.weight_sync import ParamSpec, create_group, dtype_name, plan_buckets
+    from rl_core.model_io import dtype_name
+    from rl_core.weight_sync import ParamSpec, create_group, plan_buckets
 
     specs = [ParamSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)) for name, tensor in named]
     plan_file = scratch / "plan.json"

@@ -99,9 +99,10 @@ def trl_child(config_path: str, max_steps: int, out_json: str) -> None:
     from rl_core.contracts import SamplingParams
     from rl_core.engine import EngineConfig, ReferenceEngine
     from rl_core.evaluation import PromptTemplate, engine_generate, evaluate
+    from rl_core.model_io import model_dtype
     from rl_core.rewards import score_many
     from rl_core.tasks import load_task
-    from rl_core.torch_backend import DTYPES, lr_multiplier
+    from rl_core.torch_backend import lr_multiplier
 
     config = load_config(config_path)
     t, e = config.trainer, config.eval
@@ -119,7 +120,7 @@ def trl_child(config_path: str, max_steps: int, out_json: str) -> None:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [r.reward for r in score_many(list(zip(texts, answer)), config.task.reward_timeout_s)]
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[config.model.dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_dtype(config.model.dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     # AdamW and the LR factor exactly as rl_core.torch_backend.TorchBackend builds them.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=t.weight_decay)

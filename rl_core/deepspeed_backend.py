@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,7 +35,8 @@ import torch
 from rl_core.config import RunConfig
 from rl_core.loss import model_token_logprobs
 from rl_core.processes import free_port
-from rl_core.torch_backend import DTYPES, _SIDE_FILES, lr_multiplier
+from rl_core.model_io import copy_side_files, model_dtype
+from rl_core.torch_backend import lr_multiplier
 
 TORCH_EXTENSIONS_DEFAULT = Path.home() / ".cache" / "inflight" / "torch_extensions"
 # Parameters gathered together per ZeRO-3 all-gather while broadcasting: big enough to
@@ -149,12 +149,17 @@ class DeepSpeedBackend:
                 self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
                 self.reference.eval()
             else:
-                dtype = DTYPES[config.model.dtype]
+                dtype = model_dtype(config.model.dtype)
                 self.reference = reference.to(device=self.device, dtype=dtype)
 
         self.base_lr = t.lr
         self.version = 0
         self._set_lr()
+
+    @classmethod
+    def from_config(cls, config: RunConfig, model_path: str | Path) -> DeepSpeedBackend:
+        """The backend of a run (`trainer.make_backend`); every backend is built from these two."""
+        return cls(config=config, model_path=model_path)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -269,10 +274,7 @@ class DeepSpeedBackend:
             generation_config = getattr(self.module, "generation_config", None)
             if generation_config is not None:
                 generation_config.save_pretrained(str(directory_path))
-            for name in _SIDE_FILES:
-                source = self.model_path / name
-                if source.is_file() and not (directory_path / name).exists():
-                    shutil.copy2(source, directory_path / name)
+            copy_side_files(self.model_path, directory_path)
         del state
         self.engine.save_checkpoint(
             str(directory_path / DEEPSPEED_STATE_DIR), tag=DEEPSPEED_TAG, client_state={"version": self.version}

@@ -8,20 +8,18 @@ checkpoint can be served by `python -m rl_core serve --model` as is, plus
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.loss import model_token_logprobs
+from rl_core.model_io import copy_side_files, model_dtype
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Files of an HF model directory that are not weights: copied into every checkpoint
-# so that it is a complete, servable model directory.
-_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-               "merges.txt", "chat_template.jinja", "generation_config.json", "added_tokens.json")
+if TYPE_CHECKING:
+    from rl_core.config import RunConfig
+
 
 
 def lr_multiplier(step: int, warmup_steps: int, schedule: str, total_steps: int) -> float:
@@ -58,14 +56,14 @@ class TorchBackend:
         if not (self.model_path / "config.json").is_file():
             raise FileNotFoundError(f"model.path: {self.model_path} is not an HF model directory (no config.json)")
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=DTYPES[dtype]).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=model_dtype(dtype)).to(self.device)
         self.model.train()
         self.model.config.use_cache = False
         use_onednn_linear(self.model)  # CPU only: ~2x faster GEMMs, forward and backward (cpu_kernels.py)
         # Frozen copy for the k3 KL penalty; only loaded when the penalty is on.
         self.reference = None
         if reference_model:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=DTYPES[dtype]).to(self.device)
+            self.reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=model_dtype(dtype)).to(self.device)
             self.reference.eval().requires_grad_(False)
             use_onednn_linear(self.reference)
         self.optimizer = torch.optim.AdamW(
@@ -78,6 +76,16 @@ class TorchBackend:
         self.grad_clip = grad_clip
         self.version = 0
         self._set_lr()
+
+    @classmethod
+    def from_config(cls, config: RunConfig, model_path: str | Path) -> TorchBackend:
+        """The backend of a run (`trainer.make_backend`); every backend is built from these two."""
+        t = config.trainer
+        return cls(
+            model_path, device=t.device, dtype=config.model.dtype, lr=t.lr, weight_decay=t.weight_decay,
+            warmup_steps=t.warmup_steps, schedule=t.schedule, total_steps=t.max_steps, grad_clip=t.grad_clip,
+            reference_model=t.kl_coef > 0,
+        )
 
     def _set_lr(self) -> float:
         lr = self.base_lr * lr_multiplier(self.version, self.warmup_steps, self.schedule, self.total_steps)
@@ -132,10 +140,7 @@ class TorchBackend:
         directory_path = Path(directory)
         directory_path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(directory_path), safe_serialization=True)
-        for name in _SIDE_FILES:
-            source = self.model_path / name
-            if source.is_file() and not (directory_path / name).exists():
-                shutil.copy2(source, directory_path / name)
+        copy_side_files(self.model_path, directory_path)
         torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, directory_path / "optimizer.pt")
 
     def load_checkpoint(self, directory: str) -> None:

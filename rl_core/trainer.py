@@ -68,26 +68,15 @@ LAG_HISTOGRAM_BINS = 9  # policy_lag/share/0 .. /7 and /8+ on the run page
 
 
 def make_backend(config: RunConfig, model_path: str | Path) -> TrainerBackend:
-    t = config.trainer
-    if t.backend == "deepspeed":
+    """Every backend is built from the run's config and the initial weights."""
+    if config.trainer.backend == "deepspeed":
         # Imported lazily: DeepSpeed is a GPU extra, absent from CPU installs.
         from rl_core.deepspeed_backend import DeepSpeedBackend
 
-        return DeepSpeedBackend(config=config, model_path=str(model_path))
+        return DeepSpeedBackend.from_config(config, model_path)
     from rl_core.torch_backend import TorchBackend
 
-    return TorchBackend(
-        model_path,
-        device=t.device,
-        dtype=config.model.dtype,
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        warmup_steps=t.warmup_steps,
-        schedule=t.schedule,
-        total_steps=t.max_steps,
-        grad_clip=t.grad_clip,
-        reference_model=t.kl_coef > 0,
-    )
+    return TorchBackend.from_config(config, model_path)
 
 
 # --- ranks ------------------------------------------------------------------------

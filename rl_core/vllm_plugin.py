@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, ParamSpec, SyncGroup, create_group, parse_dtype, receive_buckets
+from rl_core.model_io import torch_dtype
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, Bucket, ParamSpec, SyncGroup, create_group, receive_buckets
 
 ENGINE_NAMES = {"gloo": "gloo", "inflight_nccl": "nccl"}  # vLLM backend name -> torch.distributed backend
 
@@ -88,7 +89,7 @@ class InflightUpdateInfo(base.WeightTransferUpdateInfo):
         if not self.names and not self.refuse:
             raise ValueError("names: an update needs at least one parameter")
         for dtype in self.dtype_names:
-            parse_dtype(dtype)
+            torch_dtype(dtype)
 
     def specs(self) -> list[ParamSpec]:
         return [ParamSpec(name, dtype, tuple(int(s) for s in shape)) for name, dtype, shape in zip(self.names, self.dtype_names, self.shapes)]
@@ -187,7 +188,7 @@ class InflightWeightTransferEngine(base.WeightTransferEngine):
         def into(number: int, bucket: Bucket) -> torch.Tensor:
             # A fresh buffer per bucket: layerwise reload may hold on to the loaded
             # views until a whole layer has arrived.
-            return torch.empty(bucket.numel, dtype=parse_dtype(bucket.dtype), device=self.device)
+            return torch.empty(bucket.numel, dtype=torch_dtype(bucket.dtype), device=self.device)
 
         def load(number: int, bucket: Bucket, flat: torch.Tensor) -> None:
             self.model.load_weights(

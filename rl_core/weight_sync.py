@@ -35,23 +35,10 @@ import httpx
 import torch
 import torch.distributed as dist
 
+from rl_core.model_io import dtype_name, torch_dtype
 from rl_core.processes import free_port
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPE_NAMES[name.removeprefix("torch.")]
-    except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(DTYPE_NAMES)}") from None
-
-
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
@@ -75,7 +62,7 @@ class ParamSpec:
         shape = data.get("shape")
         if not isinstance(shape, list) or not all(isinstance(size, int) and size >= 0 for size in shape):
             raise ValueError(f"param {data['name']!r}: shape must be a list of non-negative ints")
-        parse_dtype(str(data.get("dtype")))
+        torch_dtype(str(data.get("dtype")))
         return cls(data["name"], str(data["dtype"]).removeprefix("torch."), tuple(shape))
 
 
@@ -92,7 +79,7 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTE
     compute it from the same list."""
     buckets: list[Bucket] = []
     for index, spec in enumerate(specs):
-        item_bytes = torch.empty((), dtype=parse_dtype(spec.dtype)).element_size()
+        item_bytes = torch.empty((), dtype=torch_dtype(spec.dtype)).element_size()
         current = buckets[-1] if buckets else None
         if current is None or current.dtype != spec.dtype or (current.numel + spec.numel) * item_bytes > bucket_bytes:
             current = Bucket(spec.dtype, [], 0)
@@ -492,7 +479,7 @@ class WeightReceiver:
             if in_place is None:
                 largest[bucket.dtype] = max(largest.get(bucket.dtype, 0), bucket.numel)
         staging = {
-            dtype: [torch.empty(numel, dtype=parse_dtype(dtype), device=self.wire_device) for _ in range(2)]
+            dtype: [torch.empty(numel, dtype=torch_dtype(dtype), device=self.wire_device) for _ in range(2)]
             for dtype, numel in largest.items()
         }
 
