@@ -18,6 +18,7 @@ from rl_core.actor import Actor
 from rl_core.config import RunConfig
 from rl_core.metrics import JsonlSink, read_metrics
 from rl_core.stream import FileStreamReader, FileStreamWriter
+from rl_core.submission import PromptSource, TailRounds, TailWindow
 from rl_core.run_dir import TrainerProgress, parse_ready_line, write_progress
 
 
@@ -78,9 +79,9 @@ def test_max_lag_budget_and_sync_batches(tiny_model: Path, tmp_path: Path) -> No
     actor = Actor(sync, tmp_path, [NoClient()], FileStreamWriter(tmp_path / "s"), JsonlSink(tmp_path / "m2.jsonl"))
     actor.samples_total = actor.consumed = 0
     assert actor.may_submit()
-    actor.sync_launched = 8  # the whole batch (2 steps x 4) is launched
+    actor.throttle.launched = 8  # the whole batch (2 steps x 4) is launched
     assert not actor.may_submit()
-    actor.sync_launched = 0
+    actor.throttle.launched = 0
     actor.samples_total = 8  # written, not yet trained: no new batch with stale weights
     assert not actor.may_submit()
     actor.consumed = 4
@@ -90,10 +91,10 @@ def test_max_lag_budget_and_sync_batches(tiny_model: Path, tmp_path: Path) -> No
 
     # A dropped zero-advantage group does not count toward the batch: a replacement is
     # launched before the batch is written, so every sample of it has the same version.
-    actor.sync_launched = 8
+    actor.throttle.launched = 8
     actor.in_flight = {"last group"}  # type: ignore[assignment]  # stands in for the task
     actor.on_group_done("last group", [])  # type: ignore[arg-type]
-    assert actor.sync_launched == 6 and actor.may_submit()
+    assert actor.throttle.launched == 6 and actor.may_submit()
     actor.in_flight = set()
 
 
@@ -169,7 +170,7 @@ async def test_tail_batching_keeps_first_group_size_responses(tiny_model: Path, 
     sink = JsonlSink(tmp_path / "metrics.jsonl")
     client = InferenceClient(server_url)
     actor = Actor(config, tmp_path, [client], writer, sink)
-    assert actor.tail is not None and actor.tail.responses_for("short") == 3
+    assert isinstance(actor.plan, TailWindow) and actor.plan.tracker.responses_for("short") == 3
     publish(tmp_path, version=0, consumed=0)
     runner = asyncio.create_task(actor.run())
     await wait_until(lambda: writer.count() >= 6)
@@ -225,14 +226,14 @@ async def test_sync_tail_rounds_train_every_prompt_once(tiny_model: Path, server
     sink = JsonlSink(tmp_path / "metrics.jsonl")
     client = InferenceClient(server_url)
     actor = Actor(config, tmp_path, [client], writer, sink)
-    assert actor.tail is None and actor.tail_planner is not None and actor.tail_planner.batch_prompts == 2
+    assert isinstance(actor.plan, TailRounds) and actor.plan.planner.batch_prompts == 2
     publish(tmp_path, version=0, consumed=0)
     runner = asyncio.create_task(actor.run())
     kinds: list[str] = []
     for batch in range(3):  # short, short (2 prompts deferred by now), long
         await wait_until(lambda: writer.count() >= 4 * (batch + 1) and not actor.in_flight)
         assert writer.count() == 4 * (batch + 1)  # one whole sync batch at a time
-        kinds.append("long" if actor.tail_planner.metrics()["sched/round"] == 1.0 else "short")
+        kinds.append("long" if actor.plan.planner.metrics()["sched/round"] == 1.0 else "short")
         publish(tmp_path, version=batch + 1, consumed=writer.count(), done=batch == 2)
     await asyncio.wait_for(runner, 120)
     await client.aclose()
@@ -246,11 +247,11 @@ async def test_sync_tail_rounds_train_every_prompt_once(tiny_model: Path, server
     assert all(len(members) == 2 and len({s.prompt_id for s in members}) == 1 for members in groups.values())
     trained = [members[0].prompt_id for members in groups.values()]
     assert len(trained) == len(set(trained)) == 6
-    queued = actor.tail_planner.pending()
+    queued = actor.plan.planner.pending()
     drawn = 2 * 3  # two short rounds of ceil(1.5 x 2) prompts; the long round draws none
     stream = [problem.id for _, problem in itertools.islice(actor.task.train_stream(), drawn)]
     assert sorted(trained + queued) == sorted(stream)
-    assert set(actor.tail_epochs) == set(queued)  # the queued prompts keep their epoch until trained
+    assert set(actor.plan.epochs) == set(queued)  # the queued prompts keep their epoch until trained
     records = read_metrics(tmp_path / "metrics.jsonl")
     rounds = [r for r in records if "sched/round" in r]
     assert [r["sched/round"] for r in rounds] == [0.0, 0.0, 1.0]
@@ -398,12 +399,12 @@ async def test_a_launch_pass_runs_in_histopipe_order_on_the_least_predicted_load
         launched.append((problem.id, server))
         return record(problem, epoch, index, kind, server)
 
-    actor.run_group = run_group  # type: ignore[method-assign]
-    actor.launch_groups(iter([(0, problem) for problem in problems]))
+    actor.plan.run_group = run_group  # type: ignore[attr-defined]
+    actor.plan.launch(PromptSource(iter([(0, problem) for problem in problems])))
     ids = [problem.id for problem in problems]
     assert [prompt_id for prompt_id, _ in launched] == [ids[1], ids[3], ids[2], ids[0]]  # 40, 30, 20, 10
     assert [server for _, server in launched] == [0, 1, 1, 0]  # 40 | 30 -> 30+20 | 40+10: 50 each
-    assert len(actor.in_flight) == 4 and actor.sync_launched == 8
+    assert len(actor.in_flight) == 4 and actor.throttle.launched == 8
     await asyncio.gather(*actor.in_flight)
 
 
