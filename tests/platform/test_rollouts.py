@@ -254,3 +254,12 @@ def test_supervisor_attaches_trainer_logprobs_once_their_stream_lines_are_stored
     assert supervisor.deliver() is True
     assert StoredRollout.objects.get(run=run, sample_id="g2-0").train_logprobs == [-0.75] * 6
     assert supervisor.train_logprobs_waiting == []
+
+
+def test_a_redis_stream_run_says_why_its_rollouts_tab_is_empty(client, owner) -> None:
+    client.force_login(owner)
+    redis_run = make_run(owner)
+    redis_run.config = {**redis_run.config, "stream": {"kind": "redis"}}
+    redis_run.save(update_fields=["config"])
+    assert b'id="rollouts-redis-note"' in client.get(f"/runs/{redis_run.pk}/").content
+    assert b'id="rollouts-redis-note"' not in client.get(f"/runs/{make_run(owner).pk}/").content
