@@ -429,6 +429,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     return parse_config(apply_overrides(data, overrides or []))
 
 
+def load_config_or_exit(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """`load_config` for a command line (`validate`, `run`): an invalid config prints why and
+    exits 2, the exit status the platform and the tests read as "refused before start"."""
+    import sys
+
+    try:
+        return load_config(path, overrides)
+    except ConfigError as exc:
+        print(f"invalid config:\n{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def config_to_yaml(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
@@ -436,16 +448,11 @@ def config_to_yaml(config: RunConfig) -> str:
 def main(argv: list[str]) -> int:
     """`python -m rl_core validate CONFIG.yaml [--set k=v ...]`."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(prog="python -m rl_core validate")
     parser.add_argument("config", help="Run config YAML.")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="Override a field: key.path=value.")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"invalid config:\n{exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config, args.overrides)
     print(config_to_yaml(config), end="")
     return 0

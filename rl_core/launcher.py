@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR, ConfigError, RunConfig, config_to_yaml, load_config
+from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig, config_to_yaml, load_config_or_exit
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
@@ -458,11 +458,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume", action="store_true", help="Continue the run in --out from checkpoints/latest.")
     parser.add_argument("--quiet", action="store_true", help="No progress bar on the console.")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"invalid config:\n{exc}", file=sys.stderr)
-        return 2
+    config = load_config_or_exit(args.config, args.overrides)
     run_dir = Path(args.out).resolve()
     try:
         model_path = resolve_model_path(config)

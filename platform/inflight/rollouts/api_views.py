@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from inflight.api.auth import ApiError, api_view
-from inflight.runs.models import Run
 from inflight.runs.selectors import visible_run_or_404
 from inflight.rollouts import selectors
 from inflight.rollouts.exports import EXPORT_KINDS, export_response
@@ -24,17 +23,9 @@ from inflight.rollouts.models import StoredRollout
 from inflight.rollouts.params import BadParam, rollout_filter
 
 
-def _visible_run(request: HttpRequest, run_id: int) -> Run:
-    """The run if the caller may see it (owner or staff); others' runs answer 404."""
-    try:
-        return visible_run_or_404(request.user, run_id)
-    except Http404 as exc:
-        raise ApiError(404, f"run {run_id} not found") from exc
-
-
 @api_view("GET")
 def run_rollouts(request: HttpRequest, run_id: int) -> Any:
-    run = _visible_run(request, run_id)
+    run = visible_run_or_404(request.user, run_id)  # its Http404 is api_view's 404
     try:
         flt = rollout_filter(request.GET)
     except BadParam as exc:
@@ -43,7 +34,7 @@ def run_rollouts(request: HttpRequest, run_id: int) -> Any:
 
 
 def _rollout(request: HttpRequest, run_id: int, rollout_id: int) -> tuple[Any, StoredRollout]:
-    run = _visible_run(request, run_id)
+    run = visible_run_or_404(request.user, run_id)  # its Http404 is api_view's 404
     if rollout_id > 2**63 - 1:
         raise ApiError(404, f"rollout {rollout_id} of run {run_id} not found")
     try:
@@ -67,7 +58,7 @@ def rollout_group(request: HttpRequest, run_id: int, rollout_id: int) -> Any:
 def _export_check(request: HttpRequest, run_id: int, kind: str) -> Any:
     """Auth, visibility and the kind, answered as JSON errors by `api_view`; the download itself
     is not JSON, so `run_export` builds it only after this said yes (it returns None then)."""
-    run = _visible_run(request, run_id)
+    run = visible_run_or_404(request.user, run_id)  # its Http404 is api_view's 404
     if kind not in EXPORT_KINDS:
         raise ApiError(404, f"unknown export {kind[:40]!r}; use one of {', '.join(EXPORT_KINDS)}")
     request.export_run = run  # type: ignore[attr-defined]

@@ -26,10 +26,6 @@ from inflight.runs.selectors import visible_run_or_404
 MAX_ID = 2**63 - 1
 
 
-def _json_error(status: int, message: str) -> JsonResponse:
-    return error_response(status, message)  # the one JSON error shape: {"error": message}
-
-
 def _json_view(view: Callable[..., Any]) -> Callable[..., HttpResponse]:
     """Signed-in GET returning JSON; 401/404/400 as JSON errors."""
 
@@ -37,13 +33,13 @@ def _json_view(view: Callable[..., Any]) -> Callable[..., HttpResponse]:
     @require_GET
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
-            return _json_error(401, "sign in to read this run")
+            return error_response(401, "sign in to read this run")
         try:
             result = view(request, *args, **kwargs)
         except Http404 as exc:
-            return _json_error(404, str(exc) or "not found")
+            return error_response(404, str(exc) or "not found")
         except BadParam as exc:
-            return _json_error(400, str(exc))
+            return error_response(400, str(exc))
         return result if isinstance(result, HttpResponse) else JsonResponse(result)
 
     return wrapper
