@@ -8,9 +8,6 @@ from django.urls import include, path
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    # Run actions first: their `runs/` and `runs/<id>/` add filters, PATCH and DELETE.
-    path("api/", include("inflight.api.action_urls")),
     path("api/", include("inflight.api.urls")),
-    path("", include("inflight.web.action_urls")),
     path("", include("inflight.web.urls")),
 ]

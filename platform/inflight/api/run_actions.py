@@ -1,7 +1,7 @@
 """API actions on runs (clone/fork, resume, checkpoints, edit, delete) and the filtered run list.
 
     GET    /api/runs/                 ?status=&tag=&q=&owner=&archived=0|1|all&sort=-created&limit=
-    POST   /api/runs/                 (unchanged: api.views.runs)
+    POST   /api/runs/                 (api.views.create_run)
     GET    /api/runs/<id>/            → run (with parent, parent_step, tags, note, archived, resume_count)
     PATCH  /api/runs/<id>/            {"tags": [..], "note": str, "archived": bool}   (owner)
     DELETE /api/runs/<id>/            → {"deleted": id}; rows now, the run directory by a worker   (owner)
@@ -49,7 +49,7 @@ def _queued_or_503(run: Run, status: int) -> dict[str, Any] | Any:
 @api_view("GET", "POST")
 def runs(request: HttpRequest) -> Any:
     if request.method == "POST":
-        return api_views.runs(request)  # creating a run is unchanged
+        return api_views.create_run(request)
     try:
         filters = RunFilters.from_query(request.GET)
     except BadFilter as exc:

@@ -72,41 +72,27 @@ def _names_param(request: HttpRequest) -> list[str] | None:
     return [name for name in (part.strip() for part in raw.split(",")) if name]
 
 
-@api_view("GET", "POST")
-def runs(request: HttpRequest) -> Any:
-    if request.method == "POST":
-        body = read_json_body(request)
-        unknown = sorted(set(body) - {"name", "config"})
-        if unknown:
-            raise ApiError(400, f"unknown field(s): {', '.join(unknown)}; send 'name' and 'config'")
-        name = body.get("name", "")
-        if not isinstance(name, str):
-            raise ApiError(400, "'name' must be a string", fields={"name": ["must be a string"]})
-        config = body.get("config", {})
-        try:
-            run = services.create_run(request.user, name, config)
-        except services.RunLimitExceeded as exc:
-            raise ApiError(429, str(exc), fields=exc.errors) from exc
-        except services.InvalidRunConfig as exc:
-            raise ApiError(400, f"invalid config: {exc}", fields=exc.errors) from exc
-        # Queued after commit: if the broker refused it, the run is already `failed`. Say so.
-        run.refresh_from_db()
-        if run.status == RunStatus.FAILED:
-            raise ApiError(503, f"the run could not be queued: {run.error}", run=run_json(run))
-        return json_response(run_json(run), status=201)
-    queryset = selectors.runs_visible_to(request.user)
-    status = request.GET.get("status")
-    if status:
-        if status not in RunStatus.values:
-            raise ApiError(400, f"unknown status {status[:40]!r}; use one of {', '.join(RunStatus.values)}")
-        queryset = queryset.filter(status=status)
-    limit = int_param(request, "limit", default=200, minimum=1)
-    return {"runs": [run_json(run) for run in queryset[:limit]]}
-
-
-@api_view("GET")
-def run_detail(request: HttpRequest, run_id: int) -> Any:
-    return run_json(selectors.visible_run_or_404(request.user, run_id))
+def create_run(request: HttpRequest) -> Any:
+    """POST /api/runs/ (routed through `api.run_actions.runs`, which also answers the filtered list)."""
+    body = read_json_body(request)
+    unknown = sorted(set(body) - {"name", "config"})
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}; send 'name' and 'config'")
+    name = body.get("name", "")
+    if not isinstance(name, str):
+        raise ApiError(400, "'name' must be a string", fields={"name": ["must be a string"]})
+    config = body.get("config", {})
+    try:
+        run = services.create_run(request.user, name, config)
+    except services.RunLimitExceeded as exc:
+        raise ApiError(429, str(exc), fields=exc.errors) from exc
+    except services.InvalidRunConfig as exc:
+        raise ApiError(400, f"invalid config: {exc}", fields=exc.errors) from exc
+    # Queued after commit: if the broker refused it, the run is already `failed`. Say so.
+    run.refresh_from_db()
+    if run.status == RunStatus.FAILED:
+        raise ApiError(503, f"the run could not be queued: {run.error}", run=run_json(run))
+    return json_response(run_json(run), status=201)
 
 
 @api_view("POST")

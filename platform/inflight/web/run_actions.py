@@ -205,7 +205,7 @@ def run_delete(request: HttpRequest, run_id: int) -> HttpResponse:
     if request.method == "POST":
         if request.POST.get("confirm", "").strip() != str(run.pk):
             messages.error(request, f"Type {run.pk} to confirm.")
-            return redirect("web_actions:run_delete", run_id=run.pk)
+            return redirect("web:run_delete", run_id=run.pk)
         try:
             actions.delete_run(run, request.user)
         except actions.ActionRefused as exc:

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inflight.web import rollout_views, views
+from inflight.web import rollout_views, run_actions, views
 
 app_name = "web"
 
 urlpatterns = [
-    path("", views.run_list, name="run_list"),
+    path("", run_actions.run_list, name="run_list"),
     path("runs/status.json", views.runs_status_json, name="runs_status"),
     path("runs/new/", views.run_create, name="run_create"),
     path("runs/<int:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<int:run_id>/snapshot.json", views.run_snapshot_json, name="run_snapshot"),
     path("runs/<int:run_id>/status.json", views.run_status_json, name="run_status"),
     path("runs/<int:run_id>/stop/", views.run_stop, name="run_stop"),
-    path("compare/", views.compare, name="compare"),
-    path("leaderboard/", views.leaderboard, name="leaderboard"),
+    path("compare/", run_actions.compare, name="compare"),
+    path("leaderboard/", run_actions.leaderboard, name="leaderboard"),
+    path("runs/<int:run_id>/clone/", run_actions.run_clone, name="run_clone"),
+    path("runs/<int:run_id>/clone/diff.json", run_actions.run_clone_diff, name="run_clone_diff"),
+    path("runs/<int:run_id>/resume/", run_actions.run_resume, name="run_resume"),
+    path("runs/<int:run_id>/edit/", run_actions.run_edit, name="run_edit"),
+    path("runs/<int:run_id>/delete/", run_actions.run_delete, name="run_delete"),
     path("workers/", views.workers, name="workers"),
     path("runs/<int:run_id>/rollouts.json", rollout_views.rollouts_json, name="run_rollouts"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>.json", rollout_views.rollout_json, name="run_rollout"),

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from inflight.api.errors import error_response
 from inflight.live.selectors import run_snapshot_json as snapshot_json_text
 from inflight.runs.run_paths import checkpoints_of
-from inflight.runs.selectors import MAX_RUN_ID, leaderboard_rows, runs_visible_to, visible_run_or_404, workers_with_liveness
+from inflight.runs.selectors import MAX_RUN_ID, runs_visible_to, visible_run_or_404, workers_with_liveness
 from inflight.runs.services import IllegalTransition, InvalidRunConfig, create_run, request_cancel
 from inflight.web.charts import CHART_GROUPS
 from inflight.web.config_form import (
@@ -34,7 +34,7 @@ from inflight.web.config_form import (
     parse_yaml_config,
     resolved_values,
 )
-from inflight.web.selectors import config_diff, latest_evaluations, status_rows
+from inflight.web.selectors import latest_evaluations, status_rows
 
 from rl_core.config import RunConfig, field_errors
 
@@ -87,13 +87,6 @@ def _parse_ids(parts: list[str]) -> list[int]:
 
 
 # ---------------------------------------------------------------- runs list
-
-
-@login_required
-@require_GET
-def run_list(request: HttpRequest) -> HttpResponse:
-    runs = list(runs_visible_to(request.user)[:200])
-    return render(request, "inflight/run_list.html", {"runs": runs})
 
 
 @json_login_required
@@ -281,42 +274,7 @@ def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("web:run_detail", run_id=run_id)
 
 
-# ---------------------------------------------------------------- compare, leaderboard, workers
-
-
-@login_required
-@require_GET
-def compare(request: HttpRequest) -> HttpResponse:
-    raw_ids = [part for value in request.GET.getlist("runs") for part in value.split(",") if part.strip()]
-    try:
-        ids = _parse_ids(raw_ids)
-    except ValueError as exc:
-        return _error_page(request, 400, f"runs: expected run ids; {exc}")
-    if len(ids) > MAX_COMPARED_RUNS:
-        return _error_page(request, 400, f"runs: compare at most {MAX_COMPARED_RUNS} runs at once")
-    visible = {run.pk: run for run in runs_visible_to(request.user).filter(pk__in=ids)}
-    unknown = [run_id for run_id in ids if run_id not in visible]
-    if unknown:
-        return _error_page(request, 404, f"Run(s) {', '.join(f'#{i}' for i in unknown)} do not exist or are not yours.")
-    runs = [visible[run_id] for run_id in ids]
-    page = {
-        "runs": [
-            {"id": run.pk, "name": run.name, "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
-             "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1)}
-            for run in runs
-        ],
-    }
-    return render(
-        request,
-        "inflight/compare.html",
-        {
-            "runs": runs,
-            "choices": list(runs_visible_to(request.user)[:200]),
-            "selected": set(ids),
-            "diff": config_diff(runs) if len(runs) > 1 else [],
-            "page": page,
-        },
-    )
+# ---------------------------------------------------------------- compare and leaderboard (their views: run_actions), workers
 
 
 LEADERBOARD_COLUMNS = [
@@ -329,25 +287,6 @@ LEADERBOARD_COLUMNS = [
     ("throughput", "Tokens/s"),
     ("wall_time_s", "Wall time"),
 ]
-
-
-@login_required
-@require_GET
-def leaderboard(request: HttpRequest) -> HttpResponse:
-    sort = request.GET.get("sort", "-aime24_best")
-    try:
-        rows = leaderboard_rows(request.user, sort)
-    except ValueError as exc:
-        return _error_page(request, 400, f"sort: {exc}")
-    key = sort.lstrip("-")
-    columns = [
-        {"key": column, "label": label, "active": column == key, "descending": sort.startswith("-"),
-         # Clicking the active column flips its direction; another column starts descending
-         # (wall time ascending: shorter is better).
-         "next": (column if sort.startswith("-") else f"-{column}") if column == key else (column if column == "wall_time_s" else f"-{column}")}
-        for column, label in LEADERBOARD_COLUMNS
-    ]
-    return render(request, "inflight/leaderboard.html", {"rows": rows, "columns": columns, "sort": sort})
 
 
 @login_required
