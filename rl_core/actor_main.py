@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from rl_core.actor import Actor
-from rl_core.config import RunConfig, load_config
+from rl_core.config import RunConfig, load_run_config
 from rl_core.metrics import JsonlSink
 from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, stream_redis_url, wait_for_servers
 from rl_core.stream import open_writer
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
                              "(the launcher starts the actor while the servers load).")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
-    config = load_config(run_dir / "config.yaml")
+    config = load_run_config(run_dir)
     servers = [url for url in args.servers.split(",") if url]
     if args.await_servers:
         servers = wait_for_servers(run_dir, SERVERS_WAIT_S)

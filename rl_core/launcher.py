@@ -147,14 +147,17 @@ class ChildSpec:
     env: dict[str, str]
 
 
-def server_children(config: RunConfig, placement: Placement, serve_model: str | Path, python: str = sys.executable,
+def server_children(config: RunConfig, placement: Placement, run_dir: str | Path, serve_model: str | Path, python: str = sys.executable,
                     vllm_python: str | None = None) -> list[ChildSpec]:
-    """One spec per inference server, each seeing only its own GPUs."""
+    """One spec per inference server, each seeing only its own GPUs. A server reads its
+    settings from the run directory's config.yaml; its command line names only the run
+    directory, which server it is, the weights (the model or a resumed checkpoint) and its port."""
     c = config
     specs = []
     for index, where in enumerate(placement.servers):
         port = c.inference.base_port + index if c.inference.base_port else 0
         env = where.env()
+        run_args = ["--run-dir", str(run_dir), "--server-index", str(index), "--model", str(serve_model), "--port", str(port)]
         if c.inference.engine == "vllm":
             from rl_core.vllm_engine import REPO_ROOT, server_command
 
@@ -162,14 +165,9 @@ def server_children(config: RunConfig, placement: Placement, serve_model: str | 
             # Its --tensor-parallel-size workers spread over exactly the GPUs in `env`.
             path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
             env.update(PYTHONPATH=path, OMP_NUM_THREADS=str(c.inference.threads_per_server))
-            specs.append(ChildSpec(f"server{index}", server_command(c, str(serve_model), port, python=vllm_python), env))
+            specs.append(ChildSpec(f"server{index}", server_command(run_args, python=vllm_python), env))
             continue
-        args = ["serve", "--model", str(serve_model), "--port", str(port), "--device", c.inference.device,
-                "--dtype", c.model.dtype, "--max-batch-size", str(c.inference.max_batch_size),
-                "--threads", str(c.inference.threads_per_server), "--seed", str(c.seed + index)]
-        if c.accelerations.histospec.enabled:
-            args += ["--histospec-config", c.accelerations.histospec.model_dump_json()]
-        specs.append(ChildSpec(f"server{index}", [python, "-m", "rl_core", *args], env))
+        specs.append(ChildSpec(f"server{index}", [python, "-m", "rl_core", "serve", *run_args], env))
     return specs
 
 
@@ -311,7 +309,7 @@ class Launcher:
             process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
             self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / "redis.log"))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
-        servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, str(serve_model))]
+        servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, self.run_dir, str(serve_model))]
         # The trainer and the actor start now and load while the servers do; they read the
         # servers' URLs from servers.json, written below once every server is ready.
         for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, None, self.resume, free_port()):

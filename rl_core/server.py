@@ -397,28 +397,36 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU).")
     parser.add_argument("--seed", type=int, default=0, help="Seed for requests without one.")
     parser.add_argument("--histospec", action="store_true", help="Speculative decoding drafted from each prompt's earlier responses.")
-    parser.add_argument("--histospec-config", default=None, help="The run's accelerations.histospec section as JSON (implies --histospec).")
+    parser.add_argument("--run-dir", default=None,
+                        help="A run's server: every setting above but --model/--host/--port comes from DIR/config.yaml.")
+    parser.add_argument("--server-index", type=int, default=0, help="With --run-dir: which of the run's servers this is.")
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     drafter = None
-    engine_config = EngineConfig(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, seed=args.seed)
-    if args.histospec or args.histospec_config:
-        from pydantic import ValidationError
-
-        from rl_core.config import HistoSpecConfig, format_validation_error
-        from rl_core.speculation import make_drafter
+    if args.run_dir:
+        from rl_core.config import ConfigError, load_run_config
+        from rl_core.engine_config import engine_config_for
 
         try:
-            spec_config = HistoSpecConfig.model_validate({**json.loads(args.histospec_config or "{}"), "enabled": True})
-        except (ValueError, ValidationError) as exc:
-            detail = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-            print(f"--histospec-config: {detail}", file=sys.stderr)
+            config = load_run_config(args.run_dir)
+        except ConfigError as exc:
+            print(f"--run-dir: {exc}", file=sys.stderr)
             return 2
-        drafter = make_drafter(spec_config)
-        engine_config.initial_draft_len = spec_config.initial_draft_len
-        engine_config.max_draft_len = spec_config.max_draft_len
+        args.device, args.dtype, args.threads = config.inference.device, config.model.dtype, config.inference.threads_per_server
+        engine_config = engine_config_for(config, args.server_index)
+        args.seed = engine_config.seed
+        histospec = config.accelerations.histospec
+    else:  # standalone: the flags
+        from rl_core.config import HistoSpecConfig
+
+        engine_config = EngineConfig(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, seed=args.seed)
+        histospec = HistoSpecConfig(enabled=args.histospec)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    if histospec.enabled:
+        from rl_core.speculation import make_drafter
+
+        drafter = make_drafter(histospec)
     try:
         engine = ReferenceEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, config=engine_config, drafter=drafter)
     except (OSError, ValueError) as exc:

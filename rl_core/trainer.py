@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from rl_core.config import RunConfig, load_config
+from rl_core.config import RunConfig, load_run_config
 from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, scoring_temperature
 from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
@@ -457,7 +457,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
-    config = load_config(run_dir / "config.yaml")
+    config = load_run_config(run_dir)
     torch.set_num_threads(config.trainer.threads)
     torch.manual_seed(config.seed)
     random.seed(config.seed)

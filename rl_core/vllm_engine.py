@@ -27,7 +27,8 @@ makes `.venv-vllm`; on GPU boxes the `[gpu]` extra may put it in the main one):
    Unchanged, the trainer's `WeightBroadcaster` and every client talk to it as to a
    reference server.
 2. The launcher side (any venv, no vLLM import): `vllm_python()`, `vllm_available()`,
-   `server_command(config, ...)` and `start_vllm_server(...)`.
+   `server_command(run_args)` (a run's server reads config.yaml: `apply_run_config`) and
+   `start_vllm_server(...)`.
 
 HistoSpec maps to vLLM's `suffix` speculative method (needs `arctic-inference`; the
 server refuses `--histospec` clearly when it is missing).
@@ -86,23 +87,34 @@ def vllm_available() -> tuple[bool, str]:
     return True, f"vllm {probe.stdout.strip()} at {python}"
 
 
-def server_command(config: RunConfig, model_path: str, port: int = 0, python: str | None = None) -> list[str]:
-    """The command that serves one vLLM server of a run."""
-    inference = config.inference
+def server_command(run_args: list[str], python: str | None = None) -> list[str]:
+    """The command that serves one vLLM server of a run: `run_args` name the run directory,
+    the server's index, the weights and the port; the settings come from config.yaml."""
     python = python or vllm_python()
     if python is None:
         raise RuntimeError("inference.engine is 'vllm' but " + vllm_available()[1])
-    command = [
-        python, "-m", "rl_core.vllm_engine", "--model", str(model_path), "--port", str(port),
-        "--dtype", config.model.dtype, "--device", "cuda" if inference.device.startswith("cuda") else "cpu",
-        "--tensor-parallel-size", str(inference.tensor_parallel_size),
-        "--max-batch-size", str(inference.max_batch_size),
-        "--gpu-memory-utilization", str(inference.gpu_memory_utilization),
-        "--threads", str(inference.threads_per_server), "--seed", str(config.seed),
-    ]
-    if config.accelerations.histospec.enabled:
-        command += ["--histospec", "--max-draft-len", str(config.accelerations.histospec.max_draft_len)]
-    return command
+    return [python, "-m", "rl_core.vllm_engine", *run_args]
+
+
+def apply_run_config(args: argparse.Namespace, config: RunConfig, server_index: int) -> None:
+    """A run's vLLM server: its settings from the run's config (the one mapping, as the
+    reference server's `engine_config.engine_config_for`), over the command-line defaults."""
+    from rl_core.engine_config import engine_config_for
+
+    inference, engine = config.inference, engine_config_for(config, server_index)
+    args.dtype = config.model.dtype
+    args.device = "cuda" if inference.device.startswith("cuda") else "cpu"
+    args.tensor_parallel_size = inference.tensor_parallel_size
+    args.max_batch_size = engine.max_batch_size
+    args.max_seq_len = engine.max_seq_len or args.max_seq_len
+    args.gpu_memory_utilization = inference.gpu_memory_utilization
+    args.cpu_kv_cache_gib = inference.cpu_kv_cache_gib
+    args.threads = inference.threads_per_server
+    args.seed = config.seed  # vLLM servers of a run have always shared the run's seed
+    args.enforce_eager = inference.enforce_eager
+    args.prefix_caching = inference.prefix_caching
+    args.histospec = config.accelerations.histospec.enabled
+    args.max_draft_len = engine.max_draft_len
 
 
 # The handle `start_vllm_server` returns (one server process type for every engine).
@@ -423,11 +435,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix-caching", action="store_true", help="Share prompt KV across requests (stale across weight updates).")
     parser.add_argument("--histospec", action="store_true", help="Speculative decoding from earlier responses (vLLM `suffix`).")
     parser.add_argument("--max-draft-len", type=int, default=16, help="Most speculative tokens per step (--histospec).")
+    parser.add_argument("--run-dir", default=None,
+                        help="A run's server: every setting but --model/--host/--port/--served-model-name comes from DIR/config.yaml.")
+    parser.add_argument("--server-index", type=int, default=0, help="With --run-dir: which of the run's servers this is.")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.run_dir:
+        from rl_core.config import ConfigError, load_run_config
+
+        try:
+            apply_run_config(args, load_run_config(args.run_dir), args.server_index)
+        except ConfigError as exc:
+            print(f"--run-dir: {exc}", file=sys.stderr)
+            return 2
     if not (Path(args.model) / "config.json").is_file():
         print(f"cannot load model {args.model}: not an HF model directory (no config.json)", file=sys.stderr)
         return 2

@@ -126,13 +126,13 @@ def test_children_get_exactly_their_gpus_on_an_eight_gpu_node(tmp_path: Path) ->
     config = gpu_run_config()
     placement = place_run(config, list(range(8)))
     assert config.trainer.device == "cuda"  # renumbered inside each process: cuda:3 would not exist there
-    servers = server_children(config, placement, "/models/m", vllm_python="/opt/vllm/bin/python")
+    servers = server_children(config, placement, tmp_path, "/models/m", vllm_python="/opt/vllm/bin/python")
     assert [spec.name for spec in servers] == ["server0", "server1"]
     assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in servers] == ["0,1", "2,3"]
-    for spec in servers:
-        assert spec.command[0] == "/opt/vllm/bin/python"
-        assert spec.command[spec.command.index("--tensor-parallel-size") + 1] == "2"
-        assert spec.command[spec.command.index("--device") + 1] == "cuda"
+    for index, spec in enumerate(servers):
+        assert spec.command[:3] == ["/opt/vllm/bin/python", "-m", "rl_core.vllm_engine"]
+        # Settings come from the run directory's config.yaml, not from flags.
+        assert spec.command[3:] == ["--run-dir", str(tmp_path), "--server-index", str(index), "--model", "/models/m", "--port", "0"]
     ranks = trainer_children(config, placement, tmp_path, "/models/m", ["http://a", "http://b"], False, 29501, python="py")
     assert [spec.name for spec in ranks] == ["trainer", "trainer1", "trainer2", "trainer3"]
     assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in ranks] == ["4", "5", "6", "7"]
@@ -148,7 +148,7 @@ def test_children_get_exactly_their_gpus_on_an_eight_gpu_node(tmp_path: Path) ->
 def test_cpu_run_children_see_no_gpu_and_cpu_ranks_rendezvous(tmp_path: Path) -> None:
     config = RunConfig.model_validate({"inference": {"num_servers": 2}, "trainer": {"backend": "deepspeed", "cpu_ranks": 2}})
     placement = place_run(config, [0, 1])  # GPUs present, but a CPU run must not touch them
-    servers = server_children(config, placement, "/models/m", python="py")
+    servers = server_children(config, placement, tmp_path, "/models/m", python="py")
     assert [spec.env for spec in servers] == [{"CUDA_VISIBLE_DEVICES": ""}] * 2
     assert servers[1].command[:4] == ["py", "-m", "rl_core", "serve"]
     ranks = trainer_children(config, placement, tmp_path, "/models/m", ["http://a"], True, 4000, python="py")
@@ -235,3 +235,37 @@ def test_sigkilled_launcher_takes_its_children_along(tiny_model: Path, tmp_path:
         if launcher.poll() is None:
             launcher.kill()
     assert_all_gone(children)
+
+
+def test_every_engine_setting_of_a_run_config_reaches_the_engine_config() -> None:
+    """engine_config_for is the one config → EngineConfig mapping: every EngineConfig field
+    is set from the run config (none left at a default the config cannot change)."""
+    import dataclasses
+
+    from rl_core.engine_config import EngineConfig, engine_config_for
+
+    config = RunConfig.model_validate({
+        "seed": 7,
+        "inference": {"max_batch_size": 5, "max_seq_len": 300, "initial_cache_len": 33, "max_prefill_tokens": 99,
+                      "spec_step_token_budget": 12, "forward_overhead_tokens": 3},
+        "accelerations": {"histospec": {"enabled": True, "initial_draft_len": 3, "max_draft_len": 9}},
+    })
+    engine = engine_config_for(config, server_index=2)
+    assert dataclasses.asdict(engine) == {
+        "max_batch_size": 5, "max_seq_len": 300, "initial_cache_len": 33, "max_prefill_tokens": 99, "seed": 9,
+        "initial_draft_len": 3, "max_draft_len": 9, "spec_step_token_budget": 12, "forward_overhead_tokens": 3,
+    }
+    defaults = engine_config_for(RunConfig())
+    assert dataclasses.asdict(defaults) == dataclasses.asdict(EngineConfig())  # the config's defaults are the engine's
+
+
+def test_a_vllm_server_of_a_run_takes_its_settings_from_config_yaml(tmp_path: Path) -> None:
+    from rl_core.config import config_to_yaml
+    from rl_core.vllm_engine import _parser, apply_run_config
+
+    config = RunConfig.model_validate({"seed": 4, "inference": {"max_batch_size": 6, "max_seq_len": 512, "threads_per_server": 2,
+                                                                "cpu_kv_cache_gib": 3, "prefix_caching": True}})
+    args = _parser().parse_args(["--model", "/m", "--run-dir", str(tmp_path)])
+    apply_run_config(args, config, 0)
+    assert (args.max_batch_size, args.max_seq_len, args.threads, args.cpu_kv_cache_gib, args.prefix_caching, args.seed) == (6, 512, 2, 3, True, 4)
+    assert config_to_yaml(config)  # what the launcher writes is what the server reads back
