@@ -249,11 +249,10 @@ class RunSupervisor:
 
     def deliver_train_logprobs(self) -> bool:
         """The trainer's per-token logprobs, attached to stored rollouts (importance ratios).
-        False only when the reporter failed; a line whose stream lines are not delivered yet waits
-        (with the Redis stream there is no stream file: those lines never attach)."""
+        False only when the reporter failed; a line whose stream lines are not delivered yet waits."""
         attach = getattr(self.reporter, "train_logprobs", None)
-        if attach is None:
-            return True
+        if attach is None or not self.rollouts_tail.path.exists():
+            return True  # no file stream (yet, or a Redis stream): nothing they could attach to
         if len(self.train_logprobs_waiting) < TRAIN_LOGPROBS_WAITING_MAX:
             self.train_logprobs_waiting.extend(record for _, record in self.train_logprobs_tail.read(max_lines=2000))
         delivered = self.rollouts_tail.line_no

@@ -263,3 +263,14 @@ def test_a_redis_stream_run_says_why_its_rollouts_tab_is_empty(client, owner) ->
     redis_run.save(update_fields=["config"])
     assert b'id="rollouts-redis-note"' in client.get(f"/runs/{redis_run.pk}/").content
     assert b'id="rollouts-redis-note"' not in client.get(f"/runs/{make_run(owner).pk}/").content
+
+
+def test_without_a_file_stream_trainer_logprobs_are_not_held(owner, tmp_path: Path) -> None:
+    from workers.supervisor import TRAIN_LOGPROBS_FILE, RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner)
+    (tmp_path / TRAIN_LOGPROBS_FILE).write_text(json.dumps({"sample_id": "g0-0", "step": 1, "consumed": 4, "logprobs": [0.0]}) + "\n")
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    assert supervisor.deliver() is True  # a Redis-stream run: delivered means nothing is pending
+    assert supervisor.train_logprobs_waiting == []
