@@ -54,7 +54,9 @@ def test_histospec_server_drafts_from_history_and_client_sees_server_death(untra
 
         async def die_mid_request():
             async with InferenceClient(server.url) as client:
-                task = asyncio.create_task(client.generate(MESSAGES, SamplingParams(temperature=1.0, max_new_tokens=900)))
+                # 16 samples: the response waits for all of them, so one sampling an early EOS
+                # cannot finish the request before the kill.
+                task = asyncio.create_task(client.generate(MESSAGES, SamplingParams(temperature=1.0, max_new_tokens=900), n=16))
                 while (await client.health())["running"] == 0:
                     await asyncio.sleep(0.01)
                 server.process.kill()
