@@ -3,10 +3,11 @@ Daphne, Celery, PostgreSQL and Redis, with the real engine on the tiny model:
 
 - a shortened demo run: its Rollouts tab fills while the run goes (rows arrive over the run's
   socket, no reload), a sample that spans two policy versions shows two colours and where the
-  weights switched, a filter narrows the table;
+  weights switched, the trainer's logprobs reach it and its importance-ratio colouring turns on,
+  a filter narrows the table;
 - a run made to diverge (lr 1e18: NaN loss at its second step): the alert banner rises within
   seconds of the alert, and a local HTTP receiver (the user's webhook) gets exactly one POST.
-Screenshots: /tmp/rollouts_tab.png, /tmp/sample_view.png, /tmp/alert_banner.png.
+Screenshots: /tmp/rollouts_tab.png, /tmp/sample_view.png, /tmp/sample_view_ratio.png, /tmp/alert_banner.png.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
 
             wait(lambda: spanning_id() is not None, timeout=240, interval=2, message="a rollout that spans two policy versions")
             sample_id = spanning_id()
+            # The trainer's logprobs of that sample (train_logprobs.jsonl) attach once its step is trained.
+            detail_url = f"/api/runs/{run.pk}/rollouts/{sample_id}/"
+            wait(lambda: api.get(detail_url).json()["ratios"] is not None, timeout=180, interval=2,
+                 message="the trainer's logprobs of that sample")
+            ratios = sorted(api.get(detail_url).json()["ratios"])
+            # Trained at most max_lag versions after sampling, at a small LR: the policies are close.
+            assert all(r > 0 for r in ratios) and 0.5 < ratios[len(ratios) // 2] < 2.0, ratios
             assert api.post(f"/api/runs/{run.pk}/cancel/").status_code == 200  # seen enough: free the CPU
             # Narrow the table to that sample's step (the filter form), then open it like a user.
             step = api.get(f"/api/runs/{run.pk}/rollouts/{sample_id}/").json()["step"]
@@ -104,6 +112,14 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
             assert len(colours) >= 2, colours
             assert page.locator("#sample-tokens .tok.switch").count() >= 1
             page.screenshot(path="/tmp/sample_view.png", full_page=False)
+            # The importance-ratio toggle is live for it and colours every token.
+            assert page.locator("#colour-ratio").is_enabled()
+            page.check("#colour-ratio")
+            ratio_colours = page.eval_on_selector_all("#sample-tokens .tok", "els => els.map(e => getComputedStyle(e).backgroundColor)")
+            assert ratio_colours and all(c not in ("rgba(0, 0, 0, 0)", "transparent") for c in ratio_colours), ratio_colours
+            assert "ratio" in page.locator("#sample-legend").inner_text()
+            page.screenshot(path="/tmp/sample_view_ratio.png", full_page=False)
+            page.check('input[name="colour"][value="version"]')
             page.click("#sample-group")
             page.wait_for_selector("#sample-group-view:not(.hidden) tr.rollout-row")
             page.click("#sample-close")
