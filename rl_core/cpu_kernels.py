@@ -11,6 +11,8 @@ backward, in the same dtype: results differ from MKL's only by float summation o
 ~1e-5 on the demo model's logits, tested). Parameters, state dicts and in-place weight updates are
 untouched: oneDNN reads the dense weight tensors on every call, so in-flight weight updates and
 checkpoint loads keep working. INFLIGHT_CPU_LINEAR=torch turns it off (the stock path).
+The reference engine and TorchBackend use it; the DeepSpeed backend keeps torch's path (ZeRO
+gathers and partitions weights in its own module hooks, which this has not been checked under).
 """
 
 from __future__ import annotations
