@@ -41,6 +41,7 @@ from rl_core.run_dir import (  # no torch either: the run directory's layout and
     TRAIN_LOGPROBS_FILE,
     read_status,
 )
+from workers.stream_tail import FileStreamTail, RedisStreamTail, rollouts_tail as open_rollouts_tail
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class RunSupervisor:
     resumes_reported: int = field(default=0, init=False)
     metrics_tail: JsonlTail = field(init=False)
     evals_tail: JsonlTail = field(init=False)
-    rollouts_tail: JsonlTail = field(init=False)
+    rollouts_tail: FileStreamTail | RedisStreamTail = field(init=False)  # the stream the config names
     train_logprobs_tail: JsonlTail = field(init=False)
     # train_logprobs.jsonl lines read but not yet handed over: a line waits until the stream lines
     # it covers (`consumed`) are delivered, so the rows it attaches to exist.
@@ -153,7 +154,7 @@ class RunSupervisor:
         self.run_dir = Path(self.run_dir)
         self.metrics_tail = JsonlTail(self.run_dir / METRICS_FILE)
         self.evals_tail = JsonlTail(self.run_dir / EVALS_FILE)
-        self.rollouts_tail = JsonlTail(self.run_dir / ROLLOUTS_FILE)
+        self.rollouts_tail = open_rollouts_tail(self.run_dir, self.config_yaml)
         self.train_logprobs_tail = JsonlTail(self.run_dir / TRAIN_LOGPROBS_FILE)
 
     # -------------------------------------------------------------- 1. start
@@ -251,8 +252,8 @@ class RunSupervisor:
         """The trainer's per-token logprobs, attached to stored rollouts (importance ratios).
         False only when the reporter failed; a line whose stream lines are not delivered yet waits."""
         attach = getattr(self.reporter, "train_logprobs", None)
-        if attach is None or not self.rollouts_tail.path.exists():
-            return True  # no file stream (yet, or a Redis stream): nothing they could attach to
+        if attach is None or not self.rollouts_tail.has_stream():
+            return True  # no stream file yet: nothing they could attach to
         if len(self.train_logprobs_waiting) < TRAIN_LOGPROBS_WAITING_MAX:
             self.train_logprobs_waiting.extend(record for _, record in self.train_logprobs_tail.read(max_lines=2000))
         delivered = self.rollouts_tail.line_no

@@ -256,21 +256,41 @@ def test_supervisor_attaches_trainer_logprobs_once_their_stream_lines_are_stored
     assert supervisor.train_logprobs_waiting == []
 
 
-def test_a_redis_stream_run_says_why_its_rollouts_tab_is_empty(client, owner) -> None:
-    client.force_login(owner)
-    redis_run = make_run(owner)
-    redis_run.config = {**redis_run.config, "stream": {"kind": "redis"}}
-    redis_run.save(update_fields=["config"])
-    assert b'id="rollouts-redis-note"' in client.get(f"/runs/{redis_run.pk}/").content
-    assert b'id="rollouts-redis-note"' not in client.get(f"/runs/{make_run(owner).pk}/").content
-
-
-def test_without_a_file_stream_trainer_logprobs_are_not_held(owner, tmp_path: Path) -> None:
+def test_without_a_stream_file_trainer_logprobs_are_not_held(owner, tmp_path: Path) -> None:
     from workers.supervisor import TRAIN_LOGPROBS_FILE, RunSupervisor
     from workers.tasks import PlatformReporter
 
     run = make_run(owner)
     (tmp_path / TRAIN_LOGPROBS_FILE).write_text(json.dumps({"sample_id": "g0-0", "step": 1, "consumed": 4, "logprobs": [0.0]}) + "\n")
     supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
-    assert supervisor.deliver() is True  # a Redis-stream run: delivered means nothing is pending
+    assert supervisor.deliver() is True  # nothing is pending: there is no stream to attach to
     assert supervisor.train_logprobs_waiting == []
+
+
+def test_a_redis_stream_run_fills_the_viewer_like_a_file_stream(owner, tmp_path: Path) -> None:
+    from rl_core.contracts import RolloutSample
+    from rl_core.run_dir import REDIS_DIR
+    from rl_core.stream import RedisStreamWriter, redis_stream_key, start_redis_server
+    from workers.supervisor import TRAIN_LOGPROBS_FILE, RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    process, url = start_redis_server(tmp_path / REDIS_DIR)  # where the launcher's embedded server lives
+    try:
+        writer = RedisStreamWriter(url, redis_stream_key(tmp_path))
+        writer.append([RolloutSample.from_json(sample(line)) for line in range(6)])
+        config_yaml = "stream:\n  kind: redis\n  redis_embedded: true\n"
+        supervisor = RunSupervisor(run_dir=tmp_path, config_yaml=config_yaml, command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+        assert supervisor.deliver() is True
+        assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(6))
+        writer.append([RolloutSample.from_json(sample(line)) for line in range(6, 8)])
+        (tmp_path / TRAIN_LOGPROBS_FILE).write_text(json.dumps({"sample_id": "g3-1", "step": 2, "consumed": 8, "logprobs": [-0.125] * 6}) + "\n")
+        assert supervisor.deliver() is True
+        assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(8))  # numbered in stream order
+        assert StoredRollout.objects.get(run=run, line=7).train_logprobs == [-0.125] * 6
+        writer.close()
+    finally:
+        process.terminate()
+        process.wait(10)
+    # The run's server stopped with the run: nothing more to read, and nothing counted as undelivered.
+    assert supervisor.deliver() is True and supervisor.rollouts_tail.line_no == 8

@@ -1,0 +1,94 @@
+"""The actor's stream as the supervisor reads it for the rollout viewer: the file stream
+(`stream/rollouts.jsonl`, a `JsonlTail`) or a Redis stream, read the same way.
+
+`RedisStreamTail` has JsonlTail's `peek` / `commit` / `line_no`: a line number is the entry's
+0-based place in the stream (what the platform's idempotency key and step need), the offset the
+last delivered entry id. Redis being unreachable is not a delivery failure: the run's private
+server is not up yet, or has stopped with the run, so there is nothing to read (with the
+embedded server, entries written in the last poll before the run stopped may be missed; an
+external Redis keeps them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rl_core.jsonl_tail import JsonlTail
+from rl_core.run_dir import ROLLOUTS_FILE, redis_socket
+from rl_core.stream import redis_stream_key
+
+logger = logging.getLogger(__name__)
+
+
+def _next_id(entry_id: str) -> str:
+    """The smallest entry id after `entry_id` (XRANGE's start is inclusive)."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+class RedisStreamTail:
+    def __init__(self, url: str, key: str) -> None:
+        self.url = url
+        self.key = key
+        self.offset = "0-0"  # id of the last delivered entry ("0-0": none yet)
+        self.line_no = 0
+        self.bad_lines = 0
+        self._client: Any = None
+        self._unreachable = False
+
+    def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], str, int]:
+        import redis
+
+        try:
+            if self._client is None:
+                self._client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+            entries = self._client.xrange(self.key, min=_next_id(self.offset), max="+", count=max_lines)
+        except (redis.RedisError, OSError) as exc:
+            if not self._unreachable:
+                logger.info("rollout stream %s unreachable (%s); nothing to read until it answers", self.url, exc)
+            self._unreachable, self._client = True, None
+            return [], self.offset, self.line_no
+        self._unreachable = False
+        records: list[tuple[int, dict[str, Any]]] = []
+        offset, line_no = self.offset, self.line_no
+        for entry_id, fields in entries:
+            try:
+                record = json.loads(fields.get(b"json") or fields.get("json") or b"")
+                if isinstance(record, dict):
+                    records.append((line_no, record))
+                else:
+                    self.bad_lines += 1
+            except ValueError:
+                self.bad_lines += 1
+            line_no += 1
+            offset = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return records, offset, line_no
+
+    def commit(self, offset: str, line_no: int) -> None:
+        self.offset, self.line_no = offset, line_no
+
+    def has_stream(self) -> bool:
+        return True
+
+
+class FileStreamTail(JsonlTail):
+    def has_stream(self) -> bool:
+        return self.path.exists()
+
+
+def rollouts_tail(run_dir: Path, config_yaml: str) -> FileStreamTail | RedisStreamTail:
+    """The tail of the run's stream, from the submitted config's `stream` section."""
+    try:
+        stream = (yaml.safe_load(config_yaml) or {}).get("stream") or {}
+    except yaml.YAMLError:
+        stream = {}
+    if not isinstance(stream, dict) or stream.get("kind") != "redis":
+        return FileStreamTail(run_dir / ROLLOUTS_FILE)
+    # As rl_core.run_dir.stream_redis_url: the run's private server's socket when embedded.
+    url = f"unix://{redis_socket(run_dir)}" if stream.get("redis_embedded") else str(stream.get("redis_url") or "redis://127.0.0.1:6379/0")
+    return RedisStreamTail(url, redis_stream_key(run_dir))
