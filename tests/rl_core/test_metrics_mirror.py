@@ -244,3 +244,39 @@ def test_a_missing_package_fails_before_the_run_naming_the_field(monkeypatch: py
     config = RunConfig.model_validate({"monitoring": {"mirror": {"sinks": ["wandb"]}}})
     with pytest.raises(launcher.LaunchError, match=r"monitoring\.mirror\.sinks"):
         launcher.validate_inputs(config)
+
+
+# --- a real run -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_run_mirrors_every_metrics_line_to_both(tiny_model: Path, tmp_path: Path) -> None:
+    """`python -m rl_core run` with both mirrors: every line any process wrote (trainer, actor,
+    launcher's system metrics) is in TensorBoard at its step and in the W&B run's history."""
+    import os
+    import subprocess
+    import sys
+
+    from test_launcher import write_config
+
+    from rl_core.metrics import read_metrics
+
+    config = write_config(tmp_path / "config.yaml", tiny_model, monitoring={"mirror": {"sinks": ["wandb", "tensorboard"]}})
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    done = subprocess.run([sys.executable, "-m", "rl_core", "run", str(config), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = read_metrics(out / METRICS_FILE)
+    assert {"train/loss", "rollout/tokens_per_s"} <= {key for line in lines for key in line}  # trainer's and actor's
+    want: dict[str, list[tuple[int, float]]] = {}
+    for line in lines:
+        for key, value in line.items():
+            if key not in ("t", "step"):
+                want.setdefault(key, []).append((int(line["step"]), value))
+    got = tensorboard_scalars(out / TENSORBOARD_DIR)
+    assert set(got) == set(want)
+    for tag, points in want.items():
+        assert [step for step, _ in got[tag]] == [step for step, _ in points], tag
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-30), tag
+    assert len(wandb_history(out)) == len(lines)
