@@ -218,6 +218,9 @@ def test_trainer_logprobs_attach_to_stored_samples_and_give_ratios(owner_api, ow
     import math
 
     assert detail["ratios"] == pytest.approx([math.exp(t + 0.5) for t in train])
+    assert detail["train_logprobs"] == train
+    exported = [json.loads(line) for line in b"".join(owner_api.get(f"/api/runs/{run.pk}/export/rollouts.jsonl").streaming_content).decode().splitlines()]
+    assert next(r for r in exported if r["sample_id"] == "g0-0")["train_logprobs"] == train  # the export carries them too
 
 
 def test_supervisor_attaches_trainer_logprobs_once_their_stream_lines_are_stored(owner, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def detail_json(row: StoredRollout) -> dict[str, Any]:
         **summary_json(row), "prompt_id": row.prompt_id, "prompt_text": row.prompt_text,
         "completion_text": row.completion_text, "advantage": row.advantage, "finish_reason": row.finish_reason,
         "tokens": row.tokens, "token_ids": row.token_ids, "versions": row.versions, "logprobs": row.logprobs,
-        "ratios": ratios, "version_switches": switches,
+        "train_logprobs": row.train_logprobs, "ratios": ratios, "version_switches": switches,
     }
 
 
