@@ -50,9 +50,7 @@ class TrainRecords:
         self.every_n_steps = max(1, int(every_n_steps))
         self.enabled = enabled
         self._captured: list[Captured] = []
-        self._queue: queue.Queue[tuple[int, int, list[Captured]] | None] = (
-            queue.Queue(MAX_PENDING_STEPS)
-        )
+        self._queue: queue.Queue[tuple[int, int, list[Captured]] | None] = queue.Queue(MAX_PENDING_STEPS)
         self._thread: threading.Thread | None = None
         self._failed = False
 
@@ -70,7 +68,12 @@ class TrainRecords:
         the values are read on the writer thread (the trainer's next steps do not change them)."""
         # sample_order lists the completions in the order their tokens lie in the loss mask.
         members = [(samples[index].sample_id, len(samples[index].completion_token_ids)) for index in batch.sample_order]
-        self._captured.append((logprobs.detach(), batch.loss_mask, members))
+        values = logprobs.detach()
+        if values.untyped_storage().nbytes() > 2 * values.numel() * values.element_size():
+            # A view into something larger (a backend's [B, T, V] table): holding it until the
+            # writer runs would keep all of it alive. The copy is [B, T] and asynchronous on a GPU.
+            values = values.clone()
+        self._captured.append((values, batch.loss_mask, members))
 
     def flush(self, step: int, consumed: int) -> None:
         """Hand the step's captured micro-batches to the writer thread (no-op if none)."""

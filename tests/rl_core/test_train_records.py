@@ -61,6 +61,20 @@ def test_capture_maps_packed_tokens_back_to_their_samples(tmp_path: Path) -> Non
         assert got[sample.sample_id]["step"] == 1 and got[sample.sample_id]["consumed"] == 12
 
 
+def test_a_view_into_a_larger_table_is_not_kept_alive(tmp_path: Path) -> None:
+    samples = grouped_samples(1, 2, seed=5)
+    (batch,) = pack_micro_batches(samples, 256)
+    table = torch.randn(*batch.input_ids.shape, 64)  # as a [B, T, V] log-softmax would be
+    records = TrainRecords(tmp_path, every_n_steps=1)
+    records.capture(batch, table[..., 3], samples)
+    kept = records._captured[0][0]
+    assert kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
+    records.flush(1, 2)
+    records.close()
+    want = table[..., 3][batch.loss_mask].tolist()
+    assert [v for r in read_records(tmp_path) for v in r["logprobs"]] == pytest.approx(want, abs=1e-4)
+
+
 def test_only_kept_steps_are_recorded_and_disabled_records_nothing(tmp_path: Path) -> None:
     records = TrainRecords(tmp_path, every_n_steps=5)
     assert [step for step in range(1, 16) if records.wants(step)] == [5, 10, 15]
