@@ -221,7 +221,7 @@ class _Guarded:
     def __init__(self, name: str, sink: MetricsSink | None) -> None:
         self.name, self.sink = name, sink
 
-    def _fail(self, what: str, exc: BaseException) -> None:
+    def fail(self, what: str, exc: BaseException) -> None:
         logger.warning("metrics mirror %s: %s failed (%r); mirroring to it stops, metrics.jsonl is unaffected",
                        self.name, what, exc)
         self.sink = None
@@ -232,14 +232,14 @@ class _Guarded:
         try:
             self.sink.log(step, metrics, t)
         except Exception as exc:  # noqa: BLE001 - a mirror must never stop the run
-            self._fail("log", exc)
+            self.fail("log", exc)
 
     def close(self) -> None:
         if self.sink is not None:
             try:
                 self.sink.close()
             except Exception as exc:  # noqa: BLE001
-                self._fail("close", exc)
+                self.fail("close", exc)
 
 
 def open_mirror(name: str, run_dir: Path, mirror: MirrorConfig, run_name: str = "run",
@@ -282,7 +282,7 @@ class MetricsMirror:
             try:
                 guarded.sink = self._open(name)
             except Exception as exc:  # noqa: BLE001
-                guarded._fail("start", exc)
+                guarded.fail("start", exc)
             self.mirrors.append(guarded)
         while True:
             stopping = self._stop.wait(self._poll_s)
