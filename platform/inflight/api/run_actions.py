@@ -1,7 +1,7 @@
 """API actions on runs (clone/fork, resume, checkpoints, edit, delete) and the filtered run list.
 
     GET    /api/runs/                 ?status=&tag=&q=&owner=&archived=0|1|all&sort=-created&limit=
-    POST   /api/runs/                 (api.views.create_run)
+    POST   /api/runs/                 {"name", "config"} → 201 new run
     GET    /api/runs/<id>/            → run (with parent, parent_step, tags, note, archived, resume_count)
     PATCH  /api/runs/<id>/            {"tags": [..], "note": str, "archived": bool}   (owner)
     DELETE /api/runs/<id>/            → {"deleted": id}; rows now, the run directory by a worker   (owner)
@@ -20,7 +20,7 @@ from django.http import HttpRequest
 
 from inflight.api import views as api_views
 from inflight.api.auth import api_view, int_param, read_json_body
-from inflight.api.errors import ApiError
+from inflight.api.errors import ApiError, json_response
 from inflight.runs import actions, selectors, services
 from inflight.runs.models import Run, RunStatus
 from inflight.runs.run_filters import BadFilter, RunFilters, filter_runs
@@ -38,18 +38,35 @@ def run_full_json(run: Run) -> dict[str, Any]:
     }
 
 
+def _create_run(request: HttpRequest) -> Any:
+    body = read_json_body(request)
+    unknown = sorted(set(body) - {"name", "config"})
+    if unknown:
+        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}; send 'name' and 'config'")
+    name = body.get("name", "")
+    if not isinstance(name, str):
+        raise ApiError(400, "'name' must be a string", fields={"name": ["must be a string"]})
+    try:
+        run = services.create_run(request.user, name, body.get("config", {}))
+    except services.RunLimitExceeded as exc:
+        raise ApiError(429, str(exc), fields=exc.errors) from exc
+    except services.InvalidRunConfig as exc:
+        raise ApiError(400, f"invalid config: {exc}", fields=exc.errors) from exc
+    return _queued_or_503(run, 201)
+
+
 def _queued_or_503(run: Run, status: int) -> dict[str, Any] | Any:
     # Queued after commit: if the broker refused it, the run is already `failed`. Say so.
     run.refresh_from_db()
     if run.status == RunStatus.FAILED:
         raise ApiError(503, f"the run could not be queued: {run.error}", run=run_full_json(run))
-    return api_views.json_response(run_full_json(run), status=status)
+    return json_response(run_full_json(run), status=status)
 
 
 @api_view("GET", "POST")
 def runs(request: HttpRequest) -> Any:
     if request.method == "POST":
-        return api_views.create_run(request)
+        return _create_run(request)
     try:
         filters = RunFilters.from_query(request.GET)
     except BadFilter as exc:

@@ -20,11 +20,11 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from inflight.api.auth import api_view, int_param, read_json_body
-from inflight.api.errors import ApiError, json_response
+from inflight.api.auth import api_view, int_param
+from inflight.api.errors import ApiError
 from inflight.live.selectors import run_snapshot
 from inflight.runs import selectors, services
-from inflight.runs.models import EvalScore, Run, RunStatus
+from inflight.runs.models import EvalScore, Run
 from inflight.runs.run_filters import BadFilter, RunFilters
 
 MAX_RAW_POINTS = 50_000
@@ -70,29 +70,6 @@ def _names_param(request: HttpRequest) -> list[str] | None:
     if raw is None:
         return None
     return [name for name in (part.strip() for part in raw.split(",")) if name]
-
-
-def create_run(request: HttpRequest) -> Any:
-    """POST /api/runs/ (routed through `api.run_actions.runs`, which also answers the filtered list)."""
-    body = read_json_body(request)
-    unknown = sorted(set(body) - {"name", "config"})
-    if unknown:
-        raise ApiError(400, f"unknown field(s): {', '.join(unknown)}; send 'name' and 'config'")
-    name = body.get("name", "")
-    if not isinstance(name, str):
-        raise ApiError(400, "'name' must be a string", fields={"name": ["must be a string"]})
-    config = body.get("config", {})
-    try:
-        run = services.create_run(request.user, name, config)
-    except services.RunLimitExceeded as exc:
-        raise ApiError(429, str(exc), fields=exc.errors) from exc
-    except services.InvalidRunConfig as exc:
-        raise ApiError(400, f"invalid config: {exc}", fields=exc.errors) from exc
-    # Queued after commit: if the broker refused it, the run is already `failed`. Say so.
-    run.refresh_from_db()
-    if run.status == RunStatus.FAILED:
-        raise ApiError(503, f"the run could not be queued: {run.error}", run=run_json(run))
-    return json_response(run_json(run), status=201)
 
 
 @api_view("POST")

@@ -108,11 +108,12 @@ def run_checkpoints(run: Run) -> list[CheckpointInfo]:
 # ---------------------------------------------------------------- clone and fork
 
 
-def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `override` laid over it, nested sections merged key by key (a config and its edits)."""
     out = dict(base)
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -134,7 +135,7 @@ def clone_config(source: Run, overrides: Any = None, from_step: int | None = Non
         overrides = {}
     if not isinstance(overrides, Mapping):
         raise BadActionInput({"config": ["must be a mapping of config overrides"]})
-    config = _deep_merge(source.config or {}, overrides)
+    config = deep_merge(source.config or {}, overrides)
     if from_step is not None:
         model = dict(config.get("model") or {})
         model["path"] = fork_model_path(source, from_step)

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from inflight.runs.actions import deep_merge
 from inflight.runs.safe_input import UnsafeInput, load_yaml
 from rl_core.config import RunConfig
 
@@ -258,17 +259,7 @@ def resolved_values(data: Mapping[str, Any]) -> dict[str, Any]:
     try:
         return RunConfig.model_validate(dict(data)).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - invalid input is shown as typed, with its errors
-        return _deep_merge(RunConfig().model_dump(mode="json"), dict(data))
-
-
-def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+        return deep_merge(RunConfig().model_dump(mode="json"), dict(data))
 
 
 def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
