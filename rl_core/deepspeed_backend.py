@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 
 from rl_core.config import RunConfig
-from rl_core.loss import model_token_logprobs
+from rl_core.loss import model_token_logprobs, reference_token_logprobs
 from rl_core.processes import free_port
 from rl_core.model_io import copy_side_files, model_dtype
 from rl_core.torch_backend import lr_multiplier
@@ -192,11 +192,9 @@ class DeepSpeedBackend:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self.reference is None:
-            raise RuntimeError("reference_logprobs: the backend was built without a reference model (trainer.kl_coef is 0)")
-        return model_token_logprobs(
+        return reference_token_logprobs(
             self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source
-        )[0]
+        )
 
     def backward(self, loss: torch.Tensor) -> None:
         # scale_wrt_gas=False: the loop already divides by the whole step's sequence count.

@@ -271,6 +271,23 @@ def model_token_logprobs(
     )
 
 
+@torch.no_grad()
+def reference_token_logprobs(
+    reference: torch.nn.Module | None,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    device: torch.device | str,
+    temperature: float = 1.0,
+    logit_source: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`model_token_logprobs` of a backend's frozen reference model (the k3 KL penalty), for
+    every backend; a backend built without one (trainer.kl_coef 0) refuses."""
+    if reference is None:
+        raise RuntimeError("reference_logprobs: the backend was built without a reference model (trainer.kl_coef is 0)")
+    return model_token_logprobs(reference, input_ids, attention_mask, position_ids, device, temperature, logit_source)[0]
+
+
 def scoring_temperature(sampling_temperature: float) -> float:
     """The temperature the trainer divides logits by for samples drawn at
     `sampling_temperature`. Greedy requests (0) report the plain log-softmax of the argmax

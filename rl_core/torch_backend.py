@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from rl_core.cpu_kernels import use_onednn_linear
-from rl_core.loss import model_token_logprobs
+from rl_core.loss import model_token_logprobs, reference_token_logprobs
 from rl_core.model_io import copy_side_files, model_dtype
 
 if TYPE_CHECKING:
@@ -108,11 +108,9 @@ class TorchBackend:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self.reference is None:
-            raise RuntimeError("reference_logprobs: the backend was built without a reference model")
-        return model_token_logprobs(
+        return reference_token_logprobs(
             self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source
-        )[0]
+        )
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
