@@ -297,6 +297,7 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
         "trainer": {"backend": "deepspeed", "zero_stage": 3, "cpu_ranks": 2, "samples_per_step": 8, "max_steps": 2,
                     "micro_batch_tokens": 32, "lr": 1e-2, "warmup_steps": 0, "grad_clip": 0.5},
         "actor": {"max_lag": 3},
+        "monitoring": {"rollouts": {"keep_every_n_steps": 1}},  # every step's trainer logprobs recorded
     })
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -343,6 +344,13 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
         assert set(by_rank) == {0, 1} and by_rank[0] and by_rank[1], shards
         assert not by_rank[0] & by_rank[1]
         assert by_rank[0] | by_rank[1] == {sample.sample_id for sample in batch}
+    # Each rank recorded the trainer logprobs of its own share: every sample once, whole.
+    from rl_core.run_dir import TRAIN_LOGPROBS_FILE
+
+    recorded = [json.loads(line) for line in (run_dir / TRAIN_LOGPROBS_FILE).read_text().splitlines()]
+    assert sorted(r["sample_id"] for r in recorded) == sorted(s.sample_id for s in samples)
+    lengths = {s.sample_id: len(s.completion_token_ids) for s in samples}
+    assert all(len(r["logprobs"]) == lengths[r["sample_id"]] and r["step"] in (1, 2) for r in recorded)
     metrics = [record for record in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in record]
     assert [record["weights/version"] for record in metrics] == [1.0, 2.0]  # rank 0 alone logs
     assert [record["train/samples_consumed"] for record in metrics] == [8.0, 16.0]
