@@ -47,8 +47,8 @@ class _OneDnnLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grad_rows = grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:  # dL/dx = dL/dy @ W
-            grad_x = _onednn_linear(grad_rows, weight.t().contiguous(), None).reshape(x.shape)
+        if ctx.needs_input_grad[0]:  # dL/dx = dL/dy @ W (oneDNN reads W^T as a strided view: no copy)
+            grad_x = _onednn_linear(grad_rows, weight.t(), None).reshape(x.shape)
         if ctx.needs_input_grad[1]:  # dL/dW = dL/dy^T @ x
             rows = x.reshape(-1, x.shape[-1])
             grad_weight = _onednn_linear(grad_rows.t().contiguous(), rows.t().contiguous(), None)
