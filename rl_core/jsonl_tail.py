@@ -19,6 +19,15 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+def parse_record(raw: bytes | str) -> dict[str, Any] | None:
+    """One stream or file line as a JSON object, or None if it is not one (the caller counts it)."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 @dataclass
 class JsonlTail:
     """Complete lines appended to a JSONL file since the last delivered one."""
@@ -43,16 +52,12 @@ class JsonlTail:
             end = chunk.find(b"\n", start)
             if end < 0:
                 break  # a torn last line: wait until the writer finishes it
-            raw = chunk[start:end]
-            try:
-                record = json.loads(raw)
-                if isinstance(record, dict):
-                    records.append((line_no, record))
-                else:
-                    self.bad_lines += 1
-            except ValueError:
+            record = parse_record(chunk[start:end])
+            if record is not None:
+                records.append((line_no, record))
+            else:
                 self.bad_lines += 1
-                logger.warning("%s line %d is not JSON; skipped", self.path.name, line_no)
+                logger.warning("%s line %d is not a JSON object; skipped", self.path.name, line_no)
             line_no += 1
             start = end + 1
             offset = self.offset + start

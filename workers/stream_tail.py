@@ -11,14 +11,13 @@ external Redis keeps them).
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rl_core.jsonl_tail import JsonlTail
+from rl_core.jsonl_tail import JsonlTail, parse_record
 from rl_core.run_dir import ROLLOUTS_FILE, redis_socket
 from rl_core.stream import redis_stream_key
 
@@ -57,13 +56,10 @@ class RedisStreamTail:
         records: list[tuple[int, dict[str, Any]]] = []
         offset, line_no = self.offset, self.line_no
         for entry_id, fields in entries:
-            try:
-                record = json.loads(fields.get(b"json") or fields.get("json") or b"")
-                if isinstance(record, dict):
-                    records.append((line_no, record))
-                else:
-                    self.bad_lines += 1
-            except ValueError:
+            record = parse_record(fields.get(b"json") or fields.get("json") or b"")
+            if record is not None:
+                records.append((line_no, record))
+            else:
                 self.bad_lines += 1
             line_no += 1
             offset = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
