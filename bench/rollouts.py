@@ -16,9 +16,10 @@ Starts a private embedded PostgreSQL + Redis (fsync on, as the demo), migrates, 
   storage     a 10-minute demo run's stream replayed (6,400 samples shaped like the demo's:
               34-token prompts, 21-48-token responses, two versions on sequences that span an
               update) through the demo's settings: rows kept and bytes in PostgreSQL (table +
-              indexes + TOAST), and the bound `max_stored` x the largest row.
+              indexes + TOAST), and the bound `max_stored` x the largest row. `--stream FILE`
+              stores a recorded run's stream instead (a real 10-minute demo run's lines).
 
-    .venv/bin/python bench/rollouts.py [--seconds 20]
+    .venv/bin/python bench/rollouts.py [--seconds 20] [--stream DIR/stream/rollouts.jsonl]
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def ingest_rate(owner, decoder, lines_per_tail: int, keep_every: int, seconds: f
     return line / busy, busy / (tails * TAIL_S), StoredRollout.objects.filter(run=run).count()
 
 
-def storage(owner, decoder, vocab: int) -> tuple[int, int, int]:
-    """(rows kept, bytes of those rows incl. TOAST and their index entries, bytes of the largest row)."""
+def storage(owner, decoder, vocab: int, recorded: list[dict] | None = None) -> tuple[int, int, int]:
+    """(rows kept, bytes of those rows incl. TOAST and their index entries, bytes of the largest row).
+    `recorded`: a real run's stream lines instead of the replayed demo-shaped ones."""
     from django.db import connection
 
     from inflight.rollouts.models import StoredRollout
@@ -99,10 +101,11 @@ def storage(owner, decoder, vocab: int) -> tuple[int, int, int]:
         cursor.execute("SELECT pg_total_relation_size(%s)", [table])
         empty = cursor.fetchone()[0]
     run = make_run(owner, keep_every=5)
-    total = int(DEMO_SAMPLES_PER_S * 600)
+    total = len(recorded) if recorded is not None else int(DEMO_SAMPLES_PER_S * 600)
     per_tail = max(1, round(DEMO_SAMPLES_PER_S * TAIL_S))
     for start in range(0, total, per_tail):
-        ingest_rollouts(run.pk, [(n, sample(n, rng, vocab)) for n in range(start, min(total, start + per_tail))], decoder)
+        lines = range(start, min(total, start + per_tail))
+        ingest_rollouts(run.pk, [(n, recorded[n] if recorded is not None else sample(n, rng, vocab)) for n in lines], decoder)
     with connection.cursor() as cursor:
         cursor.execute(f"VACUUM FULL {table}")
         cursor.execute("SELECT pg_total_relation_size(%s)", [table])
@@ -117,7 +120,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="Simulated run time per rate measurement.")
     parser.add_argument("--latency-batches", type=int, default=60, help="Metric batches sent to the WebSocket client.")
+    parser.add_argument("--stream", default=None,
+                        help="A recorded run's stream/rollouts.jsonl for the storage figure (e.g. of a 10-minute "
+                             "`python -m rl_core run examples/tiny-cpu.yaml --out DIR`) instead of the replayed one.")
     args = parser.parse_args()
+    recorded = None
+    if args.stream:
+        import json
+        from pathlib import Path
+
+        recorded = [json.loads(line) for line in Path(args.stream).read_text().splitlines() if line.strip()]
 
     with platform_services("rollouts"):
         from django.contrib.auth import get_user_model
@@ -173,8 +185,10 @@ def main() -> int:
         print(f"metrics ws latency while {flowing['lines'] / flow_s:,.0f} rollout lines/s flowed (all kept): "
               f"p50 {statistics.median(latencies):.1f} ms, p95 {p95:.1f} ms, max {latencies[-1]:.1f} ms")
 
-        kept, used, largest = storage(owner, decoder, vocab)
-        print(f"10-minute demo run ({int(DEMO_SAMPLES_PER_S * 600)} samples, every 5th step kept): {kept} rows, "
+        kept, used, largest = storage(owner, decoder, vocab, recorded)
+        source = f"recorded stream {args.stream}" if recorded is not None else "10-minute demo run, replayed"
+        samples = len(recorded) if recorded is not None else int(DEMO_SAMPLES_PER_S * 600)
+        print(f"{source} ({samples} samples, every 5th step kept): {kept} rows, "
               f"{used / 1e6:.2f} MB in PostgreSQL ({used / max(1, kept):,.0f} B/row incl. indexes); largest row {largest:,} B")
         by = {(label, keep): rate for label, _, keep, rate, _, _ in rows}
         print(f"RESULT rollouts_ingest_lines_per_s_demo {by[('demo', 5)]:.0f}")
