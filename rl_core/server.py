@@ -280,7 +280,9 @@ async def _wait_or_abort(
         return gathered.result()
     for request_id in request_ids:
         engine.abort(request_id)
-    gathered.cancel()
+    # Not cancelled: the engine ends each aborted request itself (vLLM counts an abort only
+    # when its generate loop ends that way); the results are dropped, their errors read.
+    gathered.add_done_callback(lambda done: done.cancelled() or done.exception())
     return None
 
 
