@@ -281,6 +281,25 @@ def staff_api(staff_user):
     return _token_client(staff_user)
 
 
+def _session_client(user):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def owner_web(owner):
+    """A browser-like client signed in as the owner (session cookie, CSRF not enforced)."""
+    return _session_client(owner)
+
+
+@pytest.fixture
+def other_web(other_user):
+    return _session_client(other_user)
+
+
 @pytest.fixture
 def anonymous_api():
     from django.test import Client

@@ -8,26 +8,11 @@ import json
 import re
 
 import pytest
-from django.test import Client
 
 from inflight.runs.models import Run, RunStatus
 from tests.platform.test_run_actions_api import make_run, write_checkpoint
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def owner_web(owner) -> Client:
-    client = Client()
-    client.force_login(owner)
-    return client
-
-
-@pytest.fixture
-def other_web(other_user) -> Client:
-    client = Client()
-    client.force_login(other_user)
-    return client
 
 
 def form_post_data(html: str) -> dict[str, str]:

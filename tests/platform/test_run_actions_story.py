@@ -19,20 +19,6 @@ from tests.platform.test_run_actions_api import make_run, post, write_checkpoint
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def owner_web(owner) -> Client:
-    client = Client()
-    client.force_login(owner)
-    return client
-
-
-@pytest.fixture
-def other_web(other_user) -> Client:
-    client = Client()
-    client.force_login(other_user)
-    return client
-
-
 def score(run: Run, value: float) -> None:
     EvalScore.objects.create(run=run, benchmark="math500", step=1, k=1, mean_at_k=value, pass_at_k=value, num_problems=1, num_samples=1, t=1.0)
 
