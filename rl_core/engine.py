@@ -34,6 +34,7 @@ from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.engine_config import Drafter, EngineConfig
 from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
+from rl_core.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
 from rl_core.model_io import model_dtype
 from rl_core.speculation import DraftLengthController
 
@@ -356,7 +357,7 @@ class ReferenceEngine:
                     self._resolve(finished)  # nothing to run: hand out aborted results before sleeping
                     finished = []
                     self._cond.wait()
-                self._compact_slots_locked()
+                compact_slots(self._running, self._free_slots, self.cache)
                 # In slot order: the running sequences hold slots 0..n-1, so the cache hands the
                 # layers a view of one slot range instead of gathering a copy per layer and step.
                 decoding = sorted(self._running, key=lambda seq: seq.slot)
@@ -367,7 +368,8 @@ class ReferenceEngine:
                 with torch.inference_mode():
                     leaders, followers = split_shared_prompts(admitted, decoding, version)
                     if followers:
-                        self._followers_first(leaders, [follower for follower, _ in followers])
+                        with self._cond:
+                            followers_first(leaders, [follower for follower, _ in followers])
                     if leaders:
                         self._prefill(leaders, version)
                     for follower, source in followers:
@@ -398,33 +400,6 @@ class ReferenceEngine:
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
                 finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
             self._resolve(finished)
-
-    def _compact_slots_locked(self) -> None:
-        """Move the sequences of the highest slots into the holes finished ones left below n
-        (n = running sequences), so the running ones hold slots 0..n-1 again. A move copies one
-        sequence's cached K/V once; without it a fragmented batch gathers every running
-        sequence's K/V for every layer on every step (a sixth of a decode step at batch 256).
-        Runs on the engine thread between steps, so no forward pass sees a half-moved slot."""
-        count = len(self._running)
-        holes = sorted(slot for slot in self._free_slots if slot < count)
-        if not holes:
-            return
-        movers = sorted((seq for seq in self._running if seq.slot >= count), key=lambda seq: seq.slot)
-        with torch.inference_mode():  # the cache's tensors were made inside the step's inference mode
-            for hole, seq in zip(holes, movers):
-                self.cache.copy_prefix(seq.slot, hole, seq.cache_len)
-                self._free_slots.remove(hole)
-                self._free_slots.append(seq.slot)
-                seq.slot = hole
-
-    def _followers_first(self, leaders: list[_Sequence], followers: list[_Sequence]) -> None:
-        """Hand the step's newly admitted slots (nothing cached in them yet) to the followers
-        first: they decode right after the running sequences, so the decode batch stays one
-        slot range (a view of the cache, not a gather); the leaders prefill in the slots after."""
-        with self._cond:
-            slots = sorted(seq.slot for seq in followers + leaders)
-            for seq, slot in zip(sorted(followers, key=lambda seq: seq.slot) + leaders, slots):
-                seq.slot = slot
 
     def _admit_locked(self) -> list[_Sequence]:
         admitted: list[_Sequence] = []
