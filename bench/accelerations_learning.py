@@ -31,6 +31,8 @@ from pathlib import Path
 
 from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
 
+from rl_core.run_dir import read_status  # noqa: E402
+
 SWITCHES = ("histospec", "histopipe", "tail_batching")
 
 
@@ -61,7 +63,8 @@ def run_once(label: str, enabled: bool, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
-    status = json.loads((out / "status.json").read_text()) if (out / "status.json").is_file() else {}
+    record = read_status(out)
+    status = record.model_dump() if record is not None else {}
     if completed.returncode != 0:
         print(f"[{label}] exit {completed.returncode}: {completed.stderr[-2000:]}", flush=True)
     metrics = read_jsonl(out / "metrics.jsonl")

@@ -22,13 +22,15 @@ import tempfile
 from pathlib import Path
 
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
+
+from rl_core.cpu_kernels import ENV_SWITCH  # noqa: E402
 PYTHON = REPO / ".venv" / "bin" / "python"
 
 
 def run_demo(config: str, max_steps: int, kernel: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix=f"bench-cpu-kernels-{kernel}-") as tmp:
         out = Path(tmp) / "run"
-        env = {**os.environ, "INFLIGHT_CPU_LINEAR": kernel}
+        env = {**os.environ, ENV_SWITCH: kernel}
         result = subprocess.run([str(PYTHON if PYTHON.exists() else sys.executable), "-m", "rl_core", "run", config,
                                  "--out", str(out), "--quiet", "--set", f"trainer.max_steps={max_steps}"],
                                 cwd=REPO, env=env, capture_output=True, text=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from rl_core.cpu_kernels import ENV_SWITCH
+
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed with DS_BUILD_OPS=0)")
 
 pytestmark = pytest.mark.deepspeed
@@ -372,7 +374,7 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     # Two ranks on halves == one process on the whole batches (DeepSpeed averages the ranks).
     # Same GEMM kernels as the DeepSpeed ranks (torch's stock path), so the comparison is of
     # the sharding and averaging, not of two kernels' float rounding through two Adam steps.
-    monkeypatch.setenv("INFLIGHT_CPU_LINEAR", "torch")
+    monkeypatch.setenv(ENV_SWITCH, "torch")
     single = TorchBackend(untrained_tiny_model, lr=1e-2, warmup_steps=0, total_steps=2, grad_clip=0.5)
     initial = {name: tensor.clone() for name, tensor in single.parameters_for_broadcast()}
     for batch in (samples[:8], samples[8:]):
