@@ -18,8 +18,6 @@ Ends with `RESULT <name> <value>` lines. About 2 x 4 minutes on a quiet 2-core C
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +25,7 @@ from pathlib import Path
 import yaml
 
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
-
-from rl_core.metrics import read_metrics  # noqa: E402
+from benchlib import run_cli  # noqa: E402
 
 
 def bench_config(model: str, steps: int, mode: str) -> dict:
@@ -42,13 +39,8 @@ def bench_config(model: str, steps: int, mode: str) -> dict:
 def run_mode(model: str, steps: int, mode: str, root: Path) -> list[dict]:
     config_path = root / f"{mode}.yaml"
     config_path.write_text(yaml.safe_dump(bench_config(model, steps, mode)))
-    out = root / mode
     started = time.time()
-    result = subprocess.run([sys.executable, "-m", "rl_core", "run", str(config_path), "--out", str(out), "--quiet"],
-                            cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{mode} run failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    records = read_metrics(out / "metrics.jsonl")
+    records = run_cli(config_path, root / mode)
     for record in records:
         record["elapsed"] = record["t"] - started
     return records

@@ -48,6 +48,21 @@ if TYPE_CHECKING:
 # --- processes ---------------------------------------------------------------------------
 
 
+def run_cli(config: str | Path, out: Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None) -> list[dict]:
+    """The product's own run, as a user starts it: `python -m rl_core run CONFIG --out OUT --quiet
+    --set ...` from the checkout; its metrics.jsonl records. A failed run ends the bench with its
+    output's tail."""
+    from rl_core.metrics import read_metrics
+
+    command = [sys.executable, "-m", "rl_core", "run", str(config), "--out", str(out), "--quiet"]
+    for item in overrides:
+        command += ["--set", item]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command[1:])} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return read_metrics(out / "metrics.jsonl")
+
+
 @contextmanager
 def platform_services(name: str, fast_unsafe: bool = False) -> Iterator[None]:
     """Embedded PostgreSQL + Redis under var/bench-NAME/PID, their settings in the environment,

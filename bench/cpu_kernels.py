@@ -13,30 +13,19 @@ Prints, per side, the median trainer step (`train/step_s`), wall seconds per opt
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
+from benchlib import run_cli  # noqa: E402
 
 from rl_core.cpu_kernels import ENV_SWITCH  # noqa: E402
-PYTHON = REPO / ".venv" / "bin" / "python"
 
 
 def run_demo(config: str, max_steps: int, kernel: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix=f"bench-cpu-kernels-{kernel}-") as tmp:
-        out = Path(tmp) / "run"
-        env = {**os.environ, ENV_SWITCH: kernel}
-        result = subprocess.run([str(PYTHON if PYTHON.exists() else sys.executable), "-m", "rl_core", "run", config,
-                                 "--out", str(out), "--quiet", "--set", f"trainer.max_steps={max_steps}"],
-                                cwd=REPO, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(f"run with {kernel} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        records = run_cli(config, Path(tmp) / "run", [f"trainer.max_steps={max_steps}"], env={ENV_SWITCH: kernel})
     t0 = records[0]["t"]
     steps = [(r["step"], r["t"] - t0) for r in records if "train/loss" in r]
     curve = " ".join(f"{r['step']}:{r['success/heldout']:.3f}" for r in records if "success/heldout" in r)
