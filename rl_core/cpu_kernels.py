@@ -31,6 +31,11 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def _onednn_linear_nd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`_onednn_linear` over the last dimension of an [..., in] tensor."""
+    return _onednn_linear(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
 class _OneDnnLinear(torch.autograd.Function):
     """y = x W^T + b with both backward GEMMs on oneDNN as well (the trainer spends 2/3 of a step
     in backward)."""
@@ -39,8 +44,7 @@ class _OneDnnLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        rows = x.reshape(-1, x.shape[-1])
-        return _onednn_linear(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        return _onednn_linear_nd(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -61,8 +65,7 @@ def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
         return _OneDnnLinear.apply(x, self.weight, self.bias)
     # Decoding (no autograd): straight to the kernel, no graph bookkeeping per call.
-    rows = x.reshape(-1, x.shape[-1])
-    return _onednn_linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.weight.shape[0])
+    return _onednn_linear_nd(x, self.weight, self.bias)
 
 
 def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
