@@ -16,6 +16,10 @@ def group_advantages(rewards: Sequence[float], normalize_std: bool = False, eps:
     normalisation, where the std would be 0)."""
     if len(rewards) == 0:
         raise ValueError("group_advantages: a group needs at least one reward")
+    if all(reward == rewards[0] for reward in rewards):
+        # Exactly zero, not a rounding residue (0.1 summed 8 times and divided by 8 is not
+        # 0.1): the actor drops such groups and the trainer skips their compute by this test.
+        return [0.0] * len(rewards)
     mean = sum(rewards) / len(rewards)
     centred = [reward - mean for reward in rewards]
     if not normalize_std:

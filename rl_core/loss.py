@@ -241,6 +241,21 @@ def _stack_rows(rows: list[list[list[int]]], samples: Sequence[RolloutSample]) -
     )
 
 
+def samples_with_gradient(samples: Sequence[RolloutSample], kl_coef: float) -> list[RolloutSample]:
+    """The samples whose loss terms can move the weights. Without a KL penalty every token
+    term of both losses is a multiple of the sample's advantage, so a sample with advantage
+    exactly 0 (an all-equal group kept in the step, as TRL keeps it) has a zero gradient and
+    computing it is wasted work. The caller still divides by the whole batch's sequence
+    count, so the step's gradient is exactly what training on all of them gives. One sample
+    is kept if none has a gradient: every rank must run a forward (ZeRO-3 gathers are
+    collective) and an optimizer step with no backward at all is a special case not worth
+    having."""
+    if kl_coef > 0.0:
+        return list(samples)
+    informative = [sample for sample in samples if sample.advantage != 0.0]
+    return informative or list(samples[:1])
+
+
 # --- 3. log-probabilities ----------------------------------------------------------
 
 

@@ -6,7 +6,9 @@
 1. read `trainer.samples_per_step` samples from the durable stream (in stream order);
 2. pack them into micro-batches of at most `trainer.micro_batch_tokens` tokens, run
    the loss on each and accumulate gradients (the loss is divided by the number of
-   sequences of the whole batch, so the split does not change the gradient);
+   sequences of the whole batch, so the split does not change the gradient; samples
+   whose gradient is exactly zero, advantage 0 without a KL penalty, count in that
+   number but are not computed, and the step's statistics cover the computed tokens);
 3. take the optimizer step (version v → v + 1) and broadcast the new weights to every
    server *without stopping generation*: servers swap weights between decode steps and
    tag later tokens with the new version (PipelineRL's in-flight update);
@@ -42,7 +44,7 @@ import torch
 
 from rl_core.config import RunConfig, load_run_config
 from rl_core.contracts import RolloutSample, TrainerBackend
-from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, scoring_temperature
+from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, samples_with_gradient, scoring_temperature
 from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
@@ -174,7 +176,9 @@ def train_step(
     ranks = ranks or TrainerRanks()
     version = backend.version
     share = shard_for_rank(samples, ranks.rank, ranks.world_size)
-    micro_batches = pack_micro_batches(share, t.micro_batch_tokens, t.row_tokens)
+    # Zero-advantage samples count in the normalisation below but are not computed.
+    trained = samples_with_gradient(share, t.kl_coef)
+    micro_batches = pack_micro_batches(trained, t.micro_batch_tokens, t.row_tokens)
     padding = int(ranks.reduce([float(len(micro_batches))], "max")[0]) - len(micro_batches)
     # DeepSpeed averages gradients over the ranks: dividing each rank's sum by its share of
     # the batch size (N / world) makes the average the whole batch's mean, as on one rank.
@@ -189,7 +193,7 @@ def train_step(
         layout = (batch.attention_mask, batch.position_ids)
         logprobs, entropy = backend.token_logprobs(batch.input_ids, *layout, temperature, batch.logit_source)
         if records is not None:  # the viewer's importance ratios (references only; written after the step)
-            records.capture(batch, logprobs, share)
+            records.capture(batch, logprobs, trained)
         reference = None
         if t.kl_coef > 0:
             reference = backend.reference_logprobs(batch.input_ids, *layout, temperature, batch.logit_source)

@@ -41,6 +41,13 @@ def test_group_advantages_mean_and_std() -> None:
     assert normed[0] == pytest.approx(0.75 / math.sqrt(0.1875), rel=1e-4)
     assert normed[1] == pytest.approx(-0.25 / math.sqrt(0.1875), rel=1e-4)
     assert group_advantages([1.0, 1.0, 1.0], normalize_std=True) == [0.0, 0.0, 0.0]
+
+
+def test_an_all_equal_group_gets_exactly_zero_advantages_whatever_the_reward() -> None:
+    """0.1 summed eight times and divided by 8 is not 0.1: the centred rewards were 1e-17, not
+    0, so the group was neither dropped by the actor nor skipped by the trainer."""
+    assert group_advantages([0.1] * 8) == [0.0] * 8
+    assert group_advantages([0.1] * 8, normalize_std=True) == [0.0] * 8
     with pytest.raises(ValueError, match="at least one"):
         group_advantages([])
 

@@ -263,3 +263,43 @@ def test_sharing_a_groups_prompt_leaves_the_gradient_unchanged(untrained_tiny_mo
             policy_loss(logp, batch, len(samples)).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_zero_advantage_samples_count_in_the_step_but_are_not_computed(untrained_tiny_model: Path) -> None:
+    """A step whose batch holds an all-equal group (advantage 0, kept as TRL keeps it) has the
+    gradient of computing every sample, divided by the whole batch, but only the informative
+    samples' tokens go through the model."""
+    from rl_core.loss import pack_micro_batches, policy_loss
+
+    samples = make_samples(8, 5)
+    for sample in samples[4:]:
+        sample.advantage = 0.0
+    config = make_config(untrained_tiny_model, micro_batch_tokens=4096)
+    everything = TorchBackend(untrained_tiny_model)
+    for batch in pack_micro_batches(samples, 4096):
+        logp, _ = everything.token_logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source)
+        policy_loss(logp, batch, len(samples)).loss.backward()
+    skipping = TorchBackend(untrained_tiny_model)
+    skipping.optimizer_step = lambda: {}  # stop before the step to read the accumulated gradient
+    stats, _ = train_step(skipping, samples, config)
+
+    def gradient(backend: TorchBackend) -> torch.Tensor:
+        return torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None])
+
+    assert torch.allclose(gradient(everything), gradient(skipping), atol=1e-6, rtol=1e-5)
+    assert stats.num_tokens == sum(len(s.completion_token_ids) for s in samples[:4])
+    assert stats.num_samples == 8
+
+
+def test_a_kl_penalty_or_an_all_zero_batch_still_computes_samples() -> None:
+    """With a KL penalty a zero-advantage token still has a gradient; a batch with no
+    informative sample keeps one so every rank runs a forward."""
+    from rl_core.loss import samples_with_gradient
+
+    samples = make_samples(4, 6)
+    samples[1].advantage = samples[3].advantage = 0.0
+    assert [s.sample_id for s in samples_with_gradient(samples, kl_coef=0.0)] == ["s0", "s2"]
+    assert samples_with_gradient(samples, kl_coef=0.1) == samples
+    for sample in samples:
+        sample.advantage = 0.0
+    assert [s.sample_id for s in samples_with_gradient(samples, kl_coef=0.0)] == ["s0"]
