@@ -17,7 +17,6 @@ the new weights' own.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
@@ -32,7 +31,7 @@ import torch
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.engine_config import Drafter, EngineConfig
-from rl_core.engine_sampling import check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
+from rl_core.engine_sampling import PositionUniforms, check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
 from rl_core.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
 from rl_core.model_io import model_dtype
@@ -48,7 +47,7 @@ class _Sequence:
     params: SamplingParams
     history_key: str | None
     future: Future
-    rng: random.Random
+    uniforms: PositionUniforms
     stop_ids: frozenset[int]
     draft_length: DraftLengthController
     slot: int = -1
@@ -214,7 +213,7 @@ class ReferenceEngine:
                 params=params,
                 history_key=history_key,
                 future=Future(),
-                rng=random.Random(seed),
+                uniforms=PositionUniforms(seed),
                 stop_ids=self.default_stop_ids | frozenset(int(t) for t in params.stop_token_ids),
                 draft_length=DraftLengthController(self.config.initial_draft_len, self.config.max_draft_len),
             )
@@ -534,7 +533,7 @@ class ReferenceEngine:
         """Check each row's draft against the target (`logits[b, -len(draft)-1:]` are the
         distributions after the prefix and after each draft token) and append what it yields."""
         uniforms = [
-            [seq.rng.random() for _ in range(2 * len(draft) + 1)] if seq.params.temperature > 0 else []
+            seq.uniforms.span(len(seq.token_ids), len(draft) + 1) if seq.params.temperature > 0 else []
             for seq, draft in zip(seqs, drafts)
         ]
         outcomes = verify_drafts(
@@ -579,7 +578,7 @@ class ReferenceEngine:
 
     def _sample_and_append(self, seqs: list[_Sequence], logits: torch.Tensor, version: int) -> None:
         temperatures = [seq.params.temperature for seq in seqs]
-        uniforms = [seq.rng.random() if seq.params.temperature > 0 else 0.0 for seq in seqs]
+        uniforms = [seq.uniforms.at(len(seq.token_ids)) if seq.params.temperature > 0 else 0.0 for seq in seqs]
         tokens, logprobs = sample_rows(logits, temperatures, [seq.params.top_p for seq in seqs], uniforms)
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             self._append(seq, token, logprob, version)

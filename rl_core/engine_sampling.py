@@ -3,18 +3,40 @@ checks a request passes before it may enter the engine.
 
 The logprob reported for a sampled token is its log-probability under the
 distribution it was actually drawn from (temperature- and top-p-adjusted); for
-temperature 0 it is the plain log-softmax of the argmax. Draws use uniforms
-from each request's own `random.Random`, so a seeded request gives the same
-tokens whatever else shares its batch.
+temperature 0 it is the plain log-softmax of the argmax. Token t of a request is
+drawn with the t-th uniform of its own `random.Random` stream (`PositionUniforms`),
+whatever else shares its batch and whether the token was decoded alone or verified
+as part of a draft: a seeded request gives the same tokens with or without
+speculation (up to float rounding between forwards of different widths).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 
 from rl_core.contracts import SamplingParams
+
+
+class PositionUniforms:
+    """The uniforms one sequence draws its tokens with, by token position: position t always
+    gets the t-th value of `random.Random(seed)`, however many positions a step verifies."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._values: list[float] = []
+
+    def at(self, position: int) -> float:
+        while len(self._values) <= position:
+            self._values.append(self._rng.random())
+        return self._values[position]
+
+    def span(self, start: int, count: int) -> list[float]:
+        """The uniforms of positions start .. start + count - 1."""
+        self.at(start + count - 1)
+        return self._values[start : start + count]
 
 
 def adjusted_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -91,11 +113,14 @@ def verify_draft(
     (tokens to append, their logprobs, number of draft tokens accepted); the
     tokens are the accepted draft prefix plus one token from the target.
 
-    Greedy: accept while the draft equals the argmax. Sampling: the draft is a
-    point mass, so draft token x is accepted with probability p(x); on
-    rejection the replacement is drawn from p with x removed, renormalised —
-    the standard speculative-sampling rule, which leaves every emitted token
-    distributed exactly as p. `uniforms` needs `2 * len(draft) + 1` values.
+    Each position draws its token exactly as plain decoding would (the argmax;
+    or an inverse-CDF draw with that position's uniform, `uniforms[i]`), and the
+    draft is accepted while it agrees with those draws. The emitted tokens are
+    therefore the ones decoding without a draft gives. Against a point-mass draft
+    this accepts token x with probability p(x) and on a mismatch yields a token
+    from p with x removed, renormalised: the acceptance rate and the distribution
+    of speculative sampling, with one uniform per position instead of two.
+    `uniforms` needs `len(draft) + 1` values (more are ignored).
     """
     return verify_drafts(logits.unsqueeze(0), [draft], [temperature], [top_p], [uniforms])[0]
 
@@ -106,75 +131,41 @@ def verify_drafts(
 ) -> list[tuple[list[int], list[float], int]]:
     """`verify_draft` for a batch of rows in a few tensor operations (the per-row version cost
     a dozen small ops per row and step). `logits` is `[B, keep, V]`, left-aligned so that row
-    b's distributions are its last `len(drafts[b]) + 1` columns; each row uses its uniforms in
-    the same order as `verify_draft` (accept test i uses `uniforms[i]`, the final draw the next)."""
+    b's distributions are its last `len(drafts[b]) + 1` columns; `uniforms[b][i]` draws row b's
+    position i (unused for greedy rows)."""
     batch, keep, vocab = logits.shape
     device = logits.device
-    outcomes: list[tuple[list[int], list[float], int]] = [([], [], 0)] * batch
-    greedy = [b for b in range(batch) if temperatures[b] <= 0.0]
-    sampled = [b for b in range(batch) if temperatures[b] > 0.0]
-    if greedy:
-        rows = logits[greedy].float()
-        best = rows.argmax(dim=-1).tolist()
-        chosen_rows, chosen_cols, chosen_tokens, spans = [], [], [], []
-        for index, b in enumerate(greedy):
-            draft, offset = drafts[b], keep - len(drafts[b]) - 1
-            accepted = 0
-            while accepted < len(draft) and draft[accepted] == best[index][offset + accepted]:
-                accepted += 1
-            tokens = draft[:accepted] + [best[index][offset + accepted]]
-            spans.append((b, tokens, accepted))
-            chosen_rows += [index] * len(tokens)
-            chosen_cols += range(offset, offset + len(tokens))
-            chosen_tokens += tokens
-        logprobs = torch.log_softmax(rows[chosen_rows, chosen_cols], dim=-1)
-        picked = logprobs.gather(-1, torch.tensor(chosen_tokens, device=device).unsqueeze(-1)).squeeze(-1).tolist()
-        position = 0
-        for b, tokens, accepted in spans:
-            outcomes[b] = (tokens, picked[position : position + len(tokens)], accepted)
-            position += len(tokens)
-    if sampled:
-        count = len(sampled)
-        temperature = torch.tensor([temperatures[b] for b in sampled], device=device).repeat_interleave(keep)
-        top_p = torch.tensor([top_ps[b] for b in sampled], device=device).repeat_interleave(keep)
-        probs = adjusted_probs(logits[sampled].reshape(count * keep, vocab), temperature, top_p).view(count, keep, vocab)
-        # p(draft token) at every drafted column, padded with token 0 where a row has no draft.
-        padded = [[0] * (keep - 1 - len(drafts[b])) + drafts[b] for b in sampled]
-        drafted_p: list[list[float]] = [[] for _ in sampled]
-        if keep > 1:
-            drafted_p = probs[:, : keep - 1].gather(-1, torch.tensor(padded, device=device).unsqueeze(-1)).squeeze(-1).tolist()
-        final_rows, final_cols, excluded, final_uniforms, spans = [], [], [], [], []
-        for index, b in enumerate(sampled):
-            draft, offset, row_uniforms = drafts[b], keep - len(drafts[b]) - 1, uniforms[b]
-            accepted = 0
-            while accepted < len(draft) and row_uniforms[accepted] < drafted_p[index][offset + accepted]:
-                accepted += 1
-            rejected = accepted < len(draft)
-            final_rows.append(index)
-            final_cols.append(offset + accepted)
-            excluded.append(draft[accepted] if rejected else -1)
-            # verify_draft's order: accept tests consume uniforms[0..accepted], then the draw.
-            final_uniforms.append(row_uniforms[accepted + 1] if rejected else row_uniforms[len(draft)])
-            spans.append((b, index, draft[:accepted], offset, accepted))
-        final = probs[final_rows, final_cols].clone()
-        rejected_rows = [i for i, token in enumerate(excluded) if token >= 0]
-        if rejected_rows:
-            final[rejected_rows, [excluded[i] for i in rejected_rows]] = 0.0
-        drawn = draw(final, torch.tensor(final_uniforms, device=device)).tolist()
-        emitted_rows, emitted_cols, emitted_tokens = [], [], []
-        for (b, index, kept, offset, accepted), token in zip(spans, drawn):
-            tokens = kept + [token]
-            emitted_rows += [index] * len(tokens)
-            emitted_cols += range(offset, offset + len(tokens))
-            emitted_tokens += tokens
-        logprobs = probs[emitted_rows, emitted_cols].gather(
-            -1, torch.tensor(emitted_tokens, device=device).unsqueeze(-1)
-        ).squeeze(-1).log().tolist()
-        position = 0
-        for (b, index, kept, offset, accepted), token in zip(spans, drawn):
-            tokens = kept + [token]
-            outcomes[b] = (tokens, logprobs[position : position + len(tokens)], accepted)
-            position += len(tokens)
+    # Every (row, column) a row verifies: its last len(draft) + 1 columns.
+    rows: list[int] = []
+    columns: list[int] = []
+    for b, draft in enumerate(drafts):
+        offset = keep - len(draft) - 1
+        rows += [b] * (len(draft) + 1)
+        columns += range(offset, keep)
+    temperature = torch.tensor([temperatures[b] for b in rows], device=device)
+    greedy = temperature <= 0.0
+    picked = logits[rows, columns].float()  # [N, V]
+    drawn = picked.argmax(dim=-1)
+    logprobs = torch.log_softmax(picked, dim=-1)
+    if not bool(greedy.all()):
+        sampled = (~greedy).nonzero().squeeze(-1)
+        top_p = torch.tensor([top_ps[b] for b in rows], device=device)[sampled]
+        probs = adjusted_probs(picked[sampled], temperature[sampled], top_p)
+        position_uniforms = [uniforms[b][i] for b, draft in enumerate(drafts) if temperatures[b] > 0.0 for i in range(len(draft) + 1)]
+        chosen = draw(probs, torch.tensor(position_uniforms, device=device))
+        drawn[sampled] = chosen
+        logprobs[sampled] = probs.log()
+    drawn_list = drawn.tolist()
+    chosen_logprobs = logprobs.gather(-1, drawn.unsqueeze(-1)).squeeze(-1).tolist()
+    outcomes: list[tuple[list[int], list[float], int]] = []
+    position = 0
+    for draft in drafts:
+        tokens = drawn_list[position : position + len(draft) + 1]
+        accepted = 0
+        while accepted < len(draft) and tokens[accepted] == draft[accepted]:
+            accepted += 1
+        outcomes.append((tokens[: accepted + 1], chosen_logprobs[position : position + accepted + 1], accepted))
+        position += len(draft) + 1
     return outcomes
 
 

@@ -211,6 +211,29 @@ def test_greedy_outputs_identical_with_drafts_from_history(tiny_model) -> None:
     assert engine.counters["spec_accepted_tokens"] == engine.counters["spec_drafted_tokens"]
 
 
+def test_seeded_sampled_outputs_are_identical_with_and_without_drafts(tiny_model) -> None:
+    """Every position is drawn with that position's uniform of the request's seed, drafted or
+    not, so a seeded request at T=1 yields the same tokens with HistoSpec as without (before,
+    verification drew two uniforms per drafted token and the streams parted at the first draft)."""
+    from rl_core.contracts import SamplingParams
+    from rl_core.engine import EngineConfig, ReferenceEngine
+
+    engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=16))
+    prompts = [_chat_prompt(engine.tokenizer, f"Compute {a} + {b}.") for a, b in ((3, 4), (12, 7), (9, 15), (20, 1))]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=24, seed=100 + i) for i in range(12)]
+    with engine:
+        plain = [engine.submit(prompts[i % 4], p).result(timeout=120).token_ids for i, p in enumerate(params)]
+    drafter = HistoryDrafter(HistoSpecConfig(enabled=True))
+    for index, tokens in enumerate(plain):  # other seeds' answers: drafts that are partly right
+        drafter.add_response(f"q{(index + 1) % 4}", tokens)
+    engine.drafter = drafter
+    with engine:
+        futures = [engine.submit(prompts[i % 4], p, history_key=f"q{i % 4}") for i, p in enumerate(params)]
+        drafted = [future.result(timeout=120).token_ids for future in futures]
+    assert drafted == plain
+    assert 0 < engine.counters["spec_accepted_tokens"] < engine.counters["spec_drafted_tokens"]
+
+
 def test_sampled_tokens_keep_the_model_distribution_when_drafts_are_often_wrong(tiny_model) -> None:
     """Chi-square of the drafted position's token frequencies against the model's exact
     next-token probabilities. The draft is the *second* most likely token, so both the accept
