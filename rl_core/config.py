@@ -23,8 +23,13 @@ DEFAULT_TINY_MODEL_DIR = os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny"
 DEFAULT_SHARED_DATA_DIR = os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data")
 
 
-# Most tokens in one packed trainer row (loss.pack_micro_batches says why it is short).
+# Most tokens in one packed trainer row where attention goes by the dense mask (DeepSpeed):
+# its cost is the square of the row (loss.py says more).
 DEFAULT_ROW_TOKENS = 512
+# Where attention goes by the packed layout (TorchBackend, packed_attention.py) a row costs what
+# its tokens may see, so a micro-batch is one row (no padding) up to this many tokens: beyond it
+# the dense mask the packing still builds for other backends would outgrow its use.
+LAYOUT_ROW_TOKENS = 4096
 
 
 class _Section(BaseModel):
@@ -218,13 +223,20 @@ class TrainerConfig(_Section):
     micro_batch_tokens: int = Field(
         4096, ge=16, description="Token budget of one packed micro-batch (gradient accumulation splits by it)."
     )
-    row_tokens: int = Field(
-        DEFAULT_ROW_TOKENS, ge=16,
+    row_tokens: int | None = Field(
+        None, ge=16,
         description="Most tokens in one packed row (a group's prompt once, then its completions); a micro-batch "
-        "stacks rows as a batch. Attention costs the square of a row, so long rows are slow on CPU.",
+        "stacks rows as a batch. Default: one row per micro-batch (up to 4096) for the torch backend, which "
+        "attends only where the mask allows; 512 for deepspeed, whose attention costs the square of a row.",
     )
     max_steps: int = Field(40, ge=1, description="Optimizer steps of the run.")
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
+
+    def packed_row_tokens(self) -> int:
+        """`row_tokens`, or the backend's default when unset."""
+        if self.row_tokens is not None:
+            return self.row_tokens
+        return min(self.micro_batch_tokens, LAYOUT_ROW_TOKENS) if self.backend == "torch" else DEFAULT_ROW_TOKENS
 
 
 class StreamConfig(_Section):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # annotations only: the actor and the platform use these reco
     import torch
 
     from rl_core.config import RunConfig
+    from rl_core.packed_attention import PackedLayout
 
 
 EVAL_PRIORITY = -1  # SamplingParams.priority of evaluation requests (rollouts keep 0)
@@ -100,16 +101,17 @@ class TrainerBackend(Protocol):
 
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of each token under its context (with grad) and the entropy of that
         distribution, under softmax(logits / temperature): the distribution the rollouts were
-        sampled from. A packed micro-batch passes its 4-D mask and `logit_source` (loss.py)."""
+        sampled from. A packed micro-batch passes its 4-D mask, `logit_source` and its
+        `packed_layout` (loss.py); a backend may attend by the layout or by the mask."""
         ...
 
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
     ) -> torch.Tensor:
         """The frozen reference model's token logprobs (no grad), for the KL term; only
         backends built with a reference model (`trainer.kl_coef > 0`) answer."""

@@ -34,6 +34,7 @@ import torch
 
 from rl_core.config import RunConfig
 from rl_core.loss import model_token_logprobs, reference_token_logprobs
+from rl_core.packed_attention import PackedLayout
 from rl_core.processes import free_port
 from rl_core.model_io import copy_side_files, model_dtype
 from rl_core.torch_backend import lr_multiplier
@@ -182,15 +183,17 @@ class DeepSpeedBackend:
 
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] log p(token t | < t) and entropies aligned with input_ids (as TorchBackend)."""
+        """[B, T] log p(token t | < t) and entropies aligned with input_ids (as TorchBackend). The
+        dense mask is used, not `packed_layout`: this path has not been checked under ZeRO-3's
+        partitioned modules (TorchBackend attends by the layout)."""
         return model_token_logprobs(self.engine, input_ids, attention_mask, position_ids, self.device, temperature, logit_source)
 
     @torch.no_grad()
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
     ) -> torch.Tensor:
         return reference_token_logprobs(
             self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source

@@ -27,14 +27,16 @@ import torch
 
 from rl_core.config import DEFAULT_ROW_TOKENS
 from rl_core.contracts import RolloutSample
+from rl_core.packed_attention import PackedLayout
 
 
 # --- 2. packing --------------------------------------------------------------------
 
-# Rows are capped at `trainer.row_tokens` (DEFAULT_ROW_TOKENS): each row's attention mask is
-# dense ([T, T]), so attention costs the square of the row; rows of one micro-batch are
-# stacked as a batch instead of concatenated, which keeps that cost linear in the
-# micro-batch (one 4096-token row took 5.3 s per demo step on one core: bench/RESULTS.md).
+# Rows are capped at `trainer.row_tokens`. Attention under a row's dense mask ([T, T]) costs the
+# square of the row (one 4096-token row took 5.3 s per demo step on one core, bench/RESULTS.md),
+# so for a backend that attends by the mask rows stay short (DEFAULT_ROW_TOKENS) and the rows of
+# a micro-batch are stacked as a batch; one that attends by `MicroBatch.packed_layout` pays only
+# for what each token may see and packs a micro-batch as one row (config.LAYOUT_ROW_TOKENS).
 
 
 @dataclass
@@ -63,6 +65,9 @@ class MicroBatch:
     # Index (into the packed samples) of each completion, in the order their tokens appear in
     # `loss_mask` read row by row: maps trained tokens back to samples (train_records.py).
     sample_order: list[int] = field(default_factory=list)
+    # The same structure as positions of each prompt and completion: lets a backend attend only
+    # where the mask allows instead of over whole rows (packed_attention.py).
+    packed_layout: PackedLayout | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -238,6 +243,7 @@ def _stack_rows(rows: list[list[list[int]]], samples: Sequence[RolloutSample]) -
         token_versions=padded("ver", 0, torch.long),
         num_sequences=sum(len(unit_members) for row in rows for unit_members in row),
         sample_order=[index for row in rows for unit_members in row for index in unit_members],
+        packed_layout=PackedLayout.from_token_owners(columns["unit"], columns["seq"], width),
     )
 
 
@@ -267,19 +273,22 @@ def model_token_logprobs(
     device: torch.device | str,
     temperature: float = 1.0,
     logit_source: torch.Tensor | None = None,
+    packed_layout: PackedLayout | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an HF causal LM (or a DeepSpeed engine wrapping one) without a KV cache and return
     [B, T] log p(token t | its context) and entropies aligned with input_ids, under the
     distribution sampled at `temperature`. `attention_mask` may be a packed batch's 4-D
-    mask (`MicroBatch`), with `logit_source` saying which position predicts each token.
-    Every trainer backend and the reference model go through here, so the alignment is
+    mask (`MicroBatch`), with `logit_source` saying which position predicts each token, and its
+    `packed_layout` for a model attending through `packed_attention`. Every trainer backend and the reference model go through here, so the alignment is
     defined once."""
     input_ids = input_ids.to(device)
+    extra = {} if packed_layout is None else {"packed_layout": packed_layout.to(device)}
     output = model(
         input_ids=input_ids,
         attention_mask=None if attention_mask is None else attention_mask.to(device),
         position_ids=None if position_ids is None else position_ids.to(device),
         use_cache=False,
+        **extra,
     )
     return token_logprobs_from_logits(
         output.logits, input_ids, temperature, None if logit_source is None else logit_source.to(device)
@@ -295,12 +304,13 @@ def reference_token_logprobs(
     device: torch.device | str,
     temperature: float = 1.0,
     logit_source: torch.Tensor | None = None,
+    packed_layout: PackedLayout | None = None,
 ) -> torch.Tensor:
     """`model_token_logprobs` of a backend's frozen reference model (the k3 KL penalty), for
     every backend; a backend built without one (trainer.kl_coef 0) refuses."""
     if reference is None:
         raise RuntimeError("reference_logprobs: the backend was built without a reference model (trainer.kl_coef is 0)")
-    return model_token_logprobs(reference, input_ids, attention_mask, position_ids, device, temperature, logit_source)[0]
+    return model_token_logprobs(reference, input_ids, attention_mask, position_ids, device, temperature, logit_source, packed_layout)[0]
 
 
 def scoring_temperature(sampling_temperature: float) -> float:

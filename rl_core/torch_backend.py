@@ -16,6 +16,7 @@ import torch
 from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.loss import model_token_logprobs, reference_token_logprobs
 from rl_core.model_io import copy_side_files, model_dtype
+from rl_core.packed_attention import PackedLayout, use_packed_attention
 
 if TYPE_CHECKING:
     from rl_core.config import RunConfig
@@ -60,12 +61,14 @@ class TorchBackend:
         self.model.train()
         self.model.config.use_cache = False
         use_onednn_linear(self.model)  # CPU only: ~2x faster GEMMs, forward and backward (cpu_kernels.py)
+        use_packed_attention(self.model)  # attention only where a packed row's mask allows (packed_attention.py)
         # Frozen copy for the k3 KL penalty; only loaded when the penalty is on.
         self.reference = None
         if reference_model:
             self.reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=model_dtype(dtype)).to(self.device)
             self.reference.eval().requires_grad_(False)
             use_onednn_linear(self.reference)
+            use_packed_attention(self.reference)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
         )
@@ -97,19 +100,20 @@ class TorchBackend:
 
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] log p(token t | < t) and entropies, aligned with input_ids (see loss.py).
-        For packed rows pass `attention_mask=None` and restarting `position_ids`."""
-        return model_token_logprobs(self.model, input_ids, attention_mask, position_ids, self.device, temperature, logit_source)
+        """[B, T] log p(token t | < t) and entropies, aligned with input_ids (see loss.py)."""
+        return model_token_logprobs(
+            self.model, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout
+        )
 
     @torch.no_grad()
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-        temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+        temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
     ) -> torch.Tensor:
         return reference_token_logprobs(
-            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source
+            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout
         )
 
     def backward(self, loss: torch.Tensor) -> None:
