@@ -10,8 +10,8 @@ forward pass, so sequences in flight simply continue on the new weights with
 their KV caches intact (PipelineRL's in-flight update: those K/V stay as the old
 weights computed them). Each token records the engine `version` of the step
 that sampled it. A request admitted after an update never copies a prompt's K/V
-computed at an older version (`split_shared_prompts`): every token it yields is
-the new weights' own.
+computed at an older version (`split_shared_prompts`, `split_shared_prefixes`):
+every token it yields is the new weights' own.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import torch
 
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.cpu_kernels import use_onednn_linear
-from rl_core.engine_config import Drafter, EngineConfig
+from rl_core.engine_config import ENGINE_COUNTERS, Drafter, EngineConfig
 from rl_core.engine_sampling import PositionUniforms, check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
-from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prompts
+from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prefixes, split_shared_prompts
 from rl_core.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
 from rl_core.model_io import model_dtype
 from rl_core.speculation import DraftLengthController
@@ -122,20 +122,7 @@ class ReferenceEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._seed_counter = 0
-        self.counters: dict[str, float] = {
-            "requests_submitted": 0,
-            "requests_finished": 0,
-            "requests_aborted": 0,
-            "prompt_tokens": 0,
-            "prompt_tokens_shared": 0,
-            "generated_tokens": 0,
-            "steps": 0,
-            "spec_drafted_tokens": 0,
-            "spec_accepted_tokens": 0,
-            "spec_verify_steps": 0,
-            "weight_updates": 0,
-            "last_update_pause_s": 0.0,
-        }
+        self.counters: dict[str, float] = dict.fromkeys(ENGINE_COUNTERS, 0)
 
     @classmethod
     def from_pretrained(
@@ -369,15 +356,17 @@ class ReferenceEngine:
                     if followers:
                         with self._cond:
                             followers_first(leaders, [follower for follower, _ in followers])
-                    if leaders:
-                        self._prefill(leaders, version)
+                    pioneers, dependents = split_shared_prefixes(leaders, decoding, version)
+                    if pioneers:
+                        self._prefill(pioneers, version)
+                    if dependents:  # the start of their prompt (system prompt, template) is cached: the rest
+                        for seq, source, length in dependents:
+                            self._share_prompt(source, seq, length)
+                        self._prefill([seq for seq, _, _ in dependents], version)
                     for follower, source in followers:
                         # Same prompt as a sequence already in the cache: copy its prompt K/V
                         # and let the follower feed only its last prompt token this step.
-                        shared = len(follower.prompt_token_ids) - 1
-                        self.cache.copy_prefix(source.slot, follower.slot, shared)
-                        follower.cache_len = shared
-                        self.counters["prompt_tokens_shared"] += shared
+                        self._share_prompt(source, follower, len(follower.prompt_token_ids) - 1)
                     if decoding or followers:
                         self._decode(decoding + [follower for follower, _ in followers], version)
             except Exception as exc:  # a failed step fails its requests, not the server
@@ -494,10 +483,15 @@ class ReferenceEngine:
         )
         return output.logits.float()
 
+    def _share_prompt(self, source: _Sequence, target: _Sequence, length: int) -> None:
+        self.cache.copy_prefix(source.slot, target.slot, length)
+        target.cache_len = length
+        self.counters["prompt_tokens_shared"] += length
+
     def _prefill(self, seqs: list[_Sequence], version: int) -> None:
         for seq in seqs:
             self.counters["prompt_tokens"] += len(seq.prompt_token_ids)
-        self._advance(seqs, [seq.prompt_token_ids for seq in seqs], version)
+        self._advance(seqs, [seq.prompt_token_ids[seq.cache_len :] for seq in seqs], version)
 
     def _decode(self, seqs: list[_Sequence], version: int) -> None:
         # A follower of a shared prompt has no token yet: its pending token is the prompt's last.

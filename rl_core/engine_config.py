@@ -10,6 +10,14 @@ if TYPE_CHECKING:
     from rl_core.config import RunConfig
 
 
+# What `ReferenceEngine.stats()` counts (server.py exports them as Prometheus metrics).
+ENGINE_COUNTERS = (
+    "requests_submitted", "requests_finished", "requests_aborted", "prompt_tokens", "prompt_tokens_shared",
+    "generated_tokens", "steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_verify_steps",
+    "weight_updates", "last_update_pause_s",
+)
+
+
 class Drafter(Protocol):
     """What the engine needs from a speculative drafter (HistoSpec in `speculation.py`)."""
 

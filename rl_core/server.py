@@ -112,7 +112,7 @@ class EngineCollector:
     COUNTERS = {
         "generated_tokens": ("inflight_tokens_generated", "Tokens sampled."),
         "prompt_tokens": ("inflight_prompt_tokens", "Prompt tokens prefilled."),
-        "prompt_tokens_shared": ("inflight_prompt_tokens_shared", "Prompt tokens copied from an identical cached prompt instead of prefilled."),
+        "prompt_tokens_shared": ("inflight_prompt_tokens_shared", "Prompt tokens copied from a cached prompt (the same prompt, or the same start) instead of prefilled."),
         "requests_finished": ("inflight_requests_finished", "Requests finished (any reason)."),
         "requests_aborted": ("inflight_requests_aborted", "Requests aborted."),
         "steps": ("inflight_engine_steps", "Decode loop steps."),

@@ -185,6 +185,37 @@ def test_identical_prompts_share_the_prompt_cache(engine: ReferenceEngine, hf_mo
     assert engine.stats()["prompt_tokens_shared"] >= 2 * (len(prompt) - 1)
 
 
+def test_prompts_with_a_common_start_copy_it_and_compute_only_the_rest(engine: ReferenceEngine, hf_model, prompts) -> None:
+    """Prompts of one task share their system prompt and template: admitted together, one is
+    prefilled whole and the others copy its first tokens; admitted later, they copy them from a
+    running sequence. Every answer is the one the prompt gets alone."""
+    system = prompts[4] + prompts[1]  # a 20+-token common start, as a chat template's
+    variants = [system + [40 + i, 41 + i] for i in range(3)]
+    expected = [hf_greedy(hf_model, prompt, GREEDY.max_new_tokens) for prompt in variants + [system + [90]]]
+    together = [engine.submit(prompt, GREEDY) for prompt in variants]
+    wait_for(lambda: engine.stats()["generated_tokens"] > 0)
+    late = engine.submit(system + [90], GREEDY)  # admitted while the others decode: copies from one of them
+    assert [future.result(timeout=120).token_ids for future in together + [late]] == expected
+    assert engine.stats()["prompt_tokens_shared"] >= 3 * len(system)
+    assert engine.stats()["prompt_tokens"] == sum(len(prompt) for prompt in variants + [system + [90]])
+
+
+def test_a_common_start_computed_before_a_weight_update_is_not_shared(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
+    fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    system = prompts[4] + prompts[1]
+    engine.submit(system + [40], SamplingParams(temperature=0.0, max_new_tokens=200), request_id="long")
+    wait_for(lambda: engine.stats()["generated_tokens"] > 0)
+    assert engine.in_flight_ids() == ["long"]  # its prompt K/V (old weights) are in the cache
+    new_state = perturbed_state(fresh, seed=2)
+    engine.update_weights(new_state.items(), version=1)
+    shared_before = engine.stats()["prompt_tokens_shared"]
+    result = engine.generate([system + [41]], GREEDY)[0]
+    fresh.load_state_dict(new_state, strict=False)
+    assert result.token_ids == hf_greedy(fresh, system + [41], GREEDY.max_new_tokens)
+    assert engine.stats()["prompt_tokens_shared"] == shared_before  # the old weights' K/V were not reused
+    engine.abort("long")
+
+
 def test_update_weights_then_matches_fresh_model(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
     fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     new_state = perturbed_state(fresh, seed=1)
