@@ -31,9 +31,10 @@ gradient per token is -A * grad log p, the same as Inflight's pipelinerl loss at
 What cannot match, and why:
 - Inflight is asynchronous (actor.max_lag 2): its tokens may be sampled 1-2 versions behind the
   weights that train them (truncated importance weights correct for it); TRL generates, then trains.
-- actor.drop_zero_advantage_groups: Inflight skips all-equal groups and fills the step with more
-  prompts; TRL has no such switch, so its steps carry zero-gradient groups and the two sides see
-  the prompt stream at different rates after the first drop.
+- actor.drop_zero_advantage_groups: false in the demo, as TRL works: all-equal groups stay in the
+  step (Inflight's trainer does not compute them, their gradient being exactly zero). A YAML that
+  sets it true makes Inflight replace them with more prompts, which TRL cannot: the two sides then
+  see the prompt stream at different rates after the first drop.
 - Group std: TRL divides by the Bessel-corrected std (+1e-4), Inflight by the population std
   (+1e-6): TRL's advantages are sqrt((G-1)/G) = 0.935x Inflight's for G=8 (no switch in TRL).
 - Sampling RNG: Inflight's engine seeds each request; TRL's HF generate() draws from torch's
