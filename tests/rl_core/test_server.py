@@ -66,3 +66,23 @@ def test_histospec_server_drafts_from_history_and_client_sees_server_death(untra
             asyncio.run(asyncio.wait_for(die_mid_request(), 180))
     finally:
         server.stop()
+
+
+def test_a_burst_of_requests_leaves_few_idle_connections_in_the_client_pool(untrained_tiny_model: Path) -> None:
+    """httpcore walks every pooled connection (and, per idle one, every one again) whenever a
+    request starts or ends; an evaluation's burst of concurrent requests used to leave all its
+    connections idle in the pool, which made that walk most of the actor's CPU."""
+    from rl_core.client import MAX_IDLE_CONNECTIONS
+
+    server = start_server("reference", untrained_tiny_model, max_batch_size=32)
+    try:
+        async def burst() -> int:
+            async with InferenceClient(server.url) as client:
+                short = SamplingParams(temperature=1.0, max_new_tokens=4)
+                results = await asyncio.gather(*(client.generate(MESSAGES, short) for _ in range(24)))
+                assert all(len(result) == 1 for result in results)
+                return len(client._http._transport._pool.connections)  # the pool httpx keeps (private)
+
+        assert asyncio.run(asyncio.wait_for(burst(), 180)) <= MAX_IDLE_CONNECTIONS
+    finally:
+        server.stop()
