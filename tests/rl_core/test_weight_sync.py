@@ -118,9 +118,10 @@ def test_broadcast_updates_the_server_in_flight(server, untrained_tiny_model: Pa
     async def scenario() -> tuple[list, dict, list, dict]:
         async with InferenceClient(server.url) as client:
             long_request = asyncio.create_task(
-                client.generate(messages, SamplingParams(temperature=0.0, max_new_tokens=200), request_id_prefix="spanning")
+                client.generate(messages, SamplingParams(temperature=0.0, max_new_tokens=800), request_id_prefix="spanning")
             )
-            # Let it decode a while under version 0, then update underneath it.
+            # Let it decode a while under version 0, then update underneath it (800 tokens: the
+            # update must land before a decoder that keeps getting faster finishes it).
             while (await client.health())["running"] == 0:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.3)
