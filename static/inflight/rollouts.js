@@ -181,7 +181,7 @@
       ratioInput.disabled = !s.ratios;
       // The trainer records its logprobs on every keep_every_n_steps-th step (monitoring.rollouts.train_logprobs);
       // they arrive a moment after the sample is stored, once that step is trained.
-      ratioInput.parentNode.title = s.ratios ? "" : "no trainer logprobs for this sample (not trained yet, or the run does not record them)";
+      ratioInput.parentNode.title = s.ratios ? "" : (s.ratios_missing || "no trainer logprobs for this sample");
       if (!s.ratios && colourBy === "ratio") { // fall back to versions rather than showing no colours
         colourBy = "version";
         document.querySelector('input[name="colour"][value="version"]').checked = true;

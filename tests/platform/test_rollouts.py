@@ -135,6 +135,7 @@ def test_sample_detail_shows_versions_and_the_switch_and_its_group(owner_api, st
     assert detail["versions"] == [4, 4, 5, 5] and detail["version_switches"] == [2]
     assert detail["versions_spanned"] == 2 and detail["max_lag"] == 1 and len(detail["tokens"]) == 4
     assert detail["ratios"] is None  # the trainer's logprobs are not in the stream
+    assert detail["ratios_missing"].startswith("no trainer logprobs")
     group = owner_api.get(f"/api/runs/{stored.pk}/rollouts/{row.pk}/group/").json()
     assert {s["line"] for s in group["samples"]} == {20, 21} and all("advantage" in s for s in group["samples"])
     assert owner_api.get(f"/api/runs/{stored.pk}/rollouts/999999/").status_code == 404
@@ -297,3 +298,14 @@ def test_a_redis_stream_run_fills_the_viewer_like_a_file_stream(owner, tmp_path:
         process.wait(10)
     # The run's server stopped with the run: nothing more to read, and nothing counted as undelivered.
     assert supervisor.deliver() is True and supervisor.rollouts_tail.line_no == 8
+
+
+def test_a_zero_advantage_sample_says_why_it_has_no_ratios(owner_api, owner) -> None:
+    """The trainer computes only samples with a gradient: one whose advantage is 0 never gets
+    trainer logprobs, and the viewer says so instead of "not trained yet"."""
+    run = make_run(owner, samples_per_step=4)
+    ingest_rollouts(run.pk, [(line, sample(line, reward=0.5)) for line in range(2)], DECODER)  # advantage 0
+    row = StoredRollout.objects.filter(run=run).first()
+    detail = owner_api.get(f"/api/runs/{run.pk}/rollouts/{row.pk}/").json()
+    assert detail["advantage"] == 0.0 and detail["ratios"] is None
+    assert detail["ratios_missing"].startswith("advantage 0")

@@ -84,10 +84,14 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
             page.screenshot(path="/tmp/rollouts_tab.png", full_page=False)
 
             # A sample that spans an in-flight weight update: two colours, and the switch marked.
+            # One with a gradient: the trainer does not compute zero-advantage samples, so those
+            # never get ratios (the viewer says why: ratios_missing).
             def spanning_id() -> str | None:
                 found = api.get(f"/api/runs/{run.pk}/rollouts/", params={"limit": 500}).json()["rollouts"]
-                spanning = [r for r in found if r["versions_spanned"] >= 2]
-                return str(spanning[0]["id"]) if spanning else None
+                for row in [r for r in found if r["versions_spanned"] >= 2][:20]:
+                    if api.get(f"/api/runs/{run.pk}/rollouts/{row['id']}/").json()["advantage"] != 0.0:
+                        return str(row["id"])
+                return None
 
             wait(lambda: spanning_id() is not None, timeout=240, interval=2, message="a rollout that spans two policy versions")
             sample_id = spanning_id()

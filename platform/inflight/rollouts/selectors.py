@@ -31,20 +31,28 @@ def summary_json(row: StoredRollout) -> dict[str, Any]:
     }
 
 
+# Why a sample has no importance ratios (the viewer shows it): the trainer computes only samples
+# with a gradient, and an advantage of exactly 0 has none (rl_core.loss.samples_with_gradient).
+NO_RATIOS_ZERO_ADVANTAGE = "advantage 0: no gradient, so the trainer did not compute this sample"
+NO_RATIOS_YET = "no trainer logprobs for this sample (not trained yet, or the run does not record them)"
+
+
 def detail_json(row: StoredRollout) -> dict[str, Any]:
     """The whole sample: text, and per token its text, version and behaviour logprob; the
-    importance ratio exp(train - behaviour) where the trainer's logprobs were recorded."""
+    importance ratio exp(train - behaviour) where the trainer's logprobs were recorded, else
+    `ratios_missing` says why."""
     ratios = None
     if row.train_logprobs is not None:
         import math
 
         ratios = [math.exp(min(50.0, t - b)) for t, b in zip(row.train_logprobs, row.logprobs)]
+    missing = None if ratios is not None else NO_RATIOS_ZERO_ADVANTAGE if row.advantage == 0.0 else NO_RATIOS_YET
     switches = [i for i in range(1, len(row.versions)) if row.versions[i] != row.versions[i - 1]]
     return {
         **summary_json(row), "prompt_id": row.prompt_id, "prompt_text": row.prompt_text,
         "completion_text": row.completion_text, "advantage": row.advantage, "finish_reason": row.finish_reason,
         "tokens": row.tokens, "token_ids": row.token_ids, "versions": row.versions, "logprobs": row.logprobs,
-        "train_logprobs": row.train_logprobs, "ratios": ratios, "version_switches": switches,
+        "train_logprobs": row.train_logprobs, "ratios": ratios, "ratios_missing": missing, "version_switches": switches,
     }
 
 
