@@ -9,6 +9,14 @@ import math
 from typing import Sequence
 
 
+def carries_gradient(advantage: float, kl_coef: float) -> bool:
+    """Whether a sample's loss terms can move the weights. Without a KL penalty every token
+    term of both policy losses (loss.policy_loss) is a multiple of the advantage, so a sample
+    with an advantage of exactly 0 has none: the trainer does not compute it, and so records no
+    trainer logprobs for it (the rollout viewer says why)."""
+    return advantage != 0.0 or kl_coef > 0.0
+
+
 def group_advantages(rewards: Sequence[float], normalize_std: bool = False, eps: float = 1e-6) -> list[float]:
     """Reward minus the group mean; divided by the group std (population) when asked.
 

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from rl_core.advantages import carries_gradient
 from rl_core.config import DEFAULT_ROW_TOKENS
 from rl_core.contracts import RolloutSample
 from rl_core.packed_attention import PackedLayout
@@ -248,17 +249,13 @@ def _stack_rows(rows: list[list[list[int]]], samples: Sequence[RolloutSample]) -
 
 
 def samples_with_gradient(samples: Sequence[RolloutSample], kl_coef: float) -> list[RolloutSample]:
-    """The samples whose loss terms can move the weights. Without a KL penalty every token
-    term of both losses is a multiple of the sample's advantage, so a sample with advantage
-    exactly 0 (an all-equal group kept in the step, as TRL keeps it) has a zero gradient and
-    computing it is wasted work. The caller still divides by the whole batch's sequence
-    count, so the step's gradient is exactly what training on all of them gives. One sample
-    is kept if none has a gradient: every rank must run a forward (ZeRO-3 gathers are
-    collective) and an optimizer step with no backward at all is a special case not worth
-    having."""
-    if kl_coef > 0.0:
-        return list(samples)
-    informative = [sample for sample in samples if sample.advantage != 0.0]
+    """The samples the trainer computes (`advantages.carries_gradient`): an all-equal group kept
+    in the step, as TRL keeps it, has a zero gradient without a KL term, so computing it is wasted
+    work. The caller still divides by the whole batch's sequence count, so the step's gradient is
+    exactly what training on all of them gives. One sample is kept if none has a gradient: every
+    rank must run a forward (ZeRO-3 gathers are collective) and an optimizer step with no
+    backward at all is a special case not worth having."""
+    informative = [sample for sample in samples if carries_gradient(sample.advantage, kl_coef)]
     return informative or list(samples[:1])
 
 

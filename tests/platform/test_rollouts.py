@@ -309,3 +309,7 @@ def test_a_zero_advantage_sample_says_why_it_has_no_ratios(owner_api, owner) -> 
     detail = owner_api.get(f"/api/runs/{run.pk}/rollouts/{row.pk}/").json()
     assert detail["advantage"] == 0.0 and detail["ratios"] is None
     assert detail["ratios_missing"].startswith("advantage 0")
+    # With a KL penalty such a sample has a gradient: it is trained, only not yet.
+    run.config["trainer"]["kl_coef"] = 0.1
+    run.save(update_fields=["config"])
+    assert owner_api.get(f"/api/runs/{run.pk}/rollouts/{row.pk}/").json()["ratios_missing"].startswith("no trainer logprobs")

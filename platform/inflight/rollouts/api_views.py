@@ -45,7 +45,8 @@ def _rollout(request: HttpRequest, run_id: int, rollout_id: int) -> tuple[Any, S
 
 @api_view("GET")
 def rollout_detail(request: HttpRequest, run_id: int, rollout_id: int) -> Any:
-    return selectors.detail_json(_rollout(request, run_id, rollout_id)[1])
+    run, row = _rollout(request, run_id, rollout_id)
+    return selectors.detail_json(row, selectors.trainer_kl_coef(run))
 
 
 @api_view("GET")

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from django.http import HttpResponse, StreamingHttpResponse
 
 from inflight.rollouts.models import StoredRollout
-from inflight.rollouts.selectors import detail_json
+from inflight.rollouts.selectors import detail_json, trainer_kl_coef
 from inflight.runs.models import EvalProblemResult, MetricPoint, Run
 
 EXPORT_KINDS = {
@@ -58,8 +58,9 @@ def metrics_parquet(run: Run) -> bytes:
 
 
 def _rollout_lines(run: Run) -> Iterator[str]:
+    kl_coef = trainer_kl_coef(run)
     for row in StoredRollout.objects.filter(run_id=run.pk).order_by("line").iterator(chunk_size=500):
-        yield json.dumps(detail_json(row), separators=(",", ":")) + "\n"
+        yield json.dumps(detail_json(row, kl_coef), separators=(",", ":")) + "\n"
 
 
 def _eval_lines(run: Run) -> Iterator[str]:

@@ -9,6 +9,8 @@ from django.db.models import QuerySet
 
 from inflight.rollouts.models import StoredRollout
 from inflight.runs.models import Run
+from rl_core.advantages import carries_gradient
+from rl_core.config import RunConfig
 
 SHORT_CHARS = 120
 PAGE_SIZE = 50
@@ -32,21 +34,28 @@ def summary_json(row: StoredRollout) -> dict[str, Any]:
 
 
 # Why a sample has no importance ratios (the viewer shows it): the trainer computes only samples
-# with a gradient, and an advantage of exactly 0 has none (rl_core.loss.samples_with_gradient).
+# with a gradient (rl_core.advantages.carries_gradient).
 NO_RATIOS_ZERO_ADVANTAGE = "advantage 0: no gradient, so the trainer did not compute this sample"
 NO_RATIOS_YET = "no trainer logprobs for this sample (not trained yet, or the run does not record them)"
 
 
-def detail_json(row: StoredRollout) -> dict[str, Any]:
+def trainer_kl_coef(run: Run) -> float:
+    """The run's KL coefficient (with it, zero-advantage samples are trained too)."""
+    return RunConfig.model_validate(run.config).trainer.kl_coef
+
+
+def detail_json(row: StoredRollout, kl_coef: float) -> dict[str, Any]:
     """The whole sample: text, and per token its text, version and behaviour logprob; the
     importance ratio exp(train - behaviour) where the trainer's logprobs were recorded, else
-    `ratios_missing` says why."""
+    `ratios_missing` says why (`kl_coef`: the run's, `trainer_kl_coef`)."""
     ratios = None
     if row.train_logprobs is not None:
         import math
 
         ratios = [math.exp(min(50.0, t - b)) for t, b in zip(row.train_logprobs, row.logprobs)]
-    missing = None if ratios is not None else NO_RATIOS_ZERO_ADVANTAGE if row.advantage == 0.0 else NO_RATIOS_YET
+    missing = None
+    if ratios is None:
+        missing = NO_RATIOS_YET if carries_gradient(row.advantage, kl_coef) else NO_RATIOS_ZERO_ADVANTAGE
     switches = [i for i in range(1, len(row.versions)) if row.versions[i] != row.versions[i - 1]]
     return {
         **summary_json(row), "prompt_id": row.prompt_id, "prompt_text": row.prompt_text,

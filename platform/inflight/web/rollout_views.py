@@ -63,7 +63,8 @@ def rollouts_json(request: HttpRequest, run_id: int) -> Any:
 
 @_json_view
 def rollout_json(request: HttpRequest, run_id: int, rollout_id: int) -> Any:
-    return selectors.detail_json(_rollout(request, run_id, rollout_id)[1])
+    run, row = _rollout(request, run_id, rollout_id)
+    return selectors.detail_json(row, selectors.trainer_kl_coef(run))
 
 
 @_json_view
