@@ -19,7 +19,7 @@ flash-attention kernel needs; this module uses torch's sdpa so that it runs anyw
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 import torch
@@ -37,6 +37,9 @@ class PackedLayout:
     completion_index: torch.Tensor  # [S, C] long
     completion_valid: torch.Tensor  # [S, C] bool
     completion_unit: torch.Tensor  # [S] long: the unit (row of prompt_index) each completion belongs to
+    # What each query may attend, the same in every layer (so built once, here):
+    prompt_mask: torch.Tensor  # [U, 1, P, P] bool: causal among the prompt's real tokens
+    completion_mask: torch.Tensor  # [S, 1, C, P + C] bool: its prompt's real tokens, then causal on its own
 
     @classmethod
     def from_token_owners(cls, units: Sequence[Sequence[int]], sequences: Sequence[Sequence[int]], width: int) -> PackedLayout:
@@ -55,11 +58,16 @@ class PackedLayout:
         prompt_index, prompt_valid = _padded(list(prompts.values()))
         completion_index, completion_valid = _padded(list(completions.values()))
         completion_unit = torch.tensor([unit_number[(row, unit)] for row, unit, _ in completions], dtype=torch.long)
-        return cls(prompt_index, prompt_valid, completion_index, completion_valid, completion_unit)
+        # A padded query still sees its unit's first token, so no row of either mask is empty.
+        prompt_len, completion_len = prompt_index.shape[1], completion_index.shape[1]
+        prompt_mask = (_causal(prompt_len) & prompt_valid.unsqueeze(1)).unsqueeze(1)
+        sees_prompt = prompt_valid[completion_unit].unsqueeze(1).expand(-1, completion_len, -1)
+        sees_own = _causal(completion_len) & completion_valid.unsqueeze(1)
+        completion_mask = torch.cat([sees_prompt, sees_own], dim=2).unsqueeze(1)
+        return cls(prompt_index, prompt_valid, completion_index, completion_valid, completion_unit, prompt_mask, completion_mask)
 
     def to(self, device: torch.device | str) -> PackedLayout:
-        return PackedLayout(*(tensor.to(device) for tensor in (
-            self.prompt_index, self.prompt_valid, self.completion_index, self.completion_valid, self.completion_unit)))
+        return PackedLayout(*(getattr(self, field.name).to(device) for field in fields(self)))
 
 
 def _padded(groups: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +77,8 @@ def _padded(groups: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return index, valid
 
 
-def _causal(length: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()
+def _causal(length: int) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool).tril()
 
 
 def packed_attention(
@@ -101,21 +109,15 @@ def packed_attention(
     def gather(flat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # -> [N, H, L, D]
         return flat[index].transpose(1, 2)
 
-    # Prompts: causal among their own tokens (a padded query still sees its unit's first token).
+    # Prompts: causal among their own tokens.
     prompt_k, prompt_v = gather(flat_k, layout.prompt_index), gather(flat_v, layout.prompt_index)
-    prompt_len = layout.prompt_index.shape[1]
-    prompt_mask = (_causal(prompt_len, query.device) & layout.prompt_valid.unsqueeze(1)).unsqueeze(1)
     prompt_out = torch.nn.functional.scaled_dot_product_attention(
-        gather(flat_q, layout.prompt_index), prompt_k, prompt_v, attn_mask=prompt_mask, scale=scaling, enable_gqa=gqa)
+        gather(flat_q, layout.prompt_index), prompt_k, prompt_v, attn_mask=layout.prompt_mask, scale=scaling, enable_gqa=gqa)
     # Completions: [their prompt's keys ; their own keys], causal on their own.
-    completion_len = layout.completion_index.shape[1]
     keys = torch.cat([prompt_k[layout.completion_unit], gather(flat_k, layout.completion_index)], dim=2)
     values = torch.cat([prompt_v[layout.completion_unit], gather(flat_v, layout.completion_index)], dim=2)
-    sees_prompt = layout.prompt_valid[layout.completion_unit].unsqueeze(1).expand(-1, completion_len, -1)
-    sees_own = _causal(completion_len, query.device) & layout.completion_valid.unsqueeze(1)
-    completion_mask = torch.cat([sees_prompt, sees_own], dim=2).unsqueeze(1)
     completion_out = torch.nn.functional.scaled_dot_product_attention(
-        gather(flat_q, layout.completion_index), keys, values, attn_mask=completion_mask, scale=scaling, enable_gqa=gqa)
+        gather(flat_q, layout.completion_index), keys, values, attn_mask=layout.completion_mask, scale=scaling, enable_gqa=gqa)
     # Back to the packed positions; padding tokens (in no unit) keep zeros.
     out = query.new_zeros(rows * width, query_heads, head_dim)
     out = out.index_put((layout.prompt_index[layout.prompt_valid],), prompt_out.transpose(1, 2)[layout.prompt_valid])
