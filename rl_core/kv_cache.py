@@ -184,6 +184,12 @@ class _HasPrompt(Protocol):
 PromptHolder = TypeVar("PromptHolder", bound=_HasPrompt)
 
 
+def _current_prompts(cached: Sequence[PromptHolder], version: int) -> dict[tuple[int, ...], PromptHolder]:
+    """The cached sequences whose prompt K/V may be shared, by prompt: those computed at the
+    current weight `version` (the rule `split_shared_prompts` explains)."""
+    return {tuple(seq.prompt_token_ids): seq for seq in cached if seq.prompt_kv_version == version}
+
+
 def split_shared_prompts(
     admitted: Sequence[PromptHolder], cached: Sequence[PromptHolder], version: int
 ) -> tuple[list[PromptHolder], list[tuple[PromptHolder, PromptHolder]]]:
@@ -199,7 +205,7 @@ def split_shared_prompts(
     the old version. But a request admitted after the update has all its tokens tagged with
     the new version, so copying old-weights prompt K/V into it would make it neither policy:
     it is prefilled afresh (and becomes the source for later requests of that prompt)."""
-    sources = {tuple(seq.prompt_token_ids): seq for seq in cached if seq.prompt_kv_version == version}
+    sources = _current_prompts(cached, version)
     leaders: list[PromptHolder] = []
     followers: list[tuple[PromptHolder, PromptHolder]] = []
     for seq in admitted:
@@ -238,10 +244,7 @@ def split_shared_prefixes(
     their system prompt and chat template: on the demo 23 of ~34 prompt tokens, and a held-out
     eval admits 64 such prompts at once. Same version rule as `split_shared_prompts`. A
     dependent always computes at least its last prompt token (its logits start the response)."""
-    sources: dict[tuple[int, ...], PromptHolder] = {}
-    for seq in cached:
-        if seq.prompt_kv_version == version:
-            sources.setdefault(tuple(seq.prompt_token_ids), seq)
+    sources = _current_prompts(cached, version)
     pioneers: list[PromptHolder] = []
     dependents: list[tuple[PromptHolder, PromptHolder, int]] = []
     for seq in leaders:
