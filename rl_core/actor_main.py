@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
 from rl_core.actor import Actor
 from rl_core.config import RunConfig, load_run_config
 from rl_core.metrics import JsonlSink
+from rl_core.processes import freeze_startup_objects, run_event_loop
 from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, stream_redis_url, wait_for_servers
 from rl_core.stream import open_writer
 
@@ -46,6 +46,7 @@ def main(argv: list[str]) -> int:
     if not servers:
         print("actor: no servers (give --servers or --await-servers)", file=sys.stderr)
         return 2
-    asyncio.run(run_actor(config, run_dir, servers))
+    freeze_startup_objects()
+    run_event_loop(run_actor(config, run_dir, servers))
     print("actor: finished", flush=True)
     return 0

@@ -12,6 +12,8 @@
 - `start_server_process`: an inference server command (reference or vLLM) started in its own
   process group, waited for until it prints its ready line (`run_dir.parse_ready_line`);
   `ServerProcess.stop` ends the whole group (vLLM's engine-core and worker children too).
+- `freeze_startup_objects` and `run_event_loop`: what a run's long-lived processes (server,
+  trainer, actor) do once they are loaded, so that the interpreter costs less per step.
 
 The death signal is sent when the *thread* that started the child exits, not only the
 process; the launcher starts its children from its main thread, and a worker's run is
@@ -23,7 +25,9 @@ No torch, no Django: importing this module costs nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -32,6 +36,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Coroutine, TypeVar
 
 _PR_SET_PDEATHSIG = 1
 
@@ -110,6 +115,30 @@ def start_server_process(command: list[str], timeout_s: float = 600.0, env: dict
         time.sleep(0.05)
     handle.url = ready[0]
     return handle
+
+
+def freeze_startup_objects() -> None:
+    """Move everything alive now (torch, transformers, the model: ~370,000 objects) out of the
+    cyclic garbage collector's reach. Call it once a process is loaded. Otherwise each full
+    collection walks them all while holding the GIL: in the demo's server that stalled the decode
+    loop for 100-240 ms, 3-4 times per 40 steps (gc.callbacks timings; ~3 ms each once frozen).
+    Frozen objects are still freed by reference counting; only cycles among them are not."""
+    gc.collect()
+    gc.freeze()
+
+
+_Result = TypeVar("_Result")
+
+
+def run_event_loop(main: Coroutine[Any, Any, _Result]) -> _Result:
+    """`asyncio.run` on uvloop where it is installed (a dependency on Linux and macOS): the
+    server's HTTP handling and the actor's many concurrent requests cost less CPU on it, and on a
+    2-core machine that CPU is taken from decoding and training (bench/RESULTS.md)."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows, where uvloop does not exist
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def _set_parent_death_signal(parent_pid: int) -> None:

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
+from rl_core.processes import freeze_startup_objects, run_event_loop
 from rl_core.run_dir import ready_line
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightReceiver
 
@@ -444,9 +445,10 @@ def main(argv: list[str]) -> int:
     async def serve() -> None:
         await serve_until_stopped(app, sock)
 
+    freeze_startup_objects()
     engine.start()
     try:
-        asyncio.run(serve())
+        run_event_loop(serve())
     finally:
         engine.stop()
     return 0

@@ -46,6 +46,7 @@ from rl_core.config import RunConfig, load_run_config
 from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, samples_with_gradient, scoring_temperature
 from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
+from rl_core.processes import freeze_startup_objects
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
     CHECKPOINT_STATE_FILE,
@@ -489,6 +490,7 @@ def main(argv: list[str]) -> int:
     if checkpoint is not None:
         trainer.resume(checkpoint)
         print(f"trainer: resumed from {checkpoint} at version {backend.version}", flush=True)
+    freeze_startup_objects()
     try:
         trainer.run()
     finally:
