@@ -15,11 +15,12 @@ import math
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Mapping, Protocol
 
 from rl_core.jsonl_tail import JsonlTail
-from rl_core.run_dir import METRICS_FILE, TENSORBOARD_DIR
+from rl_core.run_dir import METRICS_FILE, TENSORBOARD_DIR, WANDB_RUN_ID_FILE
 
 if TYPE_CHECKING:
     from rl_core.config import MirrorConfig
@@ -158,15 +159,29 @@ def check_mirror_sinks(sinks: list[str]) -> None:
             )
 
 
+def wandb_run_id(run_dir: str | Path) -> str:
+    """The W&B run id of this Inflight run: made on the first start and kept in the run directory,
+    so `--resume` (or the platform's resume) continues the same W&B run, as `wandb.init(id=...,
+    resume="allow")` does for a training script that restarts, instead of starting a new one."""
+    path = Path(run_dir) / WANDB_RUN_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:16]  # W&B ids: letters and digits, unique within the project
+    path.write_text(run_id + "\n")
+    return run_id
+
+
 class WandbSink:
-    """One W&B run; `mode="offline"` writes only under `directory/wandb/` (`wandb sync` it later)."""
+    """One W&B run; `mode="offline"` writes only under `directory/wandb/` (`wandb sync` it later).
+    With `run_id`, a run of that id is continued where it exists (W&B's resume="allow")."""
 
     def __init__(self, directory: str | Path, project: str, mode: str = "offline", name: str | None = None,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None, run_id: str | None = None) -> None:
         import wandb
 
         self._run = wandb.init(
             project=project, dir=str(directory), mode=mode, name=name, config=dict(config or {}),
+            id=run_id, resume="allow" if run_id else None,
             # The run's own console and system sampling belong to the launcher, not to W&B.
             settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
         )
@@ -245,7 +260,7 @@ class _Guarded:
 def open_mirror(name: str, run_dir: Path, mirror: MirrorConfig, run_name: str = "run",
                 run_config: Mapping[str, Any] | None = None) -> MetricsSink:
     if name == "wandb":
-        return WandbSink(run_dir, mirror.wandb_project, mirror.wandb_mode, run_name, run_config)
+        return WandbSink(run_dir, mirror.wandb_project, mirror.wandb_mode, run_name, run_config, wandb_run_id(run_dir))
     if name == "tensorboard":
         return TensorBoardSink(run_dir / TENSORBOARD_DIR)
     raise ValueError(f"{MIRROR_FIELD}: unknown mirror {name!r}")

@@ -46,6 +46,7 @@ REDIS_DIR = "redis"  # the embedded Redis server's data, log and socket
 TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-token logprobs at training time
 TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)
 WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb); W&B names it itself under DIR
+WANDB_RUN_ID_FILE = "wandb_run_id"  # the W&B run id of the mirror, so a resumed run continues that W&B run
 
 
 def log_path(run_dir: str | Path, process: str) -> Path:

@@ -140,8 +140,12 @@ def wandb_records(path: Path) -> list:
 def wandb_history(run_dir: Path) -> list[dict[str, float]]:
     files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
+    return wandb_history_of(files[0])
+
+
+def wandb_history_of(path: Path) -> list[dict[str, float]]:
     rows = []
-    for record in wandb_records(files[0]):
+    for record in wandb_records(path):
         if record.WhichOneof("record_type") == "history":
             row = {}
             for item in record.history.item:
@@ -183,6 +187,24 @@ def test_wandb_sink_closes_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "exit" in kinds, kinds  # finish() wrote the run's end
     config = next(r.run.config for r in records if r.WhichOneof("record_type") == "run")  # the run's settings
     assert any(item.key == "a" and json.loads(item.value_json) == 1 for item in config.update)
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    write_lines(tmp_path, LINES[:3])
+    mirror_file(tmp_path, ["wandb"])
+    # The launcher's resume: the lines already mirrored are skipped, later ones are mirrored.
+    resumed = MetricsMirror(tmp_path, MirrorConfig(sinks=["wandb"], wandb_mode="offline"), "mirror-test", from_end=True, poll_s=0.05)
+    write_lines(tmp_path, LINES[3:])
+    resumed.close()
+    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    for path in files:  # both attempts log to the one W&B run (`wandb sync` puts them together)
+        assert path.name == f"run-{run_id}.wandb"
+        assert [r.run.run_id for r in wandb_records(path) if r.WhichOneof("record_type") == "run"][0] == run_id
+    steps = [[row["trainer_step"] for row in wandb_history_of(path)] for path in files]
+    assert sorted(steps) == sorted([[step for step, _ in LINES[:3]], [step for step, _ in LINES[3:]]])
 
 
 # --- failures -------------------------------------------------------------------------------
