@@ -34,6 +34,11 @@ from django.conf import settings as _django_settings  # noqa: E402
 os.environ.setdefault("SECRET_KEY", _django_settings.SECRET_KEY)
 _django_settings.SECRET_KEY_MISSING = False  # it is given now, to this process's servers too
 os.environ.setdefault("INFLIGHT_SECURE_COOKIES", "0")
+# Importing inflight.asgi in this process (the WebSocket tests) would start the web server's
+# lost-run sweeper here: a thread that sweeps the test database behind the tests' backs and, once
+# the session's PostgreSQL is stopped, logs into pytest's closed capture streams. Servers that a
+# test needs a sweeper in (tests/platform/test_faults.py) turn it back on in their environment.
+os.environ.setdefault("INFLIGHT_WEB_SWEEPER", "0")
 
 TEST_SERVICES_ROOT = REPO_ROOT / "var" / "test-services"
 

@@ -61,7 +61,7 @@ def daphne(live_database_url: str, transactional_db: None, tmp_path: Path, wait)
     """The web server, whose own sweeper is the only one left once the only worker is dead."""
     port = free_port()
     log_path = tmp_path / "daphne.log"
-    env = {**os.environ, "DATABASE_URL": live_database_url, "INFLIGHT_WORKER_LOST_AFTER_S": "3", **FAST}
+    env = {**os.environ, "DATABASE_URL": live_database_url, "INFLIGHT_WORKER_LOST_AFTER_S": "3", "INFLIGHT_WEB_SWEEPER": "1", **FAST}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inflight.asgi:application"],
