@@ -150,6 +150,11 @@ class InferenceConfig(_Section):
         _ENGINE_DEFAULTS.forward_overhead_tokens, ge=0,
         description="Reference engine: cost of one extra forward pass in padded tokens (rows of different widths split above it).",
     )
+    share_identical_decodes: bool = Field(
+        _ENGINE_DEFAULTS.share_identical_decodes,
+        description="Reference engine: samples whose prompt and tokens so far are identical (a group's attempts before "
+        "they diverge) share one forward row per decode step; each still draws its own token. Same outputs, less compute.",
+    )
     cpu_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     enforce_eager: bool = Field(False, description="vLLM on GPU: no CUDA graphs / torch.compile (always eager on CPU).")
     prefix_caching: bool = Field(

@@ -35,6 +35,7 @@ from rl_core.engine_sampling import PositionUniforms, check_request, eos_token_i
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prefixes, split_shared_prompts
 from rl_core.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
 from rl_core.model_io import model_dtype
+from rl_core.shared_decode import extended_history_hash, prompt_history_hash, representatives
 from rl_core.speculation import DraftLengthController
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class _Sequence:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     token_versions: list[int] = field(default_factory=list)
+    admitted_step: int = -1  # engine step of admission: with the history, what decides shared decode rows
+    history_hash: int = 0  # of prompt + tokens so far (shared_decode.py)
     abort_requested: bool = False
     finish_reason: str | None = None
 
@@ -203,6 +206,7 @@ class ReferenceEngine:
                 uniforms=PositionUniforms(seed),
                 stop_ids=self.default_stop_ids | frozenset(int(t) for t in params.stop_token_ids),
                 draft_length=DraftLengthController(self.config.initial_draft_len, self.config.max_draft_len),
+                history_hash=prompt_history_hash(prompt),
             )
             seq.future.set_running_or_notify_cancel()
             # Behind every waiting request of the same or a lower priority value: FIFO per priority.
@@ -399,6 +403,7 @@ class ReferenceEngine:
             self._waiting.pop(0)
             self._free_slots.sort()
             seq.slot = self._free_slots.pop(0)
+            seq.admitted_step = int(self.counters["steps"])
             budget -= len(seq.prompt_token_ids)
             self._running.append(seq)
             admitted.append(seq)
@@ -504,6 +509,11 @@ class ReferenceEngine:
         common width per forward, so rows of very different widths (one-token decodes next
         to 17-token verifies) run in separate forwards, grouped by `width_groups`."""
         drafts = self._drafts(seqs, prefixes)
+        if self.config.share_identical_decodes and all(len(prefix) == 1 and not draft for prefix, draft in zip(prefixes, drafts)):
+            stand_ins = representatives(seqs)
+            if any(stand_in != row for row, stand_in in enumerate(stand_ins)):
+                self._decode_shared(seqs, prefixes, stand_ins, version)
+                return
         queries = [prefix + draft for prefix, draft in zip(prefixes, drafts)]
         for rows in width_groups([len(query) for query in queries], self.config.forward_overhead_tokens):
             group = [seqs[row] for row in rows]
@@ -522,6 +532,21 @@ class ReferenceEngine:
                     [group[index] for index in speculating], [group_drafts[index] for index in speculating],
                     logits[speculating] if len(speculating) < len(rows) else logits, version,
                 )
+
+    def _decode_shared(self, seqs: list[_Sequence], prefixes: list[list[int]], stand_ins: list[int], version: int) -> None:
+        """One decode step where `seqs[row]` takes the logits of `seqs[stand_ins[row]]` (the same
+        history): a forward over the stand-ins, their new K/V position copied to the rest."""
+        computed = sorted(set(stand_ins))
+        logits_row = {row: number for number, row in enumerate(computed)}
+        logits = self._forward([seqs[row] for row in computed], [prefixes[row] for row in computed], keep=1)
+        sharing = [row for row, stand_in in enumerate(stand_ins) if stand_in != row]
+        self.cache.copy_positions([seqs[stand_ins[row]].slot for row in sharing], [seqs[row].slot for row in sharing],
+                                  [seqs[row].cache_len for row in sharing])
+        for seq in seqs:
+            seq.cache_len += 1
+        self.counters["decode_rows_shared"] += len(sharing)
+        rows = torch.tensor([logits_row[stand_in] for stand_in in stand_ins], dtype=torch.long, device=logits.device)
+        self._sample_and_append(seqs, logits[:, -1].index_select(0, rows), version)
 
     def _verify_and_append(self, seqs: list[_Sequence], drafts: list[list[int]], logits: torch.Tensor, version: int) -> None:
         """Check each row's draft against the target (`logits[b, -len(draft)-1:]` are the
@@ -580,6 +605,7 @@ class ReferenceEngine:
     def _append(self, seq: _Sequence, token: int, logprob: float, version: int) -> bool:
         """Record one sampled token; returns True when the sequence is finished."""
         seq.token_ids.append(token)
+        seq.history_hash = extended_history_hash(seq.history_hash, token)
         seq.logprobs.append(logprob)
         seq.token_versions.append(version)
         self.counters["generated_tokens"] += 1

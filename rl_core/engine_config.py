@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 ENGINE_COUNTERS = (
     "requests_submitted", "requests_finished", "requests_aborted", "prompt_tokens", "prompt_tokens_shared",
     "generated_tokens", "steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_verify_steps",
-    "weight_updates", "last_update_pause_s",
+    "weight_updates", "last_update_pause_s", "decode_rows_shared",
 )
 
 
@@ -52,6 +52,11 @@ class EngineConfig:
         metadata={"help": "Cost of one extra forward pass, in padded tokens: rows of different widths run in "
                   "separate forwards when padding them together would cost more than this (see width_groups)."},
     )
+    share_identical_decodes: bool = field(
+        default=True,
+        metadata={"help": "Decode sequences with the same prompt and tokens so far (admitted in the same step) "
+                  "with one forward row, each sampling its own token from it (shared_decode.py)."},
+    )
 
 
 def engine_config_for(config: RunConfig, server_index: int = 0) -> EngineConfig:
@@ -68,4 +73,5 @@ def engine_config_for(config: RunConfig, server_index: int = 0) -> EngineConfig:
         max_draft_len=histospec.max_draft_len,
         spec_step_token_budget=inference.spec_step_token_budget,
         forward_overhead_tokens=inference.forward_overhead_tokens,
+        share_identical_decodes=inference.share_identical_decodes,
     )

@@ -128,6 +128,18 @@ class SlotKVCache:
             self.keys[layer][target_slot, :length] = self.keys[layer][source_slot, :length]
             self.values[layer][target_slot, :length] = self.values[layer][source_slot, :length]
 
+    def copy_positions(self, source_slots: Sequence[int], target_slots: Sequence[int], positions: Sequence[int]) -> None:
+        """Copy the K/V at `positions[i]` of slot `source_slots[i]` to the same position of slot
+        `target_slots[i]`, in every layer (decode steps shared by identical histories: shared_decode.py)."""
+        position = torch.tensor(positions, dtype=torch.long, device=self.device)
+        source = torch.tensor(source_slots, dtype=torch.long, device=self.device) * self.capacity + position
+        target = torch.tensor(target_slots, dtype=torch.long, device=self.device) * self.capacity + position
+        flat_shape = (self.num_slots * self.capacity, self.num_kv_heads, self.head_dim)
+        for layer in range(self.num_layers):
+            for tensors in (self.keys, self.values):
+                flat = tensors[layer].view(flat_shape)
+                flat.index_copy_(0, target, flat.index_select(0, source))
+
     # The decoder stack asks these only when it has to infer positions or a
     # mask itself; the engine always passes both, but answer sensibly anyway.
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -121,6 +121,7 @@ class EngineCollector:
         "spec_accepted_tokens": ("inflight_spec_accepted_tokens", "Speculative tokens accepted."),
         "spec_verify_steps": ("inflight_spec_verify_steps", "Sequence-steps that verified a non-empty draft."),
         "weight_updates": ("inflight_weight_updates", "In-flight weight updates applied."),
+        "decode_rows_shared": ("inflight_decode_rows_shared", "Decode rows not computed: the sequence's history was another's this step."),
     }
     GAUGES = {
         "running": ("inflight_requests_running", "Sequences in the running batch."),
