@@ -31,8 +31,31 @@ def services_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def port_outside_the_ephemeral_range() -> int:
+    """A free port below Linux's ephemeral range (32768+): `free_port()` hands out one inside it,
+    which any outgoing connection made while PostgreSQL starts (this session has many) may take
+    before Redis binds it, as happened once in a full run."""
+    import random
+
+    rng = random.Random(os.getpid())
+    while True:
+        port = rng.randrange(20000, 32000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+
+
 def test_start_reuse_stop(services_dir: Path) -> None:
-    pg_port, redis_port = devservices.free_port(), devservices.free_port()
+    pg_port, redis_port = port_outside_the_ephemeral_range(), port_outside_the_ephemeral_range()
     first = devservices.start_services(services_dir, postgres_port=pg_port, redis_port=redis_port)
     assert sorted(first.started) == ["postgres", "redis"]
     assert first.database_url == f"postgres://postgres@127.0.0.1:{pg_port}/inflight"
