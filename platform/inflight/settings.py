@@ -59,6 +59,8 @@ CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,
 SECURE_COOKIES = _env_bool("INFLIGHT_SECURE_COOKIES", not DEBUG)
 SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
+# A refused POST to a JSON endpoint answers JSON (`{"error": ...}`), a page the site's error page.
+CSRF_FAILURE_VIEW = "inflight.web.views.csrf_failure"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", False)

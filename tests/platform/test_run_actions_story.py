@@ -85,8 +85,12 @@ def test_yaml_tab_diff_endpoint(owner, other_user, tiny_config, django_capture_o
     assert f'data-diff-url="{url}"' in page and 'id="clone-diff-error"' in page
     text = page_yaml(page)
 
-    # CSRF-protected like the page's forms: without the token, refused.
-    assert client.post(url, {"config_yaml": text}).status_code == 403
+    # CSRF-protected like the page's forms: without the token, refused, in JSON the script can show.
+    refused = client.post(url, {"config_yaml": text})
+    assert refused.status_code == 403 and refused["Content-Type"] == "application/json"
+    assert "CSRF" in refused.json()["error"] and "X-CSRFToken" in refused.json()["error"]
+    page_refused = client.post(f"/runs/{source.pk}/clone/", {"config_yaml": text})  # a page: the site's error page
+    assert page_refused.status_code == 403 and "CSRF check failed" in page_refused.content.decode()
     unchanged = client.post(url, {"config_yaml": text, "csrfmiddlewaretoken": token})
     assert unchanged.status_code == 200 and unchanged.json() == {"run": source.pk, "diff": []}
     edited = text.replace("max_steps: 2", "max_steps: 7")

@@ -46,6 +46,16 @@ def _error_page(request: HttpRequest, status: int, message: str) -> HttpResponse
     return render(request, "inflight/error.html", {"status": status, "message": message}, status=status)
 
 
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """Django's CSRF refusal (settings.CSRF_FAILURE_VIEW). A page's JSON endpoint (`*.json`) or
+    the API answers in the platform's JSON error shape, so its script can say what went wrong;
+    a page gets the site's own error page instead of Django's."""
+    message = f"CSRF check failed ({reason or 'no reason given'}): reload the page and send the form again"
+    if request.path.endswith(".json") or request.path.startswith("/api/"):
+        return error_response(403, message + "; a script sends the csrftoken cookie's value as the X-CSRFToken header")
+    return _error_page(request, 403, message + ".")
+
+
 def json_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """A JSON endpoint of the pages: 401 (not a redirect) when signed out, Http404 → JSON 404,
     in the platform's one error shape (`api.errors`)."""
