@@ -85,7 +85,10 @@
           showError(answer.json.error || "the YAML could not be read");
           return;
         }
-        showError("");
+        // Still a diff, but say now what a submission would be refused for.
+        var errors = answer.json.errors || {};
+        var refused = Object.keys(errors).map(function (path) { return path + ": " + errors[path].join(", "); });
+        showError(refused.length ? "A submission would be refused: " + refused.join("; ") : "");
         showRows(answer.json.diff.map(function (row) { return [row.path, shown(row.source), shown(row.new)]; }));
       })
       .catch(function () { if (mine === asked) showError("could not reach the server to compare the YAML"); });

@@ -75,8 +75,13 @@ def test_clone_edit_launch_and_a_shared_compare_url(daphne_server: str, owner, s
             editor.fill(re.sub(r"max_steps: \d+", "max_steps: 9", editor.input_value()))
             wait(lambda: rows.count() == 1 and rows.first.get_attribute("data-path") == "trainer.max_steps", timeout=10, message="the YAML edit in the diff")
             assert "9" in page.locator('#clone-diff-table tr[data-path="trainer.max_steps"]').inner_text()
-            editor.fill("trainer: [1, 2")
             error = page.locator("#clone-diff-error")
+            assert not error.is_visible()
+            # A value a submission would refuse: the diff stays, and the refusal shows under it.
+            editor.fill(re.sub(r"max_steps: \d+", "max_steps: -9", editor.input_value()))
+            wait(lambda: error.is_visible() and "trainer.max_steps" in error.inner_text() and rows.count() == 1,
+                 timeout=10, message="what a submission would be refused for, under the diff")
+            editor.fill("trainer: [1, 2")
             wait(lambda: error.is_visible() and "config_yaml" in error.inner_text(), timeout=10, message="the YAML error under the diff")
             page.click('.tab[data-tab="form"]')
             wait(lambda: rows.count() == 2 and not error.is_visible(), timeout=10, message="the form's diff again")

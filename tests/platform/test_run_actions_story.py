@@ -92,7 +92,7 @@ def test_yaml_tab_diff_endpoint(owner, other_user, tiny_config, django_capture_o
     page_refused = client.post(f"/runs/{source.pk}/clone/", {"config_yaml": text})  # a page: the site's error page
     assert page_refused.status_code == 403 and "CSRF check failed" in page_refused.content.decode()
     unchanged = client.post(url, {"config_yaml": text, "csrfmiddlewaretoken": token})
-    assert unchanged.status_code == 200 and unchanged.json() == {"run": source.pk, "diff": []}
+    assert unchanged.status_code == 200 and unchanged.json() == {"run": source.pk, "diff": [], "errors": {}}
     edited = text.replace("max_steps: 2", "max_steps: 7")
     assert edited != text
     response = client.post(url, {"config_yaml": edited}, HTTP_X_CSRFTOKEN=token)
@@ -101,6 +101,11 @@ def test_yaml_tab_diff_endpoint(owner, other_user, tiny_config, django_capture_o
     partial = client.post(url, {"config_yaml": "trainer:\n  lr: 0.5\n"}, HTTP_X_CSRFTOKEN=token).json()["diff"]
     paths = [row["path"] for row in partial]
     assert "trainer.lr" in paths and "trainer.max_steps" in paths and paths == sorted(paths)
+    # What a submission would be refused for comes with the diff (the same checks as submitting).
+    invalid = client.post(url, {"config_yaml": edited.replace("max_steps: 7", "max_steps: -3")}, HTTP_X_CSRFTOKEN=token).json()
+    assert invalid["diff"] and list(invalid["errors"]) == ["trainer.max_steps"]
+    outside = client.post(url, {"config_yaml": "model:\n  path: /etc\n"}, HTTP_X_CSRFTOKEN=token).json()
+    assert "model.path" in outside["errors"]
 
     # Bad YAML: a clear 400 in the one error shape, nothing stored.
     for bad, says in (("trainer: [1, 2", "config_yaml:"), ("- a\n- b\n", "top level must be a mapping"), ("a: &x 1\nb: *x\n", "config_yaml:")):

@@ -22,7 +22,7 @@ from inflight.runs import actions
 from inflight.runs.models import Run
 from inflight.runs.run_filters import BadFilter, RunFilters, all_tags, filter_runs
 from inflight.runs.selectors import leaderboard_rows, runs_visible_to, visible_run_or_404
-from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, create_run
+from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
 from inflight.web import views as base_views
 from inflight.web.config_form import config_from_post, form_values, changed_fields, parse_yaml_config, resolved_values
 from inflight.web.selectors import config_diff
@@ -126,9 +126,11 @@ def run_clone(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_clone_diff(request: HttpRequest, run_id: int) -> HttpResponse:
     """The clone page's YAML tab, as the user types: `config_yaml` (form-encoded, CSRF-checked
-    like the page's own forms) → `{"diff": [{"path", "source", "new"}]}` against the source
-    run's config, by the same `changed_fields` the form's diff and a rejected submission use;
-    400 with the parser's message for text that is not a YAML mapping. Nothing is stored."""
+    like the page's own forms) → `{"diff": [{"path", "source", "new"}], "errors": {path: [..]}}`:
+    the diff against the source run's config, by the same `changed_fields` the form's diff and a
+    rejected submission use, and what a submission of this text would be refused for (the same
+    checks: values, paths, limits; `{}` when it would be accepted); 400 with the parser's message
+    for text that is not a YAML mapping. Nothing is stored."""
     source = visible_run_or_404(request.user, run_id)
     try:
         _from_step(request)  # a fork's page posts its ?from_step=; a malformed one is refused alike
@@ -137,7 +139,12 @@ def run_clone_diff(request: HttpRequest, run_id: int) -> HttpResponse:
     data, problem = parse_yaml_config(request.POST.get("config_yaml", ""))
     if problem or data is None:
         return error_response(400, f"config_yaml: {problem}")
-    return json_response({"run": source.pk, "diff": changed_fields(source.config or {}, resolved_values(data))})
+    errors: dict[str, list[str]] = {}
+    try:
+        check_run_for_owner(request.user, validate_run_config(data))
+    except InvalidRunConfig as exc:
+        errors = exc.errors
+    return json_response({"run": source.pk, "diff": changed_fields(source.config or {}, resolved_values(data)), "errors": errors})
 
 
 def _clone_context(source: Run, from_step: int | None, source_values: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
