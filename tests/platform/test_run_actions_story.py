@@ -200,9 +200,9 @@ def test_deleting_a_parent_keeps_its_children_readable(owner, owner_api, owner_w
 
     fork_page = owner_web.get(f"/runs/{fork_id}/")
     assert fork_page.status_code == 200
-    assert "Forked at step 2 from a run since deleted" in fork_page.content.decode()
+    assert f"Forked at step 2 from #{parent.pk} {parent.name}, since deleted" in fork_page.content.decode()
     clone_page = owner_web.get(f"/runs/{clone_id}/")
-    assert clone_page.status_code == 200 and "Cloned from" not in clone_page.content.decode()
+    assert clone_page.status_code == 200 and f"Cloned from #{parent.pk} {parent.name}, since deleted" in clone_page.content.decode()
     assert owner_web.get("/?archived=all").status_code == 200
     assert owner_api.get(f"/api/runs/{fork_id}/").json()["parent"] is None
     # Compare still draws the fork from its fork step, with its parent gone.

@@ -155,9 +155,16 @@ def clone_run(user: AbstractBaseUser, source: Run, name: str = "", overrides: An
     with transaction.atomic():
         # The worker is sent the run after this commits, so it sees the lineage too.
         run = services.create_run(user, name, config)
-        Run.objects.filter(pk=run.pk).update(parent=source, parent_step=from_step)
-        run.parent, run.parent_step = source, from_step
+        record_lineage(run, source, from_step)
     return run
+
+
+def record_lineage(run: Run, source: Run, parent_step: int | None) -> None:
+    """`run` was cloned (`parent_step` None) or forked from `source`: the parent link, and a
+    label ('#id name') that still says where the run came from once the parent is deleted."""
+    label = f"#{source.pk} {source.name}"[: Run._meta.get_field("parent_label").max_length]
+    Run.objects.filter(pk=run.pk).update(parent=source, parent_step=parent_step, parent_label=label)
+    run.parent, run.parent_step, run.parent_label = source, parent_step, label
 
 
 # ---------------------------------------------------------------- resume

@@ -83,6 +83,10 @@ class Run(models.Model):
     parent_step = models.BigIntegerField(
         null=True, blank=True, help_text="The parent's checkpoint step this run's model is (a fork); empty for a clone."
     )
+    parent_label = models.CharField(
+        max_length=300, blank=True, default="",
+        help_text="'#id name' of the parent when this run was made from it: the lineage still reads after the parent is deleted.",
+    )
     resume_count = models.IntegerField(
         default=0, help_text="How many times the run was resumed; above 0 the worker starts the engine with --resume."
     )

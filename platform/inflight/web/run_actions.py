@@ -109,7 +109,7 @@ def run_clone(request: HttpRequest, run_id: int) -> HttpResponse:
             parent_step = from_step if fork_path is not None and model_path == fork_path else None
             with transaction.atomic():
                 run = create_run(request.user, "", data)
-                Run.objects.filter(pk=run.pk).update(parent=source, parent_step=parent_step)
+                actions.record_lineage(run, source, parent_step)
         except InvalidRunConfig as exc:
             errors = exc.errors
         else:

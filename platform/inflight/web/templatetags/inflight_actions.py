@@ -26,6 +26,8 @@ def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
         "can_manage": can_manage_run(user, run),
         "parent": parent,
         "parent_hidden": bool(run.parent_id) and parent is None,
+        # A deleted parent's label, to whom made the run (they saw the parent) or staff only.
+        "deleted_parent_label": run.parent_label if not run.parent_id and (run.owner_id == user.pk or user.is_staff) else "",
         "children": list(visible.filter(parent=run).select_related(None).order_by("id").only("pk", "name", "parent_step", "status")[:50]),
         "checkpoints": actions.run_checkpoints(run),
         "resume_problem": actions.resume_problem(run) if run.is_resumable else None,
