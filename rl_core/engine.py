@@ -453,31 +453,9 @@ class ReferenceEngine:
 
         Queries are left-padded to a common length so the last `keep`
         columns hold every row's last tokens; returns float logits `[B, keep, V]`."""
-        batch = len(seqs)
-        query_lens = torch.tensor([len(query) for query in queries], device=self.device)
-        width = int(query_lens.max())
-        starts = torch.tensor([seq.cache_len for seq in seqs], device=self.device)
-        input_ids = torch.tensor([[0] * (width - len(query)) + query for query in queries], dtype=torch.long, device=self.device)
-        columns = torch.arange(width, device=self.device).unsqueeze(0)
-        pad = (width - query_lens).unsqueeze(1)
-        real = columns >= pad
-        # Padding columns sit at position 0 and may attend key 0 only: they stay
-        # finite and are never written to the cache or read back.
-        positions = torch.where(real, starts.unsqueeze(1) + columns - pad, torch.zeros_like(columns))
-        kv_length = int((starts + query_lens).max())
-        keys = torch.arange(kv_length, device=self.device)
-        allowed = keys.view(1, 1, 1, kv_length) <= positions.unsqueeze(1).unsqueeze(-1)
-        if self._bool_mask:
-            mask = allowed
-        else:
-            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        flat_real = real.reshape(-1)
-        write_source = flat_real.nonzero().squeeze(-1)
-        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
-        write_slots = slots.unsqueeze(1).expand(batch, width).reshape(-1)[write_source]
-        write_positions = positions.reshape(-1)[write_source]
-        self.cache.prepare([seq.slot for seq in seqs], write_source, write_slots, write_positions, kv_length)
+        input_ids, positions, mask = self.cache.batch_inputs(
+            [seq.slot for seq in seqs], [seq.cache_len for seq in seqs], queries, None if self._bool_mask else self.dtype
+        )
         output = self.model(
             input_ids=input_ids,
             attention_mask=mask,

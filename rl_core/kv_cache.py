@@ -6,9 +6,9 @@ new tokens of a step land with one `index_copy_` into a flat view). A forward pa
 any subset of slots with a different query length and start position per
 sequence; the model's attention layers call `update()`, which writes the new
 keys/values at each sequence's own positions and hands back the keys/values of
-exactly the slots in the batch. The engine passes a 4-D attention mask built
-from the same positions, so no sequence ever sees another's tokens or a stale
-entry — which is what makes batched decoding give the same tokens as decoding
+exactly the slots in the batch. `batch_inputs` builds a forward's ids, positions
+and 4-D attention mask from the same positions, so no sequence ever sees another's
+tokens or a stale entry — which is what makes batched decoding give the same tokens as decoding
 each sequence alone.
 
 The object duck-types the part of `transformers.Cache` the decoder layers use
@@ -100,6 +100,37 @@ class SlotKVCache:
         # Row of each new token in the flat `[slots * capacity, heads, head_dim]` view.
         self._write_rows = write_slots * self.capacity + write_positions
         self._kv_length = kv_length
+
+    def batch_inputs(
+        self, slots: list[int], starts: list[int], queries: list[list[int]], mask_dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input ids, position ids, attention mask) of a forward that feeds `queries[b]` to slot
+        `slots[b]` at positions `starts[b]` on, and `prepare` for it. Queries are left-padded to a
+        common width, so the last columns hold every row's last tokens. The mask is boolean ("may
+        attend", for sdpa) or, with `mask_dtype`, additive (0 / the dtype's minimum, for eager)."""
+        batch = len(slots)
+        query_lens = torch.tensor([len(query) for query in queries], device=self.device)
+        width = int(query_lens.max())
+        start = torch.tensor(starts, device=self.device)
+        input_ids = torch.tensor([[0] * (width - len(query)) + query for query in queries], dtype=torch.long, device=self.device)
+        columns = torch.arange(width, device=self.device).unsqueeze(0)
+        pad = (width - query_lens).unsqueeze(1)
+        real = columns >= pad
+        # Padding columns sit at position 0 and may attend key 0 only: they stay
+        # finite and are never written to the cache or read back.
+        positions = torch.where(real, start.unsqueeze(1) + columns - pad, torch.zeros_like(columns))
+        kv_length = int((start + query_lens).max())
+        allowed = torch.arange(kv_length, device=self.device).view(1, 1, 1, kv_length) <= positions.unsqueeze(1).unsqueeze(-1)
+        mask = allowed
+        if mask_dtype is not None:
+            mask = torch.zeros(allowed.shape, dtype=mask_dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(mask_dtype).min)
+        write_source = real.reshape(-1).nonzero().squeeze(-1)
+        slot_ids = torch.tensor(slots, device=self.device)
+        write_slots = slot_ids.unsqueeze(1).expand(batch, width).reshape(-1)[write_source]
+        write_positions = positions.reshape(-1)[write_source]
+        self.prepare(slots, write_source, write_slots, write_positions, kv_length)
+        return input_ids, positions, mask
 
     def update(
         self,
