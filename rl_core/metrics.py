@@ -164,8 +164,9 @@ def wandb_run_id(run_dir: str | Path) -> str:
     so `--resume` (or the platform's resume) continues the same W&B run, as `wandb.init(id=...,
     resume="allow")` does for a training script that restarts, instead of starting a new one."""
     path = Path(run_dir) / WANDB_RUN_ID_FILE
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
+    kept = path.read_text().strip() if path.is_file() else ""
+    if kept:
+        return kept
     run_id = uuid.uuid4().hex[:16]  # W&B ids: letters and digits, unique within the project
     path.write_text(run_id + "\n")
     return run_id
