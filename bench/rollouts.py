@@ -5,8 +5,8 @@ Starts a private embedded PostgreSQL + Redis (fsync on, as the demo), migrates, 
 
   rate        `inflight.rollouts.services.ingest_rollouts` fed the way the worker feeds it (one
               call per 250 ms tail of stream/rollouts.jsonl) at the demo's stream rate (64
-              samples per step, 200 steps in 124 s: ~103 samples/s, so ~26 lines a tail)
-              and at 100x (~2,600 lines a tail), with the demo's store settings (every 5th step)
+              samples per step, 200 steps in 85 s: ~150 samples/s, so ~38 lines a tail)
+              and at 100x (~3,800 lines a tail), with the demo's store settings (every 5th step)
               and with every sample kept (the worst case: each line becomes a row); the figure
               is lines ingested per second of ingest time (capacity), and the time share of
               the 250 ms tail spent on them.
@@ -35,9 +35,9 @@ import time
 from benchlib import REPO_ROOT, platform_services, ws_latency  # first: it puts the checkout on sys.path
 
 DEMO_SAMPLES_PER_STEP = 64
-# The demo's stream rate, measured: 200 steps of 64 samples in 124 s (2026-11-23 22:20, 2-core CPU;
-# it was 371 steps in 10 minutes before that evening's speed pass).
-DEMO_SAMPLES_PER_S = 64 * 200 / 124
+# The demo's stream rate, measured: 200 steps of 64 samples in 85 s (2026-11-24 00:12, 2-core CPU,
+# after shared decode rows; 124 s earlier that evening, 371 steps in 10 minutes before that).
+DEMO_SAMPLES_PER_S = 64 * 200 / 85
 TAIL_S = 0.25
 
 
