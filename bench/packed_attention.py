@@ -1,16 +1,19 @@
-"""A demo training step with attention by the packed layout vs by the dense mask.
+"""A demo training step: attention by the packed layout vs by the dense mask, and completion
+starts shared (a trie per group) vs laid out whole.
 
-Both sides run the product's `trainer.train_step` on the same optimizer batches of real demo
+Every side runs the product's `trainer.train_step` on the same optimizer batches of real demo
 rollouts (the tiny model answering the demo task's prompts, `actor.group_size` samples each, one
 batch of `trainer.samples_per_step` per step), one thread:
 
 - packed: `TorchBackend` as a run builds it (attention by `MicroBatch.packed_layout`, one row per
-  micro-batch: `trainer.row_tokens` unset);
-- dense: the same backend attending by the 4-D mask through sdpa, with rows of
-  `DEFAULT_ROW_TOKENS` (the path the DeepSpeed backend takes, and the torch backend's before).
+  micro-batch: `trainer.row_tokens` unset; `trainer.share_completion_prefixes` on);
+- unshared: the same with `trainer.share_completion_prefixes: false` (every completion whole);
+- dense: the packed side's backend attending by the 4-D mask through sdpa, with rows of
+  `DEFAULT_ROW_TOKENS` (the path the DeepSpeed backend takes).
 
-Gradients are compared too (they must agree to float rounding). Prints seconds per step and
-`RESULT packed_over_dense_train_step <ratio>` (below 1: packed is faster).
+Gradients are compared too (they must agree to float rounding). Prints seconds per step,
+`RESULT packed_over_dense_train_step <ratio>` and `RESULT shared_over_unshared_train_step
+<ratio>` (below 1: the first is faster).
 
     .venv/bin/python bench/packed_attention.py [--config examples/tiny-cpu.yaml] [--steps 8] [--repeats 3]
 """
@@ -63,9 +66,15 @@ def demo_batches(config_path: Path, steps: int) -> tuple[object, list[list[Rollo
     return config, [samples[i : i + per_step] for i in range(0, len(samples), per_step)]
 
 
-def time_steps(config, batches: list[list[RolloutSample]], dense: bool) -> tuple[float, torch.Tensor]:
+SIDES = ("packed", "unshared", "dense")
+
+
+def time_steps(config, batches: list[list[RolloutSample]], side: str) -> tuple[float, torch.Tensor]:
+    dense = side == "dense"
     if dense:
         config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"row_tokens": DEFAULT_ROW_TOKENS})})
+    if side == "unshared":
+        config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"share_completion_prefixes": False})})
     backend = make_backend(config, config.model.path)
     if dense:
         backend.model.set_attn_implementation("sdpa")
@@ -89,18 +98,20 @@ def main() -> None:
     config, batches = demo_batches(REPO_ROOT / args.config, args.steps)
     tokens = sum(len(s.completion_token_ids) for batch in batches for s in batch) / len(batches)
     print(f"{len(batches)} batches of {len(batches[0])} demo rollouts, {tokens:.0f} completion tokens each")
-    best = {"packed": float("inf"), "dense": float("inf")}
+    best = {side: float("inf") for side in SIDES}
     grads: dict[str, torch.Tensor] = {}
     for repeat in range(args.repeats):
-        for side in ("packed", "dense") if repeat % 2 == 0 else ("dense", "packed"):
-            seconds, grads[side] = time_steps(config, batches, dense=side == "dense")
+        for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
+            seconds, grads[side] = time_steps(config, batches, side)
             best[side] = min(best[side], seconds)
             print(f"[{side} #{repeat}] {seconds:.3f} CPU-s per step", flush=True)
-    difference = float((grads["packed"] - grads["dense"]).abs().max() / grads["dense"].abs().max())
-    print(f"last batch's gradients: max difference {difference:.1e} of the largest entry")
-    print(f"RESULT packed_train_step_s {best['packed']:.3f}")
-    print(f"RESULT dense_train_step_s {best['dense']:.3f}")
+    for side in ("unshared", "dense"):
+        difference = float((grads["packed"] - grads[side]).abs().max() / grads[side].abs().max())
+        print(f"last batch's gradients, packed vs {side}: max difference {difference:.1e} of the largest entry")
+    for side in SIDES:
+        print(f"RESULT {side}_train_step_s {best[side]:.3f}")
     print(f"RESULT packed_over_dense_train_step {best['packed'] / best['dense']:.3f}")
+    print(f"RESULT shared_over_unshared_train_step {best['packed'] / best['unshared']:.3f}")
 
 
 if __name__ == "__main__":

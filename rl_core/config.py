@@ -234,6 +234,11 @@ class TrainerConfig(_Section):
         "stacks rows as a batch. Default: one row per micro-batch (up to 4096) for the torch backend, which "
         "attends only where the mask allows; 512 for deepspeed, whose attention costs the square of a row.",
     )
+    share_completion_prefixes: bool = Field(
+        True,
+        description="Compute the tokens a group's completions begin with alike once (a trie per prompt in the packed "
+        "row); each sample still scores every one of its tokens. Same gradient, fewer tokens through the model.",
+    )
     max_steps: int = Field(40, ge=1, description="Optimizer steps of the run.")
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
 

@@ -102,16 +102,19 @@ class TrainerBackend(Protocol):
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability of each token under its context (with grad) and the entropy of that
         distribution, under softmax(logits / temperature): the distribution the rollouts were
-        sampled from. A packed micro-batch passes its 4-D mask, `logit_source` and its
-        `packed_layout` (loss.py); a backend may attend by the layout or by the mask."""
+        sampled from: [B, T] aligned with input_ids. A packed micro-batch passes its 4-D mask,
+        its `packed_layout` and its terms (`target_ids` scored at `logit_source`, loss.py) and
+        gets [B, K]; a backend may attend by the layout or by the mask."""
         ...
 
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The frozen reference model's token logprobs (no grad), for the KL term; only
         backends built with a reference model (`trainer.kl_coef > 0`) answer."""

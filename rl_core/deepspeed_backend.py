@@ -184,19 +184,22 @@ class DeepSpeedBackend:
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] log p(token t | < t) and entropies aligned with input_ids (as TorchBackend). The
+        """Log p(token | context) and entropies, as TorchBackend's. The
         dense mask is used, not `packed_layout`: this path has not been checked under ZeRO-3's
         partitioned modules (TorchBackend attends by the layout)."""
-        return model_token_logprobs(self.engine, input_ids, attention_mask, position_ids, self.device, temperature, logit_source)
+        return model_token_logprobs(
+            self.engine, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, None, target_ids)
 
     @torch.no_grad()
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return reference_token_logprobs(
-            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source
+            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, None, target_ids
         )
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -5,10 +5,11 @@ Data flows through this file in order:
 1. (`advantages.group_advantages`, in the actor: rewards → advantages relative to the group.)
 2. `pack_micro_batches` — the trainer packs an optimizer batch of samples into
    micro-batches of at most `micro_batch_tokens` tokens: a group's completions share one
-   copy of their prompt (a 4-D mask lets each attend the prompt and itself only), units
-   fill rows of at most `row_tokens`, rows are stacked as a batch.
-3. `token_logprobs_from_logits` — log p(token t | tokens < t) and the entropy of the
-   distribution that sampled token t, aligned with the input positions. The logits are
+   copy of their prompt and of the tokens they begin with alike (a trie; a 4-D mask lets
+   each token attend its ancestors and itself only), units fill rows of at most
+   `row_tokens`, rows are stacked as a batch.
+3. `token_logprobs_from_logits` — log p(token | its context) and the entropy of the
+   distribution that sampled it, for each token a sample scored. The logits are
    divided by the sampling temperature first: behaviour logprobs come from the
    temperature-scaled distribution the engine drew from, so the trainer must score the
    same distribution or the importance ratio is not 1 even without a policy change.
@@ -29,6 +30,7 @@ from rl_core.advantages import carries_gradient
 from rl_core.config import DEFAULT_ROW_TOKENS
 from rl_core.contracts import RolloutSample
 from rl_core.packed_attention import PackedLayout
+from rl_core.token_trie import TokenTrie
 
 
 # --- 2. packing --------------------------------------------------------------------
@@ -42,32 +44,35 @@ from rl_core.packed_attention import PackedLayout
 
 @dataclass
 class MicroBatch:
-    """Packed rows stacked as a batch: every tensor is [R, T] (R rows padded to T tokens),
-    but `attention_mask`, [R, 1, T, T], True where a query may attend a key.
+    """Packed rows stacked as a batch. Two kinds of [R, ...] tensors:
 
-    A row holds prompt *units*: one copy of a prompt followed by the completions of the
-    group's samples that share it (a group of 8 pays for its prompt once, not 8 times).
-    Each completion attends to its prompt and causally to itself; position ids restart
-    per unit and continue from the prompt's length in each completion, so every token
-    sees exactly what it saw when it was sampled. `logit_source[r, t]` is the position
-    whose logits predict token t: the previous one, except for a completion's first token,
-    predicted by its prompt's last. `loss_mask` marks completion tokens (the ones trained);
-    `behaviour_logprobs`, `advantages` and `token_versions` hold real values only there."""
+    - *nodes* ([R, T], R rows padded to T tokens): what the model computes. A row holds prompt
+      units, each a trie (token_trie.py) in depth-first order: one copy of a group's prompt,
+      then its completions, sharing the tokens they begin with alike. `position_ids` are each
+      token's depth, so every token sees exactly what it saw when it was sampled;
+      `attention_mask` ([R, 1, T, T], True where a query may attend a key) lets a token see
+      its ancestors and itself only.
+    - *terms* ([R, K]): what the loss scores, one per (sample, completion token), laid out
+      sample by sample in `sample_order`: `target_ids` is the token, `logit_source` the node
+      (column of the same row) whose logits predict it, and `behaviour_logprobs`,
+      `advantages`, `token_versions` that sample's values. A shared node is computed once
+      and scored by every sample through it. `loss_mask` marks the real terms."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     attention_mask: torch.Tensor
+    target_ids: torch.Tensor
     logit_source: torch.Tensor
     loss_mask: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     token_versions: torch.Tensor
     num_sequences: int
-    # Index (into the packed samples) of each completion, in the order their tokens appear in
+    # Index (into the packed samples) of each completion, in the order their terms lie in
     # `loss_mask` read row by row: maps trained tokens back to samples (train_records.py).
     sample_order: list[int] = field(default_factory=list)
-    # The same structure as positions of each prompt and completion: lets a backend attend only
-    # where the mask allows instead of over whole rows (packed_attention.py).
+    # The same structure as branches of nodes: lets a backend attend only where the mask allows
+    # instead of over whole rows (packed_attention.py).
     packed_layout: PackedLayout | None = None
 
     @property
@@ -89,26 +94,32 @@ def _validate_sample(sample: RolloutSample) -> None:
         raise ValueError(f"sample {sample.sample_id}: empty prompt")
 
 
-def _prompt_units(samples: Sequence[RolloutSample], row_tokens: int, share_prompts: bool) -> list[list[int]]:
-    """Sample indices grouped by identical prompt (in first-seen order), each unit cut so that
-    its prompt plus completions fit `row_tokens` where possible (a unit is never empty)."""
+@dataclass
+class _Unit:
+    """Samples packed under one copy of their prompt, and the trie of their tokens."""
+
+    members: list[int]  # indices into the packed samples
+    trie: TokenTrie
+
+
+def _prompt_units(samples: Sequence[RolloutSample], row_tokens: int, share_prompts: bool, share_prefixes: bool) -> list[_Unit]:
+    """Samples grouped by identical prompt (in first-seen order), each unit cut so that its
+    trie fits `row_tokens` where possible (a unit is never empty)."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
-    units: list[list[int]] = []
     for index, sample in enumerate(samples):
-        if not share_prompts:
-            units.append([index])
-            continue
-        by_prompt.setdefault(tuple(sample.prompt_token_ids), []).append(index)
-    for prompt, members in by_prompt.items():
-        unit: list[int] = []
-        size = len(prompt)
+        key = tuple(sample.prompt_token_ids) if share_prompts else (-1, index)
+        by_prompt.setdefault(key, []).append(index)
+    units: list[_Unit] = []
+    for members in by_prompt.values():
+        prompt = samples[members[0]].prompt_token_ids
+        unit = _Unit([], TokenTrie(prompt, share_prefixes))
         for index in members:
-            length = len(samples[index].completion_token_ids)
-            if unit and size + length > row_tokens:
+            completion = samples[index].completion_token_ids
+            if unit.members and len(unit.trie) + unit.trie.new_nodes(completion) > row_tokens:
                 units.append(unit)
-                unit, size = [], len(prompt)
-            unit.append(index)
-            size += length
+                unit = _Unit([], TokenTrie(prompt, share_prefixes))
+            unit.trie.add(completion)
+            unit.members.append(index)
         units.append(unit)
     return units
 
@@ -154,17 +165,18 @@ def pack_micro_batches(
     micro_batch_tokens: int,
     row_tokens: int = DEFAULT_ROW_TOKENS,
     share_prompts: bool = True,
+    share_prefixes: bool = True,
 ) -> list[MicroBatch]:
     """Pack an optimizer batch: prompt units into rows of at most `row_tokens` (first fit
     decreasing), rows into micro-batches whose padded size (rows x longest row) is at most
     `micro_batch_tokens`. Nothing is truncated: dropping tokens would change the gradient.
-    `share_prompts=False` gives every sample its own prompt copy (the layout a test
-    compares against)."""
+    `share_prefixes=False` lays each completion out whole under its prompt; `share_prompts=False`
+    gives every sample its own prompt copy too (the layouts tests compare against)."""
     for sample in samples:
         _validate_sample(sample)
     row_tokens = min(row_tokens, micro_batch_tokens)  # a row is never larger than a micro-batch
-    units = _prompt_units(samples, row_tokens, share_prompts)
-    unit_sizes = [len(samples[u[0]].prompt_token_ids) + sum(len(samples[i].completion_token_ids) for i in u) for u in units]
+    units = _prompt_units(samples, row_tokens, share_prompts, share_prefixes)
+    unit_sizes = [len(unit.trie) for unit in units]
     row_members = _rows_with_least_padding(unit_sizes, row_tokens)
     rows = [[units[i] for i in members] for members in row_members]
     row_sizes = [sum(unit_sizes[i] for i in members) for members in row_members]
@@ -177,74 +189,65 @@ def pack_micro_batches(
     return [_stack_rows([rows[i] for i in batch], samples) for batch in batches]
 
 
-def _stack_rows(rows: list[list[list[int]]], samples: Sequence[RolloutSample]) -> MicroBatch:
-    columns: dict[str, list[list[Any]]] = {name: [] for name in ("ids", "pos", "source", "loss", "behaviour", "adv", "ver", "unit", "seq")}
-    for row in rows:
+def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> MicroBatch:
+    nodes: dict[str, list[list[int]]] = {"ids": [], "pos": [], "end": []}
+    terms: dict[str, list[list[Any]]] = {"target": [], "source": [], "behaviour": [], "adv": [], "ver": []}
+    branches: list[tuple[int, list[int], list[int]]] = []  # (row, own columns, ancestor columns)
+    for row_number, row in enumerate(rows):
         ids: list[int] = []
         pos: list[int] = []
+        end: list[int] = []
+        target: list[int] = []
         source: list[int] = []
-        loss: list[bool] = []
         behaviour: list[float] = []
         adv: list[float] = []
         ver: list[int] = []
-        unit_of: list[int] = []
-        seq_of: list[int] = []  # -1 for prompt tokens: every completion of the unit may attend them
-        for unit_index, unit in enumerate(row):
-            prompt = samples[unit[0]].prompt_token_ids
-            prompt_start = len(ids)
-            ids += list(prompt)
-            pos += list(range(len(prompt)))
-            source += [max(prompt_start, prompt_start + k - 1) for k in range(len(prompt))]
-            loss += [False] * len(prompt)
-            behaviour += [0.0] * len(prompt)
-            adv += [0.0] * len(prompt)
-            ver += [0] * len(prompt)
-            unit_of += [unit_index] * len(prompt)
-            seq_of += [-1] * len(prompt)
-            prompt_last = len(ids) - 1
-            for seq_index, sample_index in enumerate(unit):
+        for unit in row:
+            layout = unit.trie.layout()
+            start = len(ids)
+            ids += layout.token_ids
+            pos += layout.position_ids
+            end += [start + e for e in layout.subtree_end]
+            branches += [(row_number, [start + p for p in own], [start + p for p in context]) for own, context in layout.branches]
+            for sample_index, path in zip(unit.members, layout.paths):
                 sample = samples[sample_index]
-                start = len(ids)
-                n = len(sample.completion_token_ids)
-                ids += list(sample.completion_token_ids)
-                pos += list(range(len(prompt), len(prompt) + n))
-                source += [prompt_last] + list(range(start, start + n - 1))
-                loss += [True] * n
+                # Token k is scored by the logits of the node before it: the prompt's last for k = 0.
+                source += [start + layout.prompt_last] + [start + p for p in path[:-1]]
+                target += sample.completion_token_ids
                 behaviour += [float(x) for x in sample.behaviour_logprobs]
-                adv += [float(sample.advantage)] * n
+                adv += [float(sample.advantage)] * len(path)
                 ver += [int(v) for v in sample.token_versions]
-                unit_of += [unit_index] * n
-                seq_of += [seq_index] * n
-        for name, values in zip(columns, (ids, pos, source, loss, behaviour, adv, ver, unit_of, seq_of)):
-            columns[name].append(values)
-    width = max(len(row_ids) for row_ids in columns["ids"])
+        for name, values in zip(nodes, (ids, pos, end)):
+            nodes[name].append(values)
+        for name, values in zip(terms, (target, source, behaviour, adv, ver)):
+            terms[name].append(values)
+    width = max(len(values) for values in nodes["ids"])
+    term_width = max(len(values) for values in terms["target"])
 
-    def padded(name: str, fill: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([values + [fill] * (width - len(values)) for values in columns[name]], dtype=dtype)
+    def padded(columns: list[list[Any]], length: int, fill: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([values + [fill] * (length - len(values)) for values in columns], dtype=dtype)
 
-    # Padding: its own unit (-1), a "prompt" token that may attend only itself (a query with
-    # nothing to attend would give NaN), never trained.
-    unit = padded("unit", -1, torch.long)
-    seq = padded("seq", -1, torch.long)
-    index = torch.arange(width)
-    source = padded("source", 0, torch.long)
-    source = torch.where(unit >= 0, source, index.unsqueeze(0))
-    same_unit = (unit.unsqueeze(2) == unit.unsqueeze(1)) & (unit.unsqueeze(2) >= 0)
-    causal = index.view(1, width, 1) >= index.view(1, 1, width)
-    visible = (seq.unsqueeze(1) == -1) | (seq.unsqueeze(1) == seq.unsqueeze(2))
-    allowed = (same_unit & causal & visible) | torch.eye(width, dtype=torch.bool).unsqueeze(0)
+    # Key j is visible to query i when i lies in j's subtree: j <= i < end[j] (pre-order). A
+    # padding token's subtree is itself, so it attends only itself (a query with nothing to
+    # attend would give NaN) and no real token attends it.
+    column = torch.arange(width)
+    node_valid = padded([[True] * len(values) for values in nodes["ids"]], width, False, torch.bool)
+    end = torch.where(node_valid, padded(nodes["end"], width, 0, torch.long), column + 1)
+    allowed = (column.view(1, 1, width) <= column.view(1, width, 1)) & (column.view(1, width, 1) < end.unsqueeze(1))
     return MicroBatch(
-        input_ids=padded("ids", 0, torch.long),
-        position_ids=padded("pos", 0, torch.long),
+        input_ids=padded(nodes["ids"], width, 0, torch.long),
+        position_ids=padded(nodes["pos"], width, 0, torch.long),
         attention_mask=allowed.unsqueeze(1),
-        logit_source=source,
-        loss_mask=padded("loss", False, torch.bool),
-        behaviour_logprobs=padded("behaviour", 0.0, torch.float32),
-        advantages=padded("adv", 0.0, torch.float32),
-        token_versions=padded("ver", 0, torch.long),
-        num_sequences=sum(len(unit_members) for row in rows for unit_members in row),
-        sample_order=[index for row in rows for unit_members in row for index in unit_members],
-        packed_layout=PackedLayout.from_token_owners(columns["unit"], columns["seq"], width),
+        target_ids=padded(terms["target"], term_width, 0, torch.long),
+        logit_source=padded(terms["source"], term_width, 0, torch.long),
+        loss_mask=padded([[True] * len(values) for values in terms["target"]], term_width, False, torch.bool),
+        behaviour_logprobs=padded(terms["behaviour"], term_width, 0.0, torch.float32),
+        advantages=padded(terms["adv"], term_width, 0.0, torch.float32),
+        token_versions=padded(terms["ver"], term_width, 0, torch.long),
+        num_sequences=sum(len(unit.members) for row in rows for unit in row),
+        sample_order=[index for row in rows for unit in row for index in unit.members],
+        packed_layout=PackedLayout.from_branches(
+            [([row * width + c for c in own], [row * width + c for c in context]) for row, own, context in branches]),
     )
 
 
@@ -271,13 +274,14 @@ def model_token_logprobs(
     temperature: float = 1.0,
     logit_source: torch.Tensor | None = None,
     packed_layout: PackedLayout | None = None,
+    target_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run an HF causal LM (or a DeepSpeed engine wrapping one) without a KV cache and return
-    [B, T] log p(token t | its context) and entropies aligned with input_ids, under the
-    distribution sampled at `temperature`. `attention_mask` may be a packed batch's 4-D
-    mask (`MicroBatch`), with `logit_source` saying which position predicts each token, and its
-    `packed_layout` for a model attending through `packed_attention`. Every trainer backend and the reference model go through here, so the alignment is
-    defined once."""
+    log p(token | its context) and entropies under the distribution sampled at `temperature`:
+    [B, T] aligned with input_ids, or for a packed batch (`MicroBatch`: its 4-D mask, its
+    `packed_layout` for a model attending through `packed_attention`) [B, K] for its terms,
+    `target_ids` scored at `logit_source` (`token_logprobs_from_logits`). Every trainer backend
+    and the reference model go through here, so the alignment is defined once."""
     input_ids = input_ids.to(device)
     extra = {} if packed_layout is None else {"packed_layout": packed_layout.to(device)}
     output = model(
@@ -288,7 +292,8 @@ def model_token_logprobs(
         **extra,
     )
     return token_logprobs_from_logits(
-        output.logits, input_ids, temperature, None if logit_source is None else logit_source.to(device)
+        output.logits, input_ids, temperature, None if logit_source is None else logit_source.to(device),
+        None if target_ids is None else target_ids.to(device),
     )
 
 
@@ -302,12 +307,14 @@ def reference_token_logprobs(
     temperature: float = 1.0,
     logit_source: torch.Tensor | None = None,
     packed_layout: PackedLayout | None = None,
+    target_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`model_token_logprobs` of a backend's frozen reference model (the k3 KL penalty), for
     every backend; a backend built without one (trainer.kl_coef 0) refuses."""
     if reference is None:
         raise RuntimeError("reference_logprobs: the backend was built without a reference model (trainer.kl_coef is 0)")
-    return model_token_logprobs(reference, input_ids, attention_mask, position_ids, device, temperature, logit_source, packed_layout)[0]
+    return model_token_logprobs(
+        reference, input_ids, attention_mask, position_ids, device, temperature, logit_source, packed_layout, target_ids)[0]
 
 
 def scoring_temperature(sampling_temperature: float) -> float:
@@ -318,15 +325,18 @@ def scoring_temperature(sampling_temperature: float) -> float:
 
 
 def token_logprobs_from_logits(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, logit_source: torch.Tensor | None = None
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, logit_source: torch.Tensor | None = None,
+    target_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-position log p(input_ids[:, t] | context) and the entropy of that distribution,
-    where p is softmax(logits / temperature): the distribution the engine sampled from.
+    """Log p(token | context) and the entropy of that distribution, where p is
+    softmax(logits / temperature): the distribution the engine sampled from.
 
-    Both outputs are [B, T] and aligned with `input_ids`. Token t is predicted by the
-    logits at `logit_source[:, t]`, by default t - 1 (position 0 has no prediction and
-    gets 0: it is always a prompt token, never trained). The entropy is a metric only and
-    is computed without gradient."""
+    Without `target_ids` both outputs are [B, T] and aligned with `input_ids`: token t is
+    predicted by the logits at `logit_source[:, t]`, by default t - 1 (position 0 has no
+    prediction and gets 0: it is always a prompt token, never trained). With `target_ids`
+    ([B, K], a packed micro-batch's terms) term k scores `target_ids[:, k]` under the logits
+    at column `logit_source[:, k]` of the same row, and both outputs are [B, K]. The entropy
+    is a metric only and is computed without gradient."""
     if temperature <= 0.0:
         raise ValueError(f"token_logprobs_from_logits: temperature must be > 0, got {temperature}")
     logits = logits.float()
@@ -334,16 +344,23 @@ def token_logprobs_from_logits(
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
     batch, length, vocab = log_probs.shape
+    aligned = target_ids is None
+    if target_ids is None:
+        target_ids = input_ids
+    elif logit_source is None:
+        raise ValueError("token_logprobs_from_logits: target_ids needs the logit_source of each target")
     if logit_source is None:
         previous = torch.arange(length, device=log_probs.device) - 1
         logit_source = previous.clamp(min=0).unsqueeze(0).expand(batch, length)
     # One gather on the flattened [B*T, V] table: no [B, T, V] copy of the log-probabilities.
     rows = (logit_source + torch.arange(batch, device=log_probs.device).unsqueeze(1) * length).reshape(-1)
     flat = log_probs.reshape(batch * length, vocab)
-    token_logp = flat[rows, input_ids.reshape(-1)].view(batch, length)
+    token_logp = flat[rows, target_ids.reshape(-1)].view(target_ids.shape)
     with torch.no_grad():
         entropy_at = -(log_probs.exp() * log_probs).sum(-1)
-        entropy = entropy_at.reshape(-1)[rows].view(batch, length)
+        entropy = entropy_at.reshape(-1)[rows].view(target_ids.shape)
+    if not aligned:
+        return token_logp, entropy
     first = torch.zeros_like(token_logp, dtype=torch.bool)
     first[:, 0] = True
     return token_logp.masked_fill(first, 0.0), entropy.masked_fill(first, 0.0)

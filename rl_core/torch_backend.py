@@ -101,19 +101,24 @@ class TorchBackend:
     def token_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, T] log p(token t | < t) and entropies, aligned with input_ids (see loss.py)."""
+        """Log p(token | context) and entropies: [B, T] aligned with input_ids, or a packed batch's
+        [B, K] terms (see loss.model_token_logprobs)."""
         return model_token_logprobs(
-            self.model, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout
+            self.model, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout,
+            target_ids,
         )
 
     @torch.no_grad()
     def reference_logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
+        target_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return reference_token_logprobs(
-            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout
+            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout,
+            target_ids,
         )
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -179,7 +179,8 @@ def train_step(
     share = shard_for_rank(samples, ranks.rank, ranks.world_size)
     # Zero-advantage samples count in the normalisation below but are not computed.
     trained = samples_with_gradient(share, t.kl_coef)
-    micro_batches = pack_micro_batches(trained, t.micro_batch_tokens, t.packed_row_tokens())
+    micro_batches = pack_micro_batches(
+        trained, t.micro_batch_tokens, t.packed_row_tokens(), share_prefixes=t.share_completion_prefixes)
     padding = int(ranks.reduce([float(len(micro_batches))], "max")[0]) - len(micro_batches)
     # DeepSpeed averages gradients over the ranks: dividing each rank's sum by its share of
     # the batch size (N / world) makes the average the whole batch's mean, as on one rank.
@@ -192,12 +193,14 @@ def train_step(
     temperature = scoring_temperature(config.sampling.temperature)
     for batch in micro_batches:
         layout = (batch.attention_mask, batch.position_ids)
-        logprobs, entropy = backend.token_logprobs(batch.input_ids, *layout, temperature, batch.logit_source, batch.packed_layout)
+        logprobs, entropy = backend.token_logprobs(
+            batch.input_ids, *layout, temperature, batch.logit_source, batch.packed_layout, batch.target_ids)
         if records is not None:  # the viewer's importance ratios (references only; written after the step)
             records.capture(batch, logprobs, trained)
         reference = None
         if t.kl_coef > 0:
-            reference = backend.reference_logprobs(batch.input_ids, *layout, temperature, batch.logit_source, batch.packed_layout)
+            reference = backend.reference_logprobs(
+                batch.input_ids, *layout, temperature, batch.logit_source, batch.packed_layout, batch.target_ids)
         out = policy_loss(
             logprobs, batch, num_sequences_in_step=sequences_per_rank, kind=t.loss, is_truncation=t.is_truncation,
             clip_eps=t.clip_eps, entropy=entropy, reference_logprobs=reference, kl_coef=t.kl_coef,

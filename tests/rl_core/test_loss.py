@@ -63,13 +63,41 @@ def test_packing_shares_a_prompt_and_restarts_positions_per_unit() -> None:
     # One row: a's prompt once, then a's and c's completions; then b's unit.
     assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 7, 8, 9, 1, 2, 6]]
     assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 4, 5, 0, 1, 2]]
-    assert batch.loss_mask.tolist() == [[False, False, False, True, True, True, True, True, False, False, True]]
-    assert batch.advantages.tolist() == [[0, 0, 0, 1, 1, 0.5, 0.5, 0.5, 0, 0, -1]]
-    # Each completion's first token is predicted by its prompt's last position.
-    assert batch.logit_source.tolist()[0][3:8] == [2, 3, 2, 5, 6]
+    # The terms: each sample's tokens in sample_order, each scored by the node before it (a
+    # completion's first token by its prompt's last).
+    assert batch.sample_order == [0, 2, 1]
+    assert batch.target_ids.tolist() == [[4, 5, 7, 8, 9, 6]]
+    assert batch.logit_source.tolist() == [[2, 3, 2, 5, 6, 9]]
+    assert batch.advantages.tolist() == [[1, 1, 0.5, 0.5, 0.5, -1]]
+    assert batch.loss_mask.all()
     allowed = batch.attention_mask[0, 0]
     assert allowed[5].tolist()[:8] == [True, True, True, False, False, True, False, False]  # c sees the prompt, not a
     assert not allowed[10, :8].any() and allowed[10, 8:].all()  # b's unit sees nothing of the other
+
+
+def test_completions_that_begin_alike_are_computed_once_and_scored_by_each_sample() -> None:
+    samples = [
+        make_sample("a", [1, 2, 3], [4, 5], [-1.0, -2.0], 1.0),
+        make_sample("c", [1, 2, 3], [4, 8, 9], [-1.5, -1.0, -1.0], -0.5, versions=[3, 4, 4]),
+        make_sample("d", [1, 2, 3], [4, 5, 7], [-1.0, -2.5, -3.0], 0.5),
+    ]
+    (batch,) = pack_micro_batches(samples, micro_batch_tokens=64, row_tokens=16)
+    # The trie in depth-first order: the prompt, the shared 4, then 5 (a, d) with d's 7, then c's 8 9.
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 7, 8, 9]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 4, 5]]
+    # Every sample scores every one of its tokens, with its own values, at the node before it.
+    assert batch.target_ids.tolist() == [[4, 5, 4, 8, 9, 4, 5, 7]]
+    assert batch.logit_source.tolist() == [[2, 3, 2, 3, 6, 2, 3, 4]]
+    assert batch.advantages.tolist() == [[1, 1, -0.5, -0.5, -0.5, 0.5, 0.5, 0.5]]
+    assert batch.behaviour_logprobs.tolist() == [[-1.0, -2.0, -1.5, -1.0, -1.0, -1.0, -2.5, -3.0]]
+    assert batch.token_versions.tolist() == [[0, 0, 3, 4, 4, 0, 0, 0]]
+    allowed = batch.attention_mask[0, 0]
+    assert allowed[6].tolist() == [True, True, True, True, False, False, True, False]  # c's 8: not a's 5
+    assert allowed[5].tolist() == [True, True, True, True, True, True, False, False]  # d's 7: the shared 4 5
+    # Without sharing each completion is laid out whole.
+    (plain,) = pack_micro_batches(samples, micro_batch_tokens=64, row_tokens=16, share_prefixes=False)
+    assert plain.input_ids.tolist() == [[1, 2, 3, 4, 5, 4, 8, 9, 4, 5, 7]]
+    assert plain.target_ids.tolist() == batch.target_ids.tolist()
 
 
 def test_packing_respects_the_budget_and_never_truncates() -> None:
@@ -117,14 +145,16 @@ def test_pipelinerl_loss_hand_computed() -> None:
     # One sequence, prompt [9], completion of 2 tokens; behaviour logprobs -1, -2.
     sample = make_sample("s", [9], [1, 2], [-1.0, -2.0], advantage=2.0)
     (batch,) = pack_micro_batches([sample], 64)
+    # The loss scores the completion's tokens (the batch's terms), not the prompt.
+    assert batch.target_ids.tolist() == [[1, 2]] and batch.logit_source.tolist() == [[0, 1]]
     # Current logprobs: token 1 at -1 + ln 2 (ratio 2), token 2 at -2 + ln 10 (ratio 10 -> truncated to 5).
-    logp = torch.tensor([[0.0, -1.0 + math.log(2.0), -2.0 + math.log(10.0)]], requires_grad=True)
+    logp = torch.tensor([[-1.0 + math.log(2.0), -2.0 + math.log(10.0)]], requires_grad=True)
     out = policy_loss(logp, batch, num_sequences_in_step=4, kind="pipelinerl", is_truncation=5.0)
-    expected = -(2.0 * 2.0 * logp[0, 1].item() + 5.0 * 2.0 * logp[0, 2].item()) / 4
+    expected = -(2.0 * 2.0 * logp[0, 0].item() + 5.0 * 2.0 * logp[0, 1].item()) / 4
     assert out.loss.item() == pytest.approx(expected, rel=1e-5)
     out.loss.backward()
     # Weights are detached: d loss / d logp = -w * A / num_sequences.
-    assert logp.grad.tolist()[0] == pytest.approx([0.0, -2.0 * 2.0 / 4, -5.0 * 2.0 / 4])
+    assert logp.grad.tolist()[0] == pytest.approx([-2.0 * 2.0 / 4, -5.0 * 2.0 / 4])
     assert out.num_tokens == 2 and out.num_clipped == 1
     assert out.sum_weights == pytest.approx(7.0) and out.sum_weights_sq == pytest.approx(29.0)
     assert effective_sample_size(out.sum_weights, out.sum_weights_sq, out.num_tokens) == pytest.approx(49 / 58)
@@ -134,12 +164,12 @@ def test_grpo_clip_loss_hand_computed() -> None:
     sample = make_sample("s", [9], [1, 2], [0.0, 0.0], advantage=1.0)
     (batch,) = pack_micro_batches([sample], 64)
     # ratios 1.5 (clipped to 1.2 for A>0) and 0.5 (unclipped: min(0.5, 0.8) = 0.5).
-    logp = torch.tensor([[0.0, math.log(1.5), math.log(0.5)]], requires_grad=True)
+    logp = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
     out = policy_loss(logp, batch, num_sequences_in_step=1, kind="grpo_clip", clip_eps=0.2)
     assert out.loss.item() == pytest.approx(-(1.2 + 0.5), rel=1e-5)
     out.loss.backward()
     # The clipped token has no gradient; the other has d(-r)/dlogp = -r = -0.5.
-    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -0.5])
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, -0.5])
     # Only the token whose clipped term the minimum takes counts as clipped (TRL's meaning):
     # ratio 0.5 with A > 0 left the band on the side that does not clip.
     assert out.num_clipped == 1
@@ -150,10 +180,10 @@ def test_grpo_clip_fraction_counts_the_side_that_clips_for_the_advantage_sign() 
     for advantage, clipped in ((1.0, 1), (-1.0, 1)):
         sample = make_sample("s", [9], [1, 2, 3], [0.0, 0.0, 0.0], advantage=advantage)
         (batch,) = pack_micro_batches([sample], 64)
-        logp = torch.tensor([[0.0] + [math.log(r) for r in ratios]], requires_grad=True)
+        logp = torch.tensor([[math.log(r) for r in ratios]], requires_grad=True)
         out = policy_loss(logp, batch, num_sequences_in_step=1, kind="grpo_clip", clip_eps=0.2)
         out.loss.backward()
-        grads = logp.grad.tolist()[0][1:]
+        grads = logp.grad.tolist()[0]
         # A token counts as clipped exactly when its gradient is cut off by the clip.
         assert out.num_clipped == clipped == sum(1 for g in grads if g == 0.0)
 
@@ -161,8 +191,8 @@ def test_grpo_clip_fraction_counts_the_side_that_clips_for_the_advantage_sign() 
 def test_k3_kl_term() -> None:
     sample = make_sample("s", [9], [1], [-1.0], advantage=0.0)
     (batch,) = pack_micro_batches([sample], 64)
-    logp = torch.tensor([[0.0, -1.0]], requires_grad=True)
-    ref = torch.tensor([[0.0, -1.5]])
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5]])
     out = policy_loss(logp, batch, 2, kind="pipelinerl", reference_logprobs=ref, kl_coef=0.1)
     delta = -0.5
     k3 = math.exp(delta) - delta - 1
@@ -175,8 +205,8 @@ def test_k3_kl_term() -> None:
 def test_k3_kl_stays_finite_for_a_huge_log_ratio() -> None:
     sample = make_sample("s", [9], [1, 2], [-1.0, -1.0], advantage=1.0)
     (batch,) = pack_micro_batches([sample], 64)
-    logp = torch.tensor([[0.0, -200.0, -1.0]], requires_grad=True)  # the policy all but rules token 1 out
-    ref = torch.tensor([[0.0, -0.1, -1.0]])  # ... which the reference finds likely: exp(199.9) overflows
+    logp = torch.tensor([[-200.0, -1.0]], requires_grad=True)  # the policy all but rules token 1 out
+    ref = torch.tensor([[-0.1, -1.0]])  # ... which the reference finds likely: exp(199.9) overflows
     out = policy_loss(logp, batch, 1, kind="pipelinerl", reference_logprobs=ref, kl_coef=0.1)
     out.loss.backward()
     assert math.isfinite(out.loss.item()) and math.isfinite(out.sum_kl)
@@ -185,11 +215,11 @@ def test_k3_kl_stays_finite_for_a_huge_log_ratio() -> None:
         policy_loss(logp, batch, 2, kind="ppo")
 
 
-@pytest.mark.parametrize("share_prompts", [True, False])
-def test_packed_rows_match_separate_forward_passes(share_prompts: bool) -> None:
-    """The packed layout (shared prompts, 4-D mask, stacked rows with padding) must give each
-    completion token the log-prob a forward of that sequence alone gives — otherwise the
-    packed loss would be wrong. A real (random) Qwen2 model checks it."""
+@pytest.mark.parametrize("share_prompts,share_prefixes", [(True, True), (True, False), (False, False)])
+def test_packed_rows_match_separate_forward_passes(share_prompts: bool, share_prefixes: bool) -> None:
+    """The packed layout (shared prompts, shared completion starts, 4-D mask, stacked rows with
+    padding) must give each completion token the log-prob a forward of that sequence alone
+    gives — otherwise the packed loss would be wrong. A real (random) Qwen2 model checks it."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -201,26 +231,25 @@ def test_packed_rows_match_separate_forward_passes(share_prompts: bool) -> None:
         make_sample("b", [8, 9, 13], [10, 11, 12], [-1.0] * 3, 1.0),
         make_sample("c", [3, 4, 5], [14, 15, 16, 17], [-1.0] * 4, 1.0),  # shares a's prompt
         make_sample("d", [20, 21], [22], [-1.0], 1.0),
+        make_sample("e", [3, 4, 5], [6, 7, 30, 31], [-1.0] * 4, 1.0),  # begins as a does
+        make_sample("f", [3, 4, 5], [6, 40], [-1.0] * 2, 1.0),  # diverges after a's first token
     ]
-    batches = pack_micro_batches(samples, micro_batch_tokens=64, row_tokens=10, share_prompts=share_prompts)
+    batches = pack_micro_batches(samples, micro_batch_tokens=64, row_tokens=12, share_prompts=share_prompts,
+                                 share_prefixes=share_prefixes)
     assert sum(b.input_ids.shape[0] for b in batches) > 1  # several rows, padded
-    packed: list[float] = []
+    packed: dict[str, list[float]] = {}
     with torch.no_grad():
         for batch in batches:
             logp, _ = model_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids, "cpu",
-                                           1.0, batch.logit_source)
-            packed += logp[batch.loss_mask].tolist()
-        separate: dict[tuple[int, ...], list[float]] = {}
+                                           1.0, batch.logit_source, None, batch.target_ids)
+            flat = logp[batch.loss_mask].tolist()  # row by row, sample by sample (sample_order)
+            for index in batch.sample_order:
+                n = len(samples[index].completion_token_ids)
+                packed[samples[index].sample_id], flat = flat[:n], flat[n:]
         for sample in samples:
             ids = torch.tensor([sample.prompt_token_ids + sample.completion_token_ids])
             logp, _ = token_logprobs_from_logits(model(input_ids=ids, use_cache=False).logits, ids)
-            separate[tuple(sample.completion_token_ids)] = logp[0, len(sample.prompt_token_ids):].tolist()
-    expected = []
-    for batch in batches:
-        for row_ids, row_mask in zip(batch.input_ids.tolist(), batch.loss_mask.tolist()):
-            completion = [t for t, m in zip(row_ids, row_mask) if m]
-            while completion:  # completions in the row are consecutive trained runs of known tokens
-                key = next(k for k in separate if list(k) == completion[: len(k)])
-                expected += separate[key]
-                completion = completion[len(key):]
-    assert packed == pytest.approx(expected, abs=1e-5)
+            assert packed[sample.sample_id] == pytest.approx(logp[0, len(sample.prompt_token_ids):].tolist(), abs=1e-5)
+    computed = sum(int((batch.input_ids != 0).sum()) for batch in batches)
+    # Shared: [3 4 5] once with 6 7 30 31 14 15 16 17 40 under it (e's 6 7 and f's 6 are a's), then b 6, d 3.
+    assert (computed == 12 + 6 + 3) == share_prefixes

@@ -16,10 +16,13 @@ from rl_core.torch_backend import TorchBackend
 def samples_with_shared_prompts(seed: int) -> list[RolloutSample]:
     rng = random.Random(seed)
     samples = []
-    for group in range(5):
+    for group in range(6):
         prompt = [rng.randrange(10, 200) for _ in range(rng.randrange(3, 12))]
-        for member in range(rng.choice([1, 3, 4])):  # a lone sample is a unit of its own
-            completion = [rng.randrange(10, 200) for _ in range(rng.randrange(1, 15))]
+        first = [rng.randrange(10, 200) for _ in range(rng.randrange(1, 4))]
+        for member in range(rng.choice([1, 4, 5])):  # a lone sample is a unit of its own
+            # Members often begin alike (a shared start, then their own tokens), as at T=1.
+            start = first[: rng.randrange(0, len(first) + 1)]
+            completion = start + [rng.randrange(10, 200) for _ in range(rng.randrange(1 if not start else 0, 12))]
             samples.append(RolloutSample(
                 sample_id=f"s{group}-{member}", group_id=f"g{group}", prompt_id=f"p{group}", prompt_token_ids=prompt,
                 completion_token_ids=completion, behaviour_logprobs=[-3.0] * len(completion),
@@ -40,7 +43,7 @@ def test_packed_attention_matches_the_dense_mask_forward_and_backward(untrained_
         for batch in batches:
             layout = batch.packed_layout if use_layout else None
             logp, entropy = backend.token_logprobs(
-                batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source, layout)
+                batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source, layout, batch.target_ids)
             (logp * batch.loss_mask).sum().backward()
             logprobs.append(logp[batch.loss_mask])
         grads = torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None])
@@ -50,13 +53,24 @@ def test_packed_attention_matches_the_dense_mask_forward_and_backward(untrained_
     assert torch.allclose(dense_grad, packed_grad, atol=1e-5, rtol=1e-4)
 
 
-def test_the_layout_lists_every_prompt_and_completion_token_once() -> None:
-    batch = pack_micro_batches(samples_with_shared_prompts(4), micro_batch_tokens=4096, row_tokens=64)[0]
+def test_the_layout_lists_every_token_once_in_one_branch() -> None:
+    samples = samples_with_shared_prompts(4)
+    batch = pack_micro_batches(samples, micro_batch_tokens=4096, row_tokens=64)[0]
     layout = batch.packed_layout
-    positions = torch.cat([layout.prompt_index[layout.prompt_valid], layout.completion_index[layout.completion_valid]])
+    positions = layout.branch_index[layout.branch_valid]
     assert positions.unique().numel() == positions.numel()
-    # Completion positions are exactly the trained tokens, prompt positions never are.
-    trained = batch.loss_mask.flatten().nonzero().squeeze(-1)
-    assert torch.equal(layout.completion_index[layout.completion_valid].sort().values, trained)
-    assert not batch.loss_mask.flatten()[layout.prompt_index[layout.prompt_valid]].any()
-    assert layout.completion_index.shape[0] == batch.num_sequences
+    # Every real token is in exactly one branch; padding in none.
+    real = (batch.input_ids.flatten() != 0).nonzero().squeeze(-1)
+    assert torch.equal(positions.sort().values, real)
+    # A branch's context is exactly its first token's ancestors under the dense mask.
+    mask = batch.attention_mask[:, 0].reshape(-1, batch.input_ids.shape[1])
+    width = batch.input_ids.shape[1]
+    for own, own_valid, context, context_valid in zip(layout.branch_index, layout.branch_valid, layout.context_index, layout.context_valid):
+        first = int(own[0])
+        row, column = divmod(first, width)
+        ancestors = (mask[row * width + column].nonzero().squeeze(-1) + row * width).tolist()
+        assert sorted(context[context_valid].tolist() + [first]) == ancestors
+    assert batch.num_sequences == len(samples)
+    # Completions that begin alike were laid out once.
+    (plain,) = pack_micro_batches(samples, micro_batch_tokens=4096, row_tokens=64, share_prefixes=False)
+    assert len(real) < int((plain.input_ids != 0).sum())

@@ -50,8 +50,8 @@ def test_capture_maps_packed_tokens_back_to_their_samples(tmp_path: Path) -> Non
     assert len(batches) > 1 and any(len(b.sample_order) > 1 for b in batches)
     records = TrainRecords(tmp_path, every_n_steps=1)
     for batch in batches:
-        # A stand-in for the model: each token's "logprob" encodes the token itself.
-        records.capture(batch, -batch.input_ids.float() / 1000, samples)
+        # A stand-in for the model: each term's "logprob" encodes the token it scores.
+        records.capture(batch, -batch.target_ids.float() / 1000, samples)
     records.flush(step=1, consumed=12)
     records.close()
     got = {r["sample_id"]: r for r in read_records(tmp_path)}
@@ -64,7 +64,7 @@ def test_capture_maps_packed_tokens_back_to_their_samples(tmp_path: Path) -> Non
 def test_a_view_into_a_larger_table_is_not_kept_alive(tmp_path: Path) -> None:
     samples = grouped_samples(1, 2, seed=5)
     (batch,) = pack_micro_batches(samples, 256)
-    table = torch.randn(*batch.input_ids.shape, 64)  # as a [B, T, V] log-softmax would be
+    table = torch.randn(*batch.target_ids.shape, 64)  # as a [B, K, V] table would be
     records = TrainRecords(tmp_path, every_n_steps=1)
     records.capture(batch, table[..., 3], samples)
     kept = records._captured[0][0]
@@ -86,7 +86,7 @@ def test_a_failing_write_never_reaches_the_trainer(tmp_path: Path) -> None:
     samples = grouped_samples(1, 2, seed=2)
     records = TrainRecords(tmp_path / "missing-dir", every_n_steps=1)
     for batch in pack_micro_batches(samples, 256):
-        records.capture(batch, torch.zeros(batch.input_ids.shape), samples)
+        records.capture(batch, torch.zeros(batch.target_ids.shape), samples)
     records.flush(1, 2)  # the directory does not exist: the thread logs and gives up
     records.close()
     assert not (tmp_path / "missing-dir").exists()

@@ -249,20 +249,30 @@ def test_truncated_sampling_is_refused_at_config_time_naming_the_field() -> None
     assert RunConfig.model_validate({"sampling": {"top_p": 1.0, "temperature": 0.7}}).sampling.temperature == 0.7
 
 
-def test_sharing_a_groups_prompt_leaves_the_gradient_unchanged(untrained_tiny_model: Path) -> None:
+def test_sharing_a_groups_prompt_and_completion_starts_leaves_the_gradient_unchanged(untrained_tiny_model: Path) -> None:
     from rl_core.loss import pack_micro_batches, policy_loss
 
     samples = make_samples(8, 11)
-    for sample in samples[1:4]:  # a group of four on one prompt, the rest on their own
+    for k, sample in enumerate(samples[1:4], start=1):  # a group of four on one prompt, the rest on their own
         sample.prompt_token_ids = list(samples[0].prompt_token_ids)
+        # ... whose completions begin as the first one's does, each with its own values.
+        sample.completion_token_ids = samples[0].completion_token_ids[:k] + sample.completion_token_ids
+        sample.behaviour_logprobs = [-1.0 - 0.5 * k] * len(sample.completion_token_ids)
+        sample.token_versions = [0] * len(sample.completion_token_ids)
     grads = []
-    for share in (False, True):
+    for share_prompts, share_prefixes, by_layout in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
         backend = TorchBackend(untrained_tiny_model)
-        for batch in pack_micro_batches(samples, 4096, 24, share_prompts=share):
-            logp, _ = backend.token_logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source)
+        batches = pack_micro_batches(samples, 4096, 64, share_prompts=share_prompts, share_prefixes=share_prefixes)
+        for batch in batches:
+            logp, _ = backend.token_logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, 1.0,
+                                             batch.logit_source, batch.packed_layout if by_layout else None, batch.target_ids)
             policy_loss(logp, batch, len(samples)).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in backend.model.parameters() if p.grad is not None]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+        if share_prefixes:  # the group's prompt once (3 x 5 tokens saved) and its shared starts once (1 + 2 + 3)
+            computed = sum(int((batch.input_ids != 0).sum()) for batch in batches)  # token ids are >= 10, padding 0
+            assert computed == sum(len(s.prompt_token_ids) + len(s.completion_token_ids) for s in samples) - 3 * 5 - (1 + 2 + 3)
+    for grad in grads[1:]:
+        assert torch.allclose(grads[0], grad, atol=1e-5, rtol=1e-4)
 
 
 def test_zero_advantage_samples_count_in_the_step_but_are_not_computed(untrained_tiny_model: Path) -> None:
@@ -277,7 +287,8 @@ def test_zero_advantage_samples_count_in_the_step_but_are_not_computed(untrained
     config = make_config(untrained_tiny_model, micro_batch_tokens=4096)
     everything = TorchBackend(untrained_tiny_model)
     for batch in pack_micro_batches(samples, 4096):
-        logp, _ = everything.token_logprobs(batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source)
+        logp, _ = everything.token_logprobs(
+            batch.input_ids, batch.attention_mask, batch.position_ids, 1.0, batch.logit_source, None, batch.target_ids)
         policy_loss(logp, batch, len(samples)).loss.backward()
     skipping = TorchBackend(untrained_tiny_model)
     skipping.optimizer_step = lambda: {}  # stop before the step to read the accumulated gradient
