@@ -65,6 +65,7 @@ class TokenTrie:
         return 0
 
     def add(self, completion: Sequence[int]) -> None:
+        """A completion under the prompt's last token, through the nodes it shares (if sharing)."""
         node = self._prompt_last
         path = []
         for token in completion:
@@ -82,6 +83,8 @@ class TokenTrie:
         self._paths.append(path)
 
     def layout(self) -> TrieLayout:
+        """The trie in pre-order (children in the order they were added), with what the packed
+        row, its mask, packed attention and the loss terms need."""
         order: list[int] = []
         stack = [0]
         while stack:
