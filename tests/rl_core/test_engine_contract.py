@@ -183,8 +183,9 @@ def test_client_disconnect_aborts_the_request(server, model_name: str) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             server.url + "/v1/chat/completions",
-            # n=8 long completions: with random weights one of them may meet EOS early, not all 8.
-            json={"model": model_name, "messages": MESSAGES, "max_tokens": 900, "temperature": 1.0, "seed": 3, "n": 8},
+            # n=32 long completions: with random weights one of them may meet EOS early, not all 32
+            # (with n=8, vLLM once answered within the 0.2 s below: every one of them ended early).
+            json={"model": model_name, "messages": MESSAGES, "max_tokens": 900, "temperature": 1.0, "seed": 3, "n": 32},
             # Gone after 0.2 s: vLLM on an idle CPU decodes 8 x 900 tokens of the tiny model in ~1 s.
             timeout=httpx.Timeout(60, read=0.2),
             trust_env=False,
