@@ -231,7 +231,7 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
     # padding token's subtree is itself, so it attends only itself (a query with nothing to
     # attend would give NaN) and no real token attends it.
     column = torch.arange(width)
-    node_valid = padded([[True] * len(values) for values in nodes["ids"]], width, False, torch.bool)
+    node_valid = column.unsqueeze(0) < torch.tensor([len(values) for values in nodes["ids"]]).unsqueeze(1)
     end = torch.where(node_valid, padded(nodes["end"], width, 0, torch.long), column + 1)
     allowed = (column.view(1, 1, width) <= column.view(1, width, 1)) & (column.view(1, width, 1) < end.unsqueeze(1))
     return MicroBatch(
@@ -240,7 +240,7 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
         attention_mask=allowed.unsqueeze(1),
         target_ids=padded(terms["target"], term_width, 0, torch.long),
         logit_source=padded(terms["source"], term_width, 0, torch.long),
-        loss_mask=padded([[True] * len(values) for values in terms["target"]], term_width, False, torch.bool),
+        loss_mask=torch.arange(term_width).unsqueeze(0) < torch.tensor([len(values) for values in terms["target"]]).unsqueeze(1),
         behaviour_logprobs=padded(terms["behaviour"], term_width, 0.0, torch.float32),
         advantages=padded(terms["adv"], term_width, 0.0, torch.float32),
         token_versions=padded(terms["ver"], term_width, 0, torch.long),
