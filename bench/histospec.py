@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--greedy-batches", default="8,16,48", help="Greedy batch sizes measured (comma list).")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="Token budget per response (tiny-cpu.yaml: 48).")
     parser.add_argument("--step-token-budget", type=int, default=EngineConfig().spec_step_token_budget,
-                        help="EngineConfig.spec_step_token_budget (drafted tokens per step, 0 = no cap).")
+                        help="EngineConfig.spec_step_token_budget (drafted tokens per step, 0 = no cap; unset: by device).")
     parser.add_argument("--forward-overhead-tokens", type=int, default=EngineConfig().forward_overhead_tokens,
                         help="EngineConfig.forward_overhead_tokens (width grouping of a step's rows).")
     parser.add_argument("--num-terms", type=int, default=2, help="Operands per synthetic problem (the tiny model is trained on 2).")

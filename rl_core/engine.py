@@ -86,6 +86,8 @@ class ReferenceEngine:
         self.drafter = drafter
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        budget = self.config.spec_step_token_budget  # None: by device (EngineConfig says why)
+        self.draft_token_budget = budget if budget is not None else (self.config.forward_overhead_tokens if self.device.type == "cpu" else 0)
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size = int(text_config.vocab_size)
         max_positions = int(getattr(text_config, "max_position_embeddings", 4096) or 4096)
@@ -125,6 +127,7 @@ class ReferenceEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._seed_counter = 0
+        self._rows_this_step = 0
         self.counters: dict[str, float] = dict.fromkeys(ENGINE_COUNTERS, 0)
 
     @classmethod
@@ -354,6 +357,7 @@ class ReferenceEngine:
                 admitted = self._admit_locked()
             self._resolve(finished)
             version = self.version  # weights cannot change until the step is over
+            self._rows_this_step = len(admitted) + len(decoding)  # the step's draft budget is shared by all of them
             try:
                 with torch.inference_mode():
                     leaders, followers = split_shared_prompts(admitted, decoding, version)
@@ -553,8 +557,8 @@ class ReferenceEngine:
         # The step's draft-token budget, shared evenly: on a compute-bound device a verified
         # token costs as much as a decoded one, so a full batch gets short drafts and a
         # draining batch (the long tail of a round) long ones.
-        budget = self.config.spec_step_token_budget
-        per_row = max(self.config.max_draft_len if budget <= 0 else budget // max(len(seqs), 1), 0)
+        budget = self.draft_token_budget
+        per_row = max(self.config.max_draft_len if budget <= 0 else budget // max(self._rows_this_step, len(seqs), 1), 0)
         for seq, prefix in zip(seqs, prefixes):
             draft: list[int] = []
             if self.drafter is not None and seq.history_key is not None:

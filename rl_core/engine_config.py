@@ -42,10 +42,12 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "Seeds the sampling of requests that bring no seed of their own."})
     initial_draft_len: int = field(default=2, metadata={"help": "Speculation: draft length a request starts with."})
     max_draft_len: int = field(default=16, metadata={"help": "Speculation: draft length cap (doubled on full acceptance)."})
-    spec_step_token_budget: int = field(
-        default=0,
+    spec_step_token_budget: int | None = field(
+        default=None,
         metadata={"help": "Speculation: drafted tokens per step at most, shared evenly by the running sequences "
-                  "(0 = no cap). Worth setting where a forward's cost grows with its tokens (CPU); see bench/histospec.py."},
+                  "(0 = no cap). None: `forward_overhead_tokens` on a CPU, where a forward's cost grows with every "
+                  "token it is fed so a draft only pays where it saves a step's fixed overhead (a short batch); "
+                  "no cap on a GPU, where a decode step is memory-bound and verifying a draft is nearly free."},
     )
     forward_overhead_tokens: int = field(
         default=16,

@@ -470,6 +470,41 @@ def test_engine_draft_lengths_follow_the_draft_length_controller(model_dir: Path
             assert min(lengths) < 3  # halved on rejections
 
 
+def test_a_cpu_engine_drafts_per_step_only_what_one_forward_overhead_is_worth(model_dir: Path, hf_model, prompts) -> None:
+    """On a CPU every drafted token costs a decoded one, so unset the step's draft budget is
+    `forward_overhead_tokens`, shared by the running sequences; set to 0 drafts are uncapped. The
+    tokens are the greedy ones either way."""
+
+    class StepCountingDrafter(ScriptedDrafter):
+        engine: ReferenceEngine | None = None
+
+        def __init__(self, scripts: dict[str, list[int]]) -> None:
+            super().__init__(scripts)
+            self.per_step: dict[int, int] = {}
+
+        def draft(self, history_key: str, generated_token_ids: list[int], max_tokens: int) -> list[int]:
+            draft = super().draft(history_key, generated_token_ids, max_tokens)
+            step = int(self.engine.counters["steps"]) if self.engine else -1
+            self.per_step[step] = self.per_step.get(step, 0) + len(draft)
+            return draft
+
+    expected = [hf_greedy(hf_model, prompt, 24) for prompt in prompts[:4]]
+    most_per_step = {}
+    for budget in (None, 0):
+        drafter = StepCountingDrafter({str(index): tokens for index, tokens in enumerate(expected)})
+        config = EngineConfig(max_batch_size=4, initial_draft_len=8, max_draft_len=8, forward_overhead_tokens=4,
+                              spec_step_token_budget=budget)
+        engine = ReferenceEngine.from_pretrained(model_dir, config=config, drafter=drafter)
+        drafter.engine = engine
+        assert engine.draft_token_budget == (4 if budget is None else 0)
+        params = SamplingParams(temperature=0.0, max_new_tokens=24)
+        with engine:
+            futures = [engine.submit(prompt, params, history_key=str(index)) for index, prompt in enumerate(prompts[:4])]
+            assert [future.result(timeout=120).token_ids for future in futures] == expected
+        most_per_step[budget] = max(drafter.per_step.values())
+    assert most_per_step[None] <= 4 < most_per_step[0]
+
+
 def test_speculative_sampling_is_seeded_and_well_formed(model_dir: Path, prompts) -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=7)
     drafter = ScriptedDrafter({"k": list(range(5, 45))})

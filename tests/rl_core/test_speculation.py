@@ -244,7 +244,7 @@ def test_sampled_tokens_keep_the_model_distribution_when_drafts_are_often_wrong(
     torch = pytest.importorskip("torch")
     # The engine drafts already at prefill (from the empty response), so a 2-token draft covers
     # the certain token and then the uncertain one.
-    engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=64, initial_draft_len=2, max_draft_len=2))
+    engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=64, initial_draft_len=2, max_draft_len=2, spec_step_token_budget=0))
     model, tokenizer = engine.model, engine.tokenizer
 
     # Find a position whose token is nearly certain, followed by one that is genuinely uncertain
