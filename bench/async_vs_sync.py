@@ -12,6 +12,12 @@ evaluate the held-out set at the same steps, so the comparison is:
 - `async_over_sync_wall_time_after_startup`: the same as the first, with each run's clock
   started at its first metrics line (servers up, trainer and actor loading: the time zero of
   bench/vs_trl.py), so the ~3.5 s of process start-up both modes share is left out.
+- `async_over_sync_wall_time_perfect_overlap`: what the first ratio would be if async overlapped
+  generation and training perfectly, from the sync run's own parts: its time before the first
+  optimizer step (start-up, the step-0 evaluation, the first batch: async waits for them too),
+  half its time from the first step to the target step (one server and one trainer on two cores:
+  an async step is at least max(G, T) >= (G + T) / 2 of a sync step's G + T), and the target
+  step's evaluation. A measured ratio near it means the pipeline is not what is left.
 
     .venv/bin/python bench/async_vs_sync.py [--steps 40] [--gain 0.15] [--model var/models/tiny]
 
@@ -80,11 +86,21 @@ def main() -> None:
         lag = max(r["policy_lag/max"] for r in steps)
         curve = " ".join(f"{r['step']}:{r['success/heldout']:.2f}" for r in heldout[mode])
         row[mode] = (span, reach, time_to_reach(records, target, "after_startup"))
+        if mode == "sync":
+            reached = next(r for r in heldout[mode] if r["success/heldout"] >= target - 1e-12)
+            at_step = next(r["elapsed"] for r in steps if r["step"] == reached["step"])
+            before_first_step = steps[0]["elapsed"]
+            stepping = at_step - before_first_step
+            perfect = (before_first_step + stepping / 2 + reached["elapsed"] - at_step) / reached["elapsed"]
+            parts = (f"sync parts: {before_first_step:.1f} s before step 1 (start-up {records[0]['elapsed']:.1f} s), "
+                     f"{stepping:.1f} s from step 1 to step {reached['step']}, {reached['elapsed'] - at_step:.1f} s for its evaluation")
         print(f"{mode:6} {len(steps):5d} {span:18.1f} {reach:11.1f} {row[mode][2]:14.1f} {curve}  (lag max {lag:.0f})")
     print(f"target held-out success: {target:.3f} (step 0: {start:.3f} + {args.gain})")
+    print(parts)
     print(f"RESULT async_over_sync_wall_time {row['async'][1] / row['sync'][1]:.3f}")
     print(f"RESULT async_over_sync_step_time {row['async'][0] / row['sync'][0]:.3f}")
     print(f"RESULT async_over_sync_wall_time_after_startup {row['async'][2] / row['sync'][2]:.3f}")
+    print(f"RESULT async_over_sync_wall_time_perfect_overlap {perfect:.3f}")
 
 
 if __name__ == "__main__":
