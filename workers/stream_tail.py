@@ -4,9 +4,9 @@
 `RedisStreamTail` has JsonlTail's `peek` / `commit` / `line_no`: a line number is the entry's
 0-based place in the stream (what the platform's idempotency key and step need), the offset the
 last delivered entry id. Redis being unreachable is not a delivery failure: the run's private
-server is not up yet, or has stopped with the run, so there is nothing to read (with the
-embedded server, entries written in the last poll before the run stopped may be missed; an
-external Redis keeps them).
+server is not up yet, or has stopped with the run, so there is nothing to read. What the run wrote
+after the supervisor's last poll is still in the private server's append-only file: the
+supervisor's final drain starts the server again on it (`RunSupervisor.final_drain`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from rl_core.jsonl_tail import JsonlTail, parse_record
-from rl_core.run_dir import ROLLOUTS_FILE, redis_socket
+from rl_core.run_dir import REDIS_DIR, ROLLOUTS_FILE, redis_socket
 from rl_core.stream import redis_stream_key
 
 logger = logging.getLogger(__name__)
@@ -31,9 +31,10 @@ def _next_id(entry_id: str) -> str:
 
 
 class RedisStreamTail:
-    def __init__(self, url: str, key: str) -> None:
+    def __init__(self, url: str, key: str, embedded_dir: Path | None = None) -> None:
         self.url = url
         self.key = key
+        self.embedded_dir = embedded_dir  # the run's private server's data (stream.redis_embedded), else None
         self.offset = "0-0"  # id of the last delivered entry ("0-0": none yet)
         self.line_no = 0
         self.bad_lines = 0
@@ -86,5 +87,6 @@ def rollouts_tail(run_dir: Path, config_yaml: str) -> FileStreamTail | RedisStre
     if not isinstance(stream, dict) or stream.get("kind") != "redis":
         return FileStreamTail(run_dir / ROLLOUTS_FILE)
     # As rl_core.run_dir.stream_redis_url: the run's private server's socket when embedded.
-    url = f"unix://{redis_socket(run_dir)}" if stream.get("redis_embedded") else str(stream.get("redis_url") or "redis://127.0.0.1:6379/0")
-    return RedisStreamTail(url, redis_stream_key(run_dir))
+    if stream.get("redis_embedded"):
+        return RedisStreamTail(f"unix://{redis_socket(run_dir)}", redis_stream_key(run_dir), embedded_dir=run_dir / REDIS_DIR)
+    return RedisStreamTail(str(stream.get("redis_url") or "redis://127.0.0.1:6379/0"), redis_stream_key(run_dir))

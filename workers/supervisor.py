@@ -41,6 +41,7 @@ from rl_core.run_dir import (  # no torch either: the run directory's layout and
     TRAIN_LOGPROBS_FILE,
     read_status,
 )
+from rl_core.stream import start_redis_server  # no torch: the stream's files and Redis
 from workers.stream_tail import FileStreamTail, RedisStreamTail, rollouts_tail as open_rollouts_tail
 
 logger = logging.getLogger(__name__)
@@ -360,10 +361,33 @@ class RunSupervisor:
         exit_code = self.process.returncode
         # The launcher should have stopped its children; anything left in the group is an orphan.
         self.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + self.drain_timeout_s
-        while not self.deliver() and time.monotonic() < deadline:
-            time.sleep(min(2.0, self.poll_s * 4))
+        self.final_drain()
         return self.outcome(exit_code)
+
+    def final_drain(self) -> None:
+        """Deliver what the run wrote until it stopped, retrying for up to `drain_timeout_s`. A run
+        with a private Redis (stream.redis_embedded) stopped it on exit with the rollouts of its
+        last ~poll_s unread: the server is started again on its append-only file for the drain."""
+        restarted = self._restart_embedded_stream()
+        try:
+            deadline = time.monotonic() + self.drain_timeout_s
+            while not self.deliver() and time.monotonic() < deadline:
+                time.sleep(min(2.0, self.poll_s * 4))
+        finally:
+            if restarted is not None:
+                restarted.terminate()
+                restarted.wait(10)
+
+    def _restart_embedded_stream(self) -> subprocess.Popen | None:
+        tail = self.rollouts_tail
+        if not isinstance(tail, RedisStreamTail) or tail.embedded_dir is None or not tail.embedded_dir.is_dir():
+            return None
+        try:
+            process, _url = start_redis_server(tail.embedded_dir)
+        except (RuntimeError, OSError) as exc:  # the viewer keeps what it has; the run's outcome does not depend on it
+            logger.warning("could not restart the run's Redis to read its last rollouts: %s", exc)
+            return None
+        return process
 
     def outcome(self, exit_code: int | None) -> Outcome:
         status = read_status(self.run_dir)

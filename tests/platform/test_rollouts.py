@@ -300,6 +300,37 @@ def test_a_redis_stream_run_fills_the_viewer_like_a_file_stream(owner, tmp_path:
     assert supervisor.deliver() is True and supervisor.rollouts_tail.line_no == 8
 
 
+def test_rollouts_an_embedded_redis_run_wrote_after_the_last_poll_still_reach_the_viewer(owner, tmp_path: Path) -> None:
+    """The run's private Redis stops with the run, with what the actor wrote since the
+    supervisor's last poll unread: the final drain starts it again on its append-only file."""
+    from rl_core.contracts import RolloutSample
+    from rl_core.run_dir import REDIS_DIR
+    from rl_core.stream import RedisStreamWriter, redis_stream_key, start_redis_server
+    from workers.supervisor import RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    process, url = start_redis_server(tmp_path / REDIS_DIR)
+    writer = RedisStreamWriter(url, redis_stream_key(tmp_path))
+    writer.append([RolloutSample.from_json(sample(line)) for line in range(4)])
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="stream:\n  kind: redis\n  redis_embedded: true\n",
+                               command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    supervisor.drain_timeout_s = 5.0
+    assert supervisor.deliver() is True
+    writer.append([RolloutSample.from_json(sample(line)) for line in range(4, 7)])  # after the last poll
+    writer.close()
+    process.terminate()  # the run ends: its launcher stops the private server
+    process.wait(10)
+    assert supervisor.deliver() is True and supervisor.rollouts_tail.line_no == 4  # unreachable now
+    supervisor.final_drain()
+    assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(7))
+    # The restarted server is stopped again: nothing of the run keeps running.
+    import redis
+
+    with pytest.raises((redis.ConnectionError, OSError)):
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+
+
 def test_a_zero_advantage_sample_says_why_it_has_no_ratios(owner_api, owner) -> None:
     """The trainer computes only samples with a gradient: one whose advantage is 0 never gets
     trainer logprobs, and the viewer says so instead of "not trained yet"."""
