@@ -50,6 +50,7 @@ from rl_core.run_dir import (
     CONFIG_FILE,
     METRICS_FILE,
     REDIS_DIR,
+    REDIS_LOG_FILE,
     RunState,
     clear_previous_attempt,
     latest_checkpoint,
@@ -307,7 +308,7 @@ class Launcher:
             from rl_core.stream import start_redis_server
 
             process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
-            self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / "redis.log"))
+            self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
         servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, self.run_dir, str(serve_model))]
         # The trainer and the actor start now and load while the servers do; they read the

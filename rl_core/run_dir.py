@@ -43,6 +43,8 @@ SHARDS_FILE = "trainer_shards.jsonl"
 RESUMES_FILE = "resumes.jsonl"
 LOGS_DIR = "logs"
 REDIS_DIR = "redis"  # the embedded Redis server's data, log and socket
+REDIS_SOCKET_FILE = "redis.sock"  # inside REDIS_DIR
+REDIS_LOG_FILE = "redis.log"  # inside REDIS_DIR
 TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-token logprobs at training time
 TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)
 WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb); W&B names it itself under DIR
@@ -60,7 +62,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def redis_socket(run_dir: str | Path) -> Path:
-    return (Path(run_dir) / REDIS_DIR / "redis.sock").resolve()
+    return (Path(run_dir) / REDIS_DIR / REDIS_SOCKET_FILE).resolve()
 
 
 def stream_redis_url(config: RunConfig, run_dir: str | Path) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.contracts import RolloutSample
-from rl_core.run_dir import STREAM_DIR, STREAM_FILE
+from rl_core.run_dir import REDIS_LOG_FILE, REDIS_SOCKET_FILE, STREAM_DIR, STREAM_FILE
 
 
 class StreamWriter(Protocol):
@@ -223,7 +223,7 @@ def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> 
     `die_with_parent`: a launcher's child (`processes.die_with_parent`)."""
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    socket_path = directory / "redis.sock"
+    socket_path = directory / REDIS_SOCKET_FILE
     command = [
         redis_server_binary(),
         "--port", "0",
@@ -238,13 +238,13 @@ def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> 
         from rl_core.processes import die_with_parent as wrapped
 
         command = wrapped(command, ignore_sigint=True)
-    log = open(directory / "redis.log", "ab")
+    log = open(directory / REDIS_LOG_FILE, "ab")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"unix://{socket_path}"
     deadline = time.monotonic() + 30
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with code {process.returncode}; see {directory / 'redis.log'}")
+            raise RuntimeError(f"redis-server exited with code {process.returncode}; see {directory / REDIS_LOG_FILE}")
         try:
             if socket_path.exists() and _redis_client(url).ping():
                 return process, url
@@ -252,7 +252,7 @@ def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> 
             pass
         if time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError(f"redis-server did not answer within 30 s; see {directory / 'redis.log'}")
+            raise RuntimeError(f"redis-server did not answer within 30 s; see {directory / REDIS_LOG_FILE}")
         time.sleep(0.05)
 
 
