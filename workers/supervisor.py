@@ -127,6 +127,7 @@ class RunSupervisor:
     process: subprocess.Popen | None = field(default=None, init=False)
     resumes: list[ResumePoint] = field(default_factory=list, init=False)
     resumes_reported: int = field(default=0, init=False)
+    resume_seen: bool = field(default=False, init=False)  # this attempt's resumes.jsonl line was read
     metrics_tail: JsonlTail = field(init=False)
     evals_tail: JsonlTail = field(init=False)
     rollouts_tail: FileStreamTail | RedisStreamTail = field(init=False)  # the stream the config names
@@ -285,7 +286,7 @@ class RunSupervisor:
         recorded what it rewinds (its resumes.jsonl line, written before its children start) or
         exited without doing so (it refused: the old lines are then delivered as they stand).
         Each new resume is reported once (`reporter.resumed`), before any line after it."""
-        if not self.resume:
+        if not self.resume or self.resume_seen:
             return True
         found = read_resumes(self.run_dir)
         if len(found) <= self.resumes_reported and (self.process is None or self.process.poll() is None):
@@ -301,6 +302,10 @@ class RunSupervisor:
         except Exception:  # noqa: BLE001 - the database is away: report it on a later poll
             self._failed("reporting the resume", "will retry")
             return False
+        # This attempt's resume is recorded once for all: later polls deliver without asking again
+        # (comparing counts again would hold every line back until the run ended: the resumed
+        # attempt's charts froze at its checkpoint).
+        self.resume_seen = True
         return True
 
     def check_status(self) -> None:

@@ -93,3 +93,67 @@ def test_a_leftover_run_dir_is_moved_aside_not_mixed(tmp_path: Path) -> None:
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / "submitted_config.yaml").read_text() == "name: x\n"
     stale = [p for p in tmp_path.iterdir() if p.name.startswith("7.stale-")]
     assert len(stale) == 1 and (stale[0] / "metrics.jsonl").exists()
+
+
+class RecordingReporter(NullReporter):
+    """Keeps what was delivered, and when (whether the child was still running then)."""
+
+    def __init__(self, child_running) -> None:
+        self.child_running = child_running
+        self.delivered: list[tuple[int, int, bool]] = []  # (line, step, child still running)
+        self.resumes: list[int] = []
+
+    def metrics(self, records):
+        self.delivered.extend((n, int(r["step"]), self.child_running()) for n, r in records)
+
+    def resumed(self, point):
+        self.resumes.append(point.step)
+
+
+# A resumed attempt as the launcher runs one: record the resume (rl_core.resume.record_resume,
+# before any child starts), then log a step every 50 ms for a while, then end.
+RESUMED_ENGINE = """
+import json, sys, time, pathlib
+out = pathlib.Path(sys.argv[4])
+from rl_core.resume import record_resume
+record_resume(out)
+for step in range(11, 31):
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.time(), "step": step, "train/loss": 0.5}) + "\\n")
+    time.sleep(0.05)
+(out / "status.json").write_text('{"state": "succeeded"}')
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))  # the race the issue saw froze 2 of 5 tries: repeat
+def test_a_resumed_run_is_delivered_while_it_runs_not_only_after_it_ends(tmp_path: Path, attempt: int) -> None:
+    """Resumed from checkpoint step 10 after an attempt that logged steps 1..14: the steps the
+    resumed attempt logs reach the reporter while it still runs (the charts stay live), the
+    dead attempt's steps 11..14 never do."""
+    import sys as _sys
+
+    from tests.conftest import REPO_ROOT
+
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "step_000010"
+    ckpt.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.pt"):
+        (ckpt / name).write_bytes(b"x")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"version": 10, "stream_position": 80, "consumed": 80}))
+    (run_dir / "checkpoints" / "latest").symlink_to("step_000010")
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"t": 1.0, "step": s, "train/loss": 1.0}) + "\n" for s in range(1, 15)))
+    (run_dir / "status.json").write_text('{"state": "cancelled"}')
+    script = tmp_path / "engine.py"
+    script.write_text(RESUMED_ENGINE)
+
+    holder: dict = {}
+    reporter = RecordingReporter(lambda: holder["supervisor"].process.poll() is None)
+    supervisor = RunSupervisor(run_dir, "name: x\n", [_sys.executable, str(script)], reporter, cwd=REPO_ROOT, poll_s=0.05, resume=True)
+    holder["supervisor"] = supervisor
+    assert supervisor.supervise() == Outcome("succeeded", "", 0)
+
+    assert reporter.resumes == [10]
+    steps = [step for _, step, _ in reporter.delivered]
+    assert steps == list(range(1, 11)) + list(range(11, 31))  # the dead attempt's 11..14 are not delivered
+    live = [step for _, step, running in reporter.delivered if running and step > 10]
+    assert len(live) >= 10, f"only steps {live} of the resumed attempt were delivered while it ran"
