@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "inflight.rollouts",
     "inflight.alerts",
     "axes",
+    "ninja",  # the API's OpenAPI schema and docs page (api/schema.py); listed so its vendored Swagger UI is served, no CDN
 ]
 
 MIDDLEWARE = [

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from inflight.accounts.services import authenticate_token
@@ -52,16 +53,35 @@ def int_param(request: HttpRequest, name: str, default: int | None = None, minim
     return value
 
 
-def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., JsonResponse]]:
+def page_links(request: HttpRequest, count: int, offset: int, limit: int) -> dict[str, Any]:
+    """Pagination metadata of an offset-paged list: the total and the URLs of the pages beside
+    this one (None at either end), with every other query parameter kept."""
+
+    def link(at: int) -> str:
+        query = request.GET.copy()
+        query["offset"] = str(at)
+        query["limit"] = str(limit)
+        return request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+
+    return {
+        "count": count,
+        "limit": limit,
+        "offset": offset,
+        "next": link(offset + limit) if offset + limit < count else None,
+        "previous": link(max(0, offset - limit)) if offset > 0 else None,
+    }
+
+
+def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., HttpResponseBase]]:
     """Token-authenticated JSON endpoint: `Authorization: Token <key>`.
 
     401 without a valid token, 405 for other methods, ApiError → its status, Http404 → 404,
     PermissionDenied → 403; an unexpected error is logged and answered 500 as JSON."""
 
-    def decorate(view: Callable[..., Any]) -> Callable[..., JsonResponse]:
+    def decorate(view: Callable[..., Any]) -> Callable[..., HttpResponseBase]:
         @csrf_exempt  # token auth, no cookies: CSRF cannot apply
         @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
                 return handle(request, *args, **kwargs)
             except (OperationalError, InterfaceError) as exc:
@@ -71,7 +91,7 @@ def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., Json
                 response["Retry-After"] = "5"
                 return response
 
-        def handle(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+        def handle(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 response = error_response(405, f"method {request.method} not allowed; use {', '.join(methods)}")
                 response["Allow"] = ", ".join(methods)
@@ -97,7 +117,8 @@ def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., Json
             except Exception:
                 logger.exception("API error in %s %s", request.method, request.path)
                 return error_response(500, "internal error; the server log has the details")
-            return result if isinstance(result, JsonResponse) else json_response(result)
+            # A download (StreamingHttpResponse, FileResponse) passes through as the view built it.
+            return result if isinstance(result, HttpResponseBase) else json_response(result)
 
         return wrapper
 

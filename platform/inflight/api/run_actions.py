@@ -1,6 +1,7 @@
 """API actions on runs (clone/fork, resume, checkpoints, edit, delete) and the filtered run list.
 
-    GET    /api/runs/                 ?status=&tag=&q=&owner=&archived=0|1|all&sort=-created&limit=
+    GET    /api/runs/                 ?status=&tag=&q=&owner=&archived=0|1|all&sort=-created&limit=&offset=
+                                      → {"runs": [...], "count", "limit", "offset", "next", "previous"}
     POST   /api/runs/                 {"name", "config"} → 201 new run
     GET    /api/runs/<id>/            → run (with parent, parent_step, tags, note, archived, resume_count)
     PATCH  /api/runs/<id>/            {"tags": [..], "note": str, "archived": bool}   (owner)
@@ -19,7 +20,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from inflight.api import views as api_views
-from inflight.api.auth import api_view, int_param, read_json_body
+from inflight.api.auth import api_view, int_param, page_links, read_json_body
 from inflight.api.errors import ApiError, json_response
 from inflight.runs import actions, selectors, services
 from inflight.runs.models import Run, RunStatus
@@ -72,8 +73,10 @@ def runs(request: HttpRequest) -> Any:
     except BadFilter as exc:
         raise ApiError(400, str(exc)) from exc
     limit = int_param(request, "limit", default=200, minimum=1, maximum=1000)
+    offset = int_param(request, "offset", default=0)
     queryset = filter_runs(selectors.runs_visible_to(request.user), filters, request.user).select_related("owner")
-    return {"runs": [run_full_json(run) for run in queryset[:limit]]}
+    count = queryset.count()
+    return {"runs": [run_full_json(run) for run in queryset[offset:offset + limit]], **page_links(request, count, offset, limit)}
 
 
 @api_view("GET", "PATCH", "DELETE")

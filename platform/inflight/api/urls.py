@@ -3,17 +3,24 @@ from __future__ import annotations
 from django.urls import path
 
 from inflight.alerts import api_views as alert_api
-from inflight.api import run_actions, views
+from inflight.api import run_actions, run_files, schema, views
 from inflight.rollouts import api_views as rollout_api
 
 app_name = "api"
 
 urlpatterns = [
+    # The schema and its docs page (Swagger UI, served from django-ninja's own static files): public,
+    # they describe the API, not anyone's data.
+    path("openapi.json", schema.openapi_json, name="openapi-json"),
+    path("docs/", schema.docs_page, name="docs"),
     path("runs/", run_actions.runs, name="runs"),
     path("runs/<int:run_id>/", run_actions.run_detail, name="run-detail"),
     path("runs/<int:run_id>/clone/", run_actions.run_clone, name="run-clone"),
     path("runs/<int:run_id>/resume/", run_actions.run_resume, name="run-resume"),
     path("runs/<int:run_id>/checkpoints/", run_actions.run_checkpoints, name="run-checkpoints"),
+    path("runs/<int:run_id>/checkpoints/<int:step>/download/", run_files.checkpoint_download, name="run-checkpoint-download"),
+    path("runs/<int:run_id>/logs/", run_files.run_logs, name="run-logs"),
+    path("runs/<int:run_id>/logs/<str:name>", run_files.run_log_chunk, name="run-log"),
     path("runs/<int:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("runs/<int:run_id>/metrics/", views.run_metrics, name="run-metrics"),
     path("runs/<int:run_id>/evals/", views.run_evals, name="run-evals"),

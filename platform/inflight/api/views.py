@@ -4,12 +4,14 @@
     GET  /api/runs/                  ?status=running                             → {"runs": [...]}
     GET  /api/runs/<id>/                                                         → run
     POST /api/runs/<id>/cancel/                                                  → run
-    GET  /api/runs/<id>/metrics/     ?since_seq=N[&names=a,b][&limit=n]          → raw points after N, paged
+    GET  /api/runs/<id>/metrics/     ?since_seq=N[&names=a,b][&limit=n][&format=rows|records]
+                                     → raw points after N, paged: "columns" names the fields of each
+                                       row [name, step, t, value]; format=records sends objects instead
     GET  /api/runs/<id>/metrics/     [?names=a,b]                                → downsampled snapshot
-    GET  /api/runs/<id>/evals/                                                   → {"evals": [...]}
+    GET  /api/runs/<id>/evals/                                                   → {"evals": [...], "count"}
     GET  /api/evals/<id>/                                                        → eval + per-problem results
-    GET  /api/leaderboard/           ?sort=-aime24_best[&status=&tag=&q=&owner=&archived=] → {"rows": [...]}
-    GET  /api/workers/                                                           → {"workers": [...]}
+    GET  /api/leaderboard/           ?sort=-aime24_best[&status=&tag=&q=&owner=&archived=] → {"rows": [...], "count"}
+    GET  /api/workers/                                                           → {"workers": [...], "count"}
 
 Other users' runs answer 404 (their existence is not revealed); staff see and cancel all.
 """
@@ -28,6 +30,9 @@ from inflight.runs.models import EvalScore, Run
 from inflight.runs.run_filters import BadFilter, RunFilters
 
 MAX_RAW_POINTS = 50_000
+# The fields of one raw metric point, in the order of the rows `metric_points_page` returns.
+METRIC_POINT_FIELDS = ("name", "step", "t", "value")
+METRIC_POINT_FORMATS = ("rows", "records")
 
 
 def run_json(run: Run) -> dict[str, Any]:
@@ -89,16 +94,25 @@ def run_metrics(request: HttpRequest, run_id: int) -> Any:
     since_seq = int_param(request, "since_seq")
     if since_seq is None:
         return run_snapshot(run, names=names)
+    point_format = request.GET.get("format", "rows")
+    if point_format not in METRIC_POINT_FORMATS:
+        raise ApiError(400, f"query parameter 'format' must be one of {', '.join(METRIC_POINT_FORMATS)}, got {point_format[:40]!r}")
     limit = min(int_param(request, "limit", default=MAX_RAW_POINTS, minimum=1), MAX_RAW_POINTS)
     seq, points, truncated = selectors.metric_points_page(run, since_seq=since_seq, names=names, max_points=limit)
+    if point_format == "records":
+        points = [dict(zip(METRIC_POINT_FIELDS, row)) for row in points]
     # `seq` is the cursor: with truncated=true ask again with since_seq=seq for the rest.
-    return {"run": run.pk, "since_seq": since_seq, "seq": seq, "points": points, "truncated": truncated}
+    return {
+        "run": run.pk, "since_seq": since_seq, "seq": seq, "columns": list(METRIC_POINT_FIELDS), "format": point_format,
+        "points": points, "truncated": truncated,
+    }
 
 
 @api_view("GET")
 def run_evals(request: HttpRequest, run_id: int) -> Any:
     run = selectors.visible_run_or_404(request.user, run_id)
-    return {"run": run.pk, "evals": [eval_json(score) for score in selectors.eval_scores(run)]}
+    evals = [eval_json(score) for score in selectors.eval_scores(run)]
+    return {"run": run.pk, "evals": evals, "count": len(evals)}
 
 
 @api_view("GET")
@@ -129,14 +143,15 @@ def leaderboard(request: HttpRequest) -> Any:
         filters = RunFilters.from_query(request.GET, sort=False)
     except BadFilter as exc:
         raise ApiError(400, str(exc)) from exc
-    sort = request.GET.get("sort", "-aime24_best")
     try:
-        rows = selectors.leaderboard_rows(request.user, sort, filters)
+        # No `sort`: a figure every listed run has (selectors.default_leaderboard_sort).
+        rows, sort = selectors.leaderboard(request.user, request.GET.get("sort") or None, filters)
     except ValueError as exc:
         raise ApiError(400, f"sort: {exc}") from exc
-    return {"sort": sort, "rows": rows}
+    return {"sort": sort, "rows": rows, "count": len(rows)}
 
 
 @api_view("GET")
 def workers(request: HttpRequest) -> Any:
-    return {"workers": selectors.workers_with_liveness(request.user)}
+    workers = selectors.workers_with_liveness(request.user)
+    return {"workers": workers, "count": len(workers)}

@@ -18,6 +18,7 @@ from inflight.runs.models import EvalProblemResult, MetricPoint, Run
 
 EXPORT_KINDS = {
     "metrics.csv": "text/csv",
+    "metrics_wide.csv": "text/csv",
     "metrics.parquet": "application/vnd.apache.parquet",
     "rollouts.jsonl": "application/x-ndjson",
     "evals.jsonl": "application/x-ndjson",
@@ -39,6 +40,31 @@ def _csv_lines(run: Run) -> Iterator[str]:
             yield buffer.getvalue()
             buffer.seek(0)
             buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _wide_csv_lines(run: Run) -> Iterator[str]:
+    """One row per line of metrics.jsonl (line, step, t) with one column per metric name, empty
+    where that line did not log the metric: the shape pandas/spreadsheets chart directly. Rows
+    arrive ordered by line, so each is written as soon as the next line starts."""
+    names = sorted(MetricPoint.objects.filter(run_id=run.pk).values_list("name", flat=True).distinct())
+    column = {name: index for index, name in enumerate(names)}
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["line", "step", "t", *names])
+    current: list[Any] | None = None
+    for step, t, name, value, line in _metric_rows(run):
+        if current is None or current[0] != line:
+            if current is not None:
+                writer.writerow(current)
+            current = [line, step, t, *([""] * len(names))]
+        current[3 + column[name]] = value
+        if buffer.tell() > 64 * 1024:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    if current is not None:
+        writer.writerow(current)
     yield buffer.getvalue()
 
 
@@ -79,7 +105,7 @@ def export_response(run: Run, kind: str) -> HttpResponse:
     if kind == "metrics.parquet":
         response: HttpResponse = HttpResponse(metrics_parquet(run), content_type=content_type)
     else:
-        lines = {"metrics.csv": _csv_lines, "rollouts.jsonl": _rollout_lines, "evals.jsonl": _eval_lines}[kind](run)
+        lines = {"metrics.csv": _csv_lines, "metrics_wide.csv": _wide_csv_lines, "rollouts.jsonl": _rollout_lines, "evals.jsonl": _eval_lines}[kind](run)
         response = StreamingHttpResponse(lines, content_type=content_type)
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-{kind}"'
     return response
