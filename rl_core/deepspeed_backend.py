@@ -34,7 +34,7 @@ import torch
 
 from rl_core.config import RunConfig
 from rl_core.loss import model_token_logprobs, reference_token_logprobs
-from rl_core.packed_attention import PackedLayout
+from rl_core.packed_attention import PackedLayout, load_packed_attention_model
 from rl_core.processes import free_port
 from rl_core.model_io import copy_side_files, model_dtype
 from rl_core.torch_backend import lr_multiplier
@@ -115,7 +115,6 @@ class DeepSpeedBackend:
 
         ensure_torch_extensions_dir()
         import deepspeed
-        from transformers import AutoModelForCausalLM
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self._deepspeed = deepspeed
@@ -128,8 +127,10 @@ class DeepSpeedBackend:
             deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
         # Loaded in float32: with bf16/fp16 enabled DeepSpeed casts the module and keeps
-        # float32 master weights in the optimizer.
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=torch.float32)
+        # float32 master weights in the optimizer. Attention goes by the packed layout, as in
+        # TorchBackend, whatever config.json names: eager attention reads the packed rows' boolean
+        # mask as 0/1 scores, a flash kernel takes no such mask (packed_attention.py).
+        model = load_packed_attention_model(self.model_path, torch.float32)
         model.config.use_cache = False
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=t.weight_decay
@@ -142,7 +143,7 @@ class DeepSpeedBackend:
         # Frozen copy for the k3 KL penalty; under ZeRO-3 it is partitioned as well.
         self.reference: Any = None
         if t.kl_coef > 0:
-            reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=torch.float32)
+            reference = load_packed_attention_model(self.model_path, torch.float32)
             reference.requires_grad_(False).eval()
             reference.config.use_cache = False
             if self.zero_stage == 3:
@@ -186,11 +187,12 @@ class DeepSpeedBackend:
         temperature: float = 1.0, logit_source: torch.Tensor | None = None, packed_layout: PackedLayout | None = None,
         target_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log p(token | context) and entropies, as TorchBackend's. The
-        dense mask is used, not `packed_layout`: this path has not been checked under ZeRO-3's
-        partitioned modules (TorchBackend attends by the layout)."""
+        """Log p(token | context) and entropies, as TorchBackend's; attention by `packed_layout` (a
+        function of the layer's query/key/value only, so ZeRO's partitioned parameters do not
+        touch it: tests/rl_core/test_attention_exactness.py checks it at stages 0 and 3)."""
         return model_token_logprobs(
-            self.engine, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, None, target_ids)
+            self.engine, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout,
+            target_ids)
 
     @torch.no_grad()
     def reference_logprobs(
@@ -199,8 +201,8 @@ class DeepSpeedBackend:
         target_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return reference_token_logprobs(
-            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, None, target_ids
-        )
+            self.reference, input_ids, attention_mask, position_ids, self.device, temperature, logit_source, packed_layout,
+            target_ids)
 
     def backward(self, loss: torch.Tensor) -> None:
         # scale_wrt_gas=False: the loop already divides by the whole step's sequence count.

@@ -18,9 +18,11 @@ The object duck-types the part of `transformers.Cache` the decoder layers use
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, TypeVar
+from typing import Protocol, Sequence, TypeVar
 
 import torch
+
+from rl_core.attention_kernels import masked_gqa_sdpa
 
 
 class SlotKVCache:
@@ -187,33 +189,8 @@ class SlotKVCache:
 ENGINE_ATTENTION = "inflight_sdpa"
 
 
-def masked_gqa_sdpa(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """sdpa with the engine's explicit mask and grouped KV heads passed as they are.
-
-    The stock HF sdpa path repeats K/V for every query head whenever a mask is
-    given (a copy of the whole cache per layer per step); `enable_gqa` lets the
-    kernel share them instead. Same math, so outputs match stock sdpa. Calls
-    without a mask (e.g. `model.generate` on the engine's model) go to stock sdpa."""
-    if attention_mask is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
-    )
-    return output.transpose(1, 2).contiguous(), None
-
-
 def register_engine_attention() -> None:
+    """The engine's attention: the shared masked sdpa kernel (attention_kernels.py) under its own name."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ENGINE_ATTENTION, masked_gqa_sdpa)

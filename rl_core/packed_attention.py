@@ -13,20 +13,40 @@ outputs are the dense path's up to float summation order (tested, forward and gr
 and nothing else changes: padding tokens, which no loss reads, get zeros instead of
 attending to themselves.
 
-`use_packed_attention(model)` registers the function as the model's attention; a forward
-called without a layout (the padding micro-batch, a reference forward with a plain mask)
-takes the masked sdpa path as before. On a GPU the same layout is what a varlen
-flash-attention kernel needs; this module uses torch's sdpa so that it runs anywhere.
+Every trainer backend attends through it, the policy and the reference model alike
+(`load_packed_attention_model`), whatever attention the model's `config.json` names: eager
+attention adds the packed rows' boolean mask to its scores as 0/1 instead of masking (a wrong
+loss and gradient), and a flash-attention kernel takes no such mask at all. A forward called
+without a layout (the padding micro-batch, a reference forward with a plain mask) takes the
+masked sdpa kernel (attention_kernels.py), exact for a boolean or additive mask. What cannot
+be made exact is refused with an error naming the setting: a model class whose attention does
+not go through transformers' AttentionInterface, a sliding window shorter than a row, logit
+soft-capping, attention sinks. On a GPU the same layout is what a varlen flash-attention kernel
+needs; this module uses torch's sdpa so that it runs anywhere.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from rl_core.attention_kernels import masked_gqa_sdpa
+
 PACKED_ATTENTION = "inflight_packed"
+# Keyword arguments an HF attention layer passes that change the math packed attention does
+# (when set), and the config.json setting each comes from: refused, not silently ignored.
+_INEXACT_SETTINGS = {"softcap": "attn_logit_softcapping", "s_aux": "sinks (attention sinks)"}
+
+log = logging.getLogger(__name__)
+
+
+class PackedAttentionUnsupported(ValueError):
+    """A model the trainer cannot make attend exactly as a packed micro-batch requires."""
 
 
 @dataclass
@@ -84,9 +104,8 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """HF attention-interface function: `query` [R, Hq, T, D], `key`/`value` [R, Hk, T, D];
     returns [R, T, Hq, D]. Without a layout: masked sdpa, K/V heads shared (no copies)."""
+    _refuse_inexact(query.shape[2], kwargs)
     if packed_layout is None:
-        from rl_core.kv_cache import masked_gqa_sdpa
-
         return masked_gqa_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     layout = packed_layout
     rows, query_heads, width, head_dim = query.shape
@@ -110,9 +129,58 @@ def packed_attention(
     return out.view(rows, width, query_heads, head_dim), None
 
 
-def use_packed_attention(model: torch.nn.Module) -> None:
-    """Make `model` (an HF model with the attention interface) attend through `packed_attention`."""
-    from transformers import AttentionInterface
+def _refuse_inexact(width: int, kwargs: dict[str, Any]) -> None:
+    """Packed attention computes plain softmax attention over what the layout (or mask) allows;
+    an attention layer asking for more would get a different result, so it is refused."""
+    window = kwargs.get("sliding_window")
+    # A query at depth p sees keys at depths 0..p <= width - 1: a window of at least the row's
+    # width hides nothing, so only a shorter one changes the result.
+    if window is not None and int(window) < width:
+        raise PackedAttentionUnsupported(
+            f"config.json sliding_window={window} (use_sliding_window / layer_types): a packed row of {width} tokens "
+            "is longer than the window, and packed attention has no sliding window; lower trainer.micro_batch_tokens "
+            "/ trainer.row_tokens below the window or train a model without one")
+    for name, setting in _INEXACT_SETTINGS.items():
+        if kwargs.get(name) is not None:
+            raise PackedAttentionUnsupported(
+                f"config.json {setting}: packed attention computes plain softmax attention and cannot apply it; "
+                "the trainer would compute a different loss than the model defines")
+
+
+def use_packed_attention(model: torch.nn.Module, source: str | Path = "the model") -> None:
+    """Make `model` (an HF model with the attention interface) and every sub-model attend through
+    `packed_attention`; refuse (PackedAttentionUnsupported, naming `source`, its model.path) a
+    model whose attention cannot be replaced: transformers only warns and keeps its own."""
+    from transformers import AttentionInterface, PreTrainedModel
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    if not type(model)._can_set_attn_implementation():
+        raise PackedAttentionUnsupported(
+            f"model.path {source}: {type(model).__name__}'s attention does not go through transformers' "
+            "AttentionInterface, so the trainer cannot make it attend by the packed layout (its own attention "
+            "would read the packed rows' mask in its own way, not exactly); use a model class that does")
     model.set_attn_implementation(PACKED_ATTENTION)
+    stuck = sorted({f"{type(module).__name__}: {module.config._attn_implementation}" for module in model.modules()
+                    if isinstance(module, PreTrainedModel) and module.config._attn_implementation != PACKED_ATTENTION})
+    if stuck:
+        raise PackedAttentionUnsupported(
+            f"model.path {source}: attention could not be switched to packed attention in {', '.join(stuck)}")
+
+
+def load_packed_attention_model(model_path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The HF causal LM at `model_path`, attending through `packed_attention` from the start, whatever
+    attention its config.json names (a flash-attention model then loads without the flash package
+    too); a switch from what config.json asks for is logged. Every trainer backend loads its policy
+    and its reference model here, so every backend computes the gradient the packing promises."""
+    from transformers import AttentionInterface, AutoModelForCausalLM
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    model_path = Path(model_path)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, attn_implementation=PACKED_ATTENTION)
+    use_packed_attention(model, model_path)
+    asked = json.loads((model_path / "config.json").read_text()).get("attn_implementation")
+    if asked not in (None, "sdpa", PACKED_ATTENTION):
+        log.warning("model.path %s: config.json asks for attn_implementation=%r; the trainer attends through %r "
+                    "instead (exact for its packed micro-batches, which %r is not)", model_path, asked,
+                    PACKED_ATTENTION, asked)
+    return model

@@ -16,7 +16,7 @@ import torch
 from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.loss import model_token_logprobs, reference_token_logprobs
 from rl_core.model_io import copy_side_files, model_dtype
-from rl_core.packed_attention import PackedLayout, use_packed_attention
+from rl_core.packed_attention import PackedLayout, load_packed_attention_model
 
 if TYPE_CHECKING:
     from rl_core.config import RunConfig
@@ -51,24 +51,21 @@ class TorchBackend:
         grad_clip: float = 1.0,
         reference_model: bool = False,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.model_path = Path(model_path)
         if not (self.model_path / "config.json").is_file():
             raise FileNotFoundError(f"model.path: {self.model_path} is not an HF model directory (no config.json)")
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=model_dtype(dtype)).to(self.device)
+        # Attention only where a packed row's mask allows, whatever config.json names (packed_attention.py).
+        self.model = load_packed_attention_model(self.model_path, model_dtype(dtype)).to(self.device)
         self.model.train()
         self.model.config.use_cache = False
         use_onednn_linear(self.model)  # CPU only: ~2x faster GEMMs, forward and backward (cpu_kernels.py)
-        use_packed_attention(self.model)  # attention only where a packed row's mask allows (packed_attention.py)
         # Frozen copy for the k3 KL penalty; only loaded when the penalty is on.
         self.reference = None
         if reference_model:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=model_dtype(dtype)).to(self.device)
+            self.reference = load_packed_attention_model(self.model_path, model_dtype(dtype)).to(self.device)
             self.reference.eval().requires_grad_(False)
             use_onednn_linear(self.reference)
-            use_packed_attention(self.reference)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
         )

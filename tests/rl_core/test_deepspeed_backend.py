@@ -197,7 +197,34 @@ def scenario_broadcast(result_file: str, model_path: str) -> None:
     }))
 
 
-SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast}
+def scenario_packed_exactness(result_file: str, model_path: str, work_dir: str) -> None:
+    """ZeRO-0 and ZeRO-3, each model directory of test_attention_exactness.CONFIGURED_ATTENTION:
+    `trainer.train_step`'s packed loss and gradients against one unpacked forward per sample."""
+    import torch
+
+    from rl_core.deepspeed_backend import DeepSpeedBackend
+    from test_attention_exactness import (  # tests/rl_core is this script's directory, so on sys.path
+        CONFIGURED_ATTENTION, compare, exactness_config, grouped_samples, model_dir_with_attention,
+        packed_loss_and_gradients, unpacked_loss_and_gradients)
+
+    torch.set_num_threads(1)
+    samples = grouped_samples()
+    out: dict = {}
+    for stage in (0, 3):
+        config = exactness_config("deepspeed", stage)
+        unpacked = unpacked_loss_and_gradients(Path(model_path), samples, config)
+        for attention in CONFIGURED_ATTENTION:
+            backend = DeepSpeedBackend(config, model_dir_with_attention(Path(model_path), attention, Path(work_dir)))
+            packed = packed_loss_and_gradients(backend, backend.module.parameters, samples, config)
+            modules = [backend.module] + ([backend.reference.module if stage == 3 else backend.reference])
+            out[f"{stage}/{attention}"] = {
+                **compare(packed, unpacked), "has_gradient": packed["gradient"] is not None,
+                "attention": [module.config._attn_implementation for module in modules]}
+    Path(result_file).write_text(json.dumps(out))
+
+
+SCENARIOS = {"match_torch": scenario_match_torch, "checkpoint": scenario_checkpoint, "broadcast": scenario_broadcast,
+             "packed_exactness": scenario_packed_exactness}
 
 
 # --- the tests -------------------------------------------------------------------
@@ -248,6 +275,23 @@ def test_deepspeed_zero3_weights_reach_a_reference_server_intact(untrained_tiny_
     assert result["tokens"] == result["expected_tokens"]
     assert result["token_versions"] == [2] * len(result["tokens"])
     assert result["logprobs"] == pytest.approx(result["expected_logprobs"], abs=1e-4)
+
+
+def test_deepspeed_packed_micro_batches_give_the_unpacked_loss_and_gradient(untrained_tiny_model: Path, tmp_path: Path) -> None:
+    """Whatever config.json names (eager attention read the packed rows' boolean mask as 0/1
+    scores here: loss off ~0.5%, gradients by up to half), the policy and the reference model
+    attend by the packed layout, and ZeRO-0 and ZeRO-3 train on exactly the unpacked gradient."""
+    from test_attention_exactness import CONFIGURED_ATTENTION, assert_exact
+
+    from rl_core.packed_attention import PACKED_ATTENTION
+
+    result = run_scenario("packed_exactness", tmp_path, str(untrained_tiny_model), str(tmp_path))
+    assert set(result) == {f"{stage}/{attention}" for stage in (0, 3) for attention in CONFIGURED_ATTENTION}
+    for case, got in result.items():
+        assert got["attention"] == [PACKED_ATTENTION, PACKED_ATTENTION], case
+        # ZeRO-3 partitions the gradients: there the step's global norm stands for them.
+        assert got["has_gradient"] == case.startswith("0/"), case
+        assert_exact(got, with_gradient=got["has_gradient"])
 
 
 def _stream_samples(count: int, seed: int):
