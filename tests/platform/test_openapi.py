@@ -1,6 +1,6 @@
 """The documented API: /api/openapi.json matches the routes the server really has, real answers
 fit the documented models, list pagination metadata, named metric points, the wide CSV export.
-(The docs page rendering offline in Chromium is in test_cli.py, beside the other live-server tests.)"""
+(The docs page rendering offline in Chromium: test_api_docs_browser.py.)"""
 
 from __future__ import annotations
 

@@ -1,0 +1,187 @@
+"""The `inflight` command (the console script in .venv/bin) against a real server: Daphne on the
+test database, real Celery workers, the real tiny engine for the submitted run (the stand-in
+engine from conftest.py where the test is about cancel/resume/log-follow plumbing, not training).
+Nothing is faked on the client side: each call is a subprocess with its own HOME."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from inflight.devservices import free_port
+from tests.platform.test_browser import daphne_server  # noqa: F401 - the fixture is used by name
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INFLIGHT = Path(sys.executable).parent / "inflight"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not INFLIGHT.exists(), reason="the inflight console script is not installed (pip install -e .)")]
+
+
+class Cli:
+    """Runs `inflight ...` as a user would, HOME in a temp folder (the saved login lands there)."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.env = {key: value for key, value in os.environ.items() if not key.startswith("INFLIGHT_")}
+        self.env.update({"HOME": str(home), "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.env.pop("XDG_CONFIG_HOME", None)
+
+    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(INFLIGHT), *args], cwd=self.home, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert result.returncode == 0, f"inflight {' '.join(args)} → {result.returncode}\n{result.stdout}\n{result.stderr}"
+        return result
+
+
+@pytest.fixture
+def token(owner) -> str:
+    from inflight.accounts.services import create_token
+
+    return create_token(owner).key
+
+
+def _tiny_run_file(folder: Path) -> Path:
+    """examples/tiny-cpu.yaml itself: the overrides come from --set, as the README shows."""
+    path = folder / "tiny.yaml"
+    path.write_text((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    return path
+
+
+TINY_OVERRIDES = [
+    "trainer.max_steps=4", "trainer.samples_per_step=8", "trainer.warmup_steps=0", "trainer.checkpoint_every=2",
+    "actor.group_size=4", "actor.groups_in_flight=2", "task.heldout_size=8", "eval.heldout_every_n_steps=2",
+    "eval.heldout_k=1", "inference.max_batch_size=32", "max_wall_time_s=300",
+]
+
+
+def test_login_submit_watch_runs_logs_download_a_real_run(
+    daphne_server: str, start_worker, token: str, tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    start_worker("cpu")
+    cli = Cli(tmp_path)
+    login = cli("login", "--url", daphne_server, "--token", token)
+    saved = tmp_path / ".config" / "inflight" / "credentials.json"
+    assert str(saved) in login.stdout
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and stat.S_IMODE(saved.parent.stat().st_mode) == 0o700
+    assert json.loads(saved.read_text()) == {"url": daphne_server, "token": token}
+
+    config = _tiny_run_file(tmp_path)
+    sets = [arg for item in TINY_OVERRIDES for arg in ("--set", item)]
+    submitted = cli("submit", str(config), *sets, "--name", "cli-tiny", "--watch", timeout=600)
+    out = submitted.stdout
+    run_id = int(out.split()[1])
+    assert out.splitlines()[0].startswith(f"run {run_id} queued: cli-tiny · {daphne_server}/runs/{run_id}/")
+    assert "running" in out and "step 4/4" in out and "held-out success" in out, out
+    assert out.rstrip().endswith(f"run {run_id} succeeded · {daphne_server}/runs/{run_id}/")
+
+    listed = cli("runs").stdout.splitlines()
+    assert listed[0].split() == ["ID", "STATUS", "NAME", "OWNER", "STEPS", "WALL", "CREATED"]
+    assert listed[1].split()[:5] == [str(run_id), "succeeded", "cli-tiny", "owner", "4"]
+    as_json = json.loads(cli("runs", "--json").stdout)
+    assert as_json[0]["config"]["trainer"]["checkpoint_every"] == 2  # --set reached the server typed
+
+    logs = cli("logs", str(run_id), "--bytes", "0").stdout
+    assert logs.strip(), "the launcher's log is empty"
+    assert "supervisor_child.log" in cli("logs", str(run_id), "--list").stdout
+    followed = cli("logs", "-f", str(run_id), timeout=60).stdout  # an ended run: prints and returns
+    assert followed and followed in logs
+
+    target = tmp_path / "download"
+    downloaded = cli("download", str(run_id), "-o", str(target), "--checkpoint", "latest").stdout
+    assert "checkpoints/step_000004/" in downloaded
+    wide_header = (target / "metrics_wide.csv").read_text().splitlines()[0].split(",")
+    assert wide_header[:3] == ["line", "step", "t"] and "train/loss" in wide_header and "success/heldout" in wide_header
+    assert (target / "metrics.csv").read_text().startswith("step,t,name,value,line")
+    assert json.loads((target / "run.json").read_text())["status"] == "succeeded"
+    checkpoint = target / "checkpoints" / "step_000004"
+    assert (checkpoint / "trainer_state.json").is_file() and any(checkpoint.glob("*.safetensors"))
+
+
+def test_cancel_resume_and_follow_a_run_through_the_cli(
+    daphne_server: str, start_worker, engine_command: str, token: str, tmp_path: Path, wait: Callable[..., Any]  # noqa: F811
+) -> None:
+    from inflight.runs.models import Run
+
+    start_worker("cpu", extra_env={"INFLIGHT_RL_COMMAND": engine_command})
+    cli = Cli(tmp_path, {"INFLIGHT_URL": daphne_server, "INFLIGHT_TOKEN": token})  # no login: the environment
+    config = tmp_path / "hang.yaml"
+    config.write_text(yaml.safe_dump({"name": "hang", "trainer": {"max_steps": 3}}))
+    run_id = int(cli("submit", str(config)).stdout.split()[1])
+    wait(lambda: Run.objects.get(pk=run_id).status == "running", timeout=60, message="the run to start")
+
+    follower = subprocess.Popen([str(INFLIGHT), "logs", "-f", str(run_id)], cwd=tmp_path, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen([str(INFLIGHT), "watch", str(run_id)], cwd=tmp_path, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    assert "run" in cli("cancel", str(run_id)).stdout
+    watched, _ = watcher.communicate(timeout=90)
+    assert watcher.returncode == 1 and watched.rstrip().endswith(f"run {run_id} cancelled · {daphne_server}/runs/{run_id}/"), watched
+    _, follow_err = follower.communicate(timeout=90)
+    assert follower.returncode == 0, follow_err  # -f ends with the run
+
+    again = cli("cancel", str(run_id), check=False)
+    assert again.returncode == 1 and "cannot cancel" in again.stderr
+    resumed = cli("resume", str(run_id), check=False)  # the stand-in engine writes no checkpoint
+    assert resumed.returncode == 1 and resumed.stderr.startswith("inflight: error: cannot resume") and "checkpoint" in resumed.stderr
+
+
+def test_clear_errors_and_exit_codes(daphne_server: str, token: str, owner, other_user, tmp_path: Path) -> None:  # noqa: F811
+    from inflight.runs import services
+
+    cli = Cli(tmp_path)
+    nobody = cli("runs", check=False)
+    assert nobody.returncode == 1 and "inflight login" in nobody.stderr and "INFLIGHT_URL and INFLIGHT_TOKEN" in nobody.stderr
+
+    bad = cli("login", "--url", daphne_server, "--token", "not-a-token", check=False)
+    assert bad.returncode == 1 and "refused the token (401)" in bad.stderr
+    assert not (tmp_path / ".config" / "inflight" / "credentials.json").exists()  # a refused login is not saved
+
+    down_port = free_port()
+    down = Cli(tmp_path, {"INFLIGHT_URL": f"http://127.0.0.1:{down_port}", "INFLIGHT_TOKEN": token})("runs", check=False)
+    assert down.returncode == 1 and f"cannot reach the Inflight server at http://127.0.0.1:{down_port}" in down.stderr
+    assert "Traceback" not in down.stderr
+
+    cli = Cli(tmp_path, {"INFLIGHT_URL": daphne_server, "INFLIGHT_TOKEN": token})
+    theirs = services.create_run(other_user, "theirs", {})
+    for args in (["watch", "99999"], ["logs", "99999"], ["cancel", str(theirs.pk)], ["download", str(theirs.pk)]):
+        missing = cli(*args, check=False)
+        assert missing.returncode == 1 and "does not exist or is not yours" in missing.stderr, (args, missing.stderr)
+        assert "Traceback" not in missing.stderr
+
+    wrong_token = Cli(tmp_path, {"INFLIGHT_URL": daphne_server, "INFLIGHT_TOKEN": "expired"})("runs", check=False)
+    assert wrong_token.returncode == 1 and "refused the token" in wrong_token.stderr
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"max_steps": 5}}))
+    refused = cli("submit", str(config), "--set", "trainer.lr=-1", check=False)
+    assert refused.returncode == 1 and "trainer.lr" in refused.stderr
+    malformed = cli("submit", str(config), "--set", "trainer.lr", check=False)
+    assert malformed.returncode == 2 and "KEY=VALUE" in malformed.stderr
+    absent = cli("submit", str(tmp_path / "nope.yaml"), check=False)
+    assert absent.returncode == 2 and "cannot read" in absent.stderr
+    assert cli("runs", "--status", "exploded", check=False).returncode == 1
+
+
+def test_the_cli_imports_neither_django_nor_torch() -> None:
+    code = "import sys, inflight_cli.main; bad = [m for m in sys.modules if m.split('.')[0] in ('django', 'torch', 'inflight', 'rl_core')]; print(bad)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"})
+    assert result.stdout.strip() == "[]"
+
+
+def test_set_overrides_are_typed() -> None:
+    from inflight_cli.main import UsageError, apply_overrides
+
+    config = apply_overrides({"trainer": {"lr": 1e-4}}, ["trainer.lr=3e-4", "trainer.max_steps=20", "actor.drop_zero_advantage_groups=true", "name=x y", "eval.benchmarks=[aime24, math500]"])
+    assert config == {"trainer": {"lr": 3e-4, "max_steps": 20}, "actor": {"drop_zero_advantage_groups": True}, "name": "x y", "eval": {"benchmarks": ["aime24", "math500"]}}
+    with pytest.raises(UsageError, match="not a section"):
+        apply_overrides({"name": "x"}, ["name.first=y"])
+
+
