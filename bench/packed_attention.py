@@ -9,7 +9,7 @@ batch of `trainer.samples_per_step` per step), one thread:
   micro-batch: `trainer.row_tokens` unset; `trainer.share_completion_prefixes` on);
 - unshared: the same with `trainer.share_completion_prefixes: false` (every completion whole);
 - dense: the packed side's backend attending by the 4-D mask through sdpa, with rows of
-  `DEFAULT_ROW_TOKENS` (the path the DeepSpeed backend takes).
+  `DEFAULT_ROW_TOKENS` (what a backend attending by the mask would do; none does any more).
 
 Gradients are compared too (they must agree to float rounding). Prints seconds per step,
 `RESULT packed_over_dense_train_step <ratio>` and `RESULT shared_over_unshared_train_step

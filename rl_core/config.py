@@ -23,12 +23,13 @@ DEFAULT_TINY_MODEL_DIR = os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny"
 DEFAULT_SHARED_DATA_DIR = os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data")
 
 
-# Most tokens in one packed trainer row where attention goes by the dense mask (DeepSpeed):
-# its cost is the square of the row (loss.py says more).
+# Most tokens in one packed row where attention would go by the dense mask, whose cost is the
+# square of the row (loss.py says more): `pack_micro_batches`' default and the dense side of
+# bench/packed_attention.py; no trainer backend attends that way.
 DEFAULT_ROW_TOKENS = 512
-# Where attention goes by the packed layout (TorchBackend, packed_attention.py) a row costs what
+# Every trainer backend attends by the packed layout (packed_attention.py), where a row costs what
 # its tokens may see, so a micro-batch is one row (no padding) up to this many tokens: beyond it
-# the dense mask the packing still builds for other backends would outgrow its use.
+# the dense mask the packing still builds would outgrow its use.
 LAYOUT_ROW_TOKENS = 4096
 
 
@@ -232,8 +233,8 @@ class TrainerConfig(_Section):
     row_tokens: int | None = Field(
         None, ge=16,
         description="Most tokens in one packed row (a group's prompt once, then its completions); a micro-batch "
-        "stacks rows as a batch. Default: one row per micro-batch (up to 4096) for the torch backend, which "
-        "attends only where the mask allows; 512 for deepspeed, whose attention costs the square of a row.",
+        "stacks rows as a batch. Default: one row per micro-batch (up to 4096): every backend attends only where "
+        "the packed layout allows, so a longer row costs no attention to tokens a token may not see.",
     )
     share_completion_prefixes: bool = Field(
         True,
@@ -244,10 +245,10 @@ class TrainerConfig(_Section):
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
 
     def packed_row_tokens(self) -> int:
-        """`row_tokens`, or the backend's default when unset."""
+        """`row_tokens`, or one row per micro-batch (up to LAYOUT_ROW_TOKENS) when unset."""
         if self.row_tokens is not None:
             return self.row_tokens
-        return min(self.micro_batch_tokens, LAYOUT_ROW_TOKENS) if self.backend == "torch" else DEFAULT_ROW_TOKENS
+        return min(self.micro_batch_tokens, LAYOUT_ROW_TOKENS)
 
 
 class StreamConfig(_Section):

@@ -37,9 +37,10 @@ from rl_core.token_trie import TokenTrie
 
 # Rows are capped at `trainer.row_tokens`. Attention under a row's dense mask ([T, T]) costs the
 # square of the row (one 4096-token row took 5.3 s per demo step on one core, bench/RESULTS.md),
-# so for a backend that attends by the mask rows stay short (DEFAULT_ROW_TOKENS) and the rows of
-# a micro-batch are stacked as a batch; one that attends by `MicroBatch.packed_layout` pays only
-# for what each token may see and packs a micro-batch as one row (config.LAYOUT_ROW_TOKENS).
+# so attended by the mask rows would stay short (DEFAULT_ROW_TOKENS) and the rows of a micro-batch
+# be stacked as a batch. Every trainer backend attends by `MicroBatch.packed_layout` instead
+# (packed_attention.py: exact, whatever attention the model's config.json names), pays only for
+# what each token may see and packs a micro-batch as one row (config.LAYOUT_ROW_TOKENS).
 
 
 @dataclass

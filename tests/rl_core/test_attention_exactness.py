@@ -186,6 +186,17 @@ def test_the_trainer_says_when_it_replaces_the_configured_attention(
     assert len(switched) == 2 and str(model) in switched[0] and PACKED_ATTENTION in switched[0], caplog.text
 
 
+@pytest.mark.parametrize("backend", ["torch", "deepspeed"])
+def test_every_backend_packs_a_micro_batch_as_one_row_by_default(backend: str) -> None:
+    """Rows were kept at 512 tokens for DeepSpeed while it attended by the dense mask (cost: the
+    square of a row); it attends by the layout now, so its rows are as long as TorchBackend's."""
+    from rl_core.config import LAYOUT_ROW_TOKENS, RunConfig
+
+    trainer = RunConfig.model_validate({"trainer": {"backend": backend, "micro_batch_tokens": 2048}}).trainer
+    assert trainer.packed_row_tokens() == 2048
+    assert trainer.model_copy(update={"micro_batch_tokens": 10**5}).packed_row_tokens() == LAYOUT_ROW_TOKENS
+
+
 # --- what cannot be made exact is refused ------------------------------------------------
 
 

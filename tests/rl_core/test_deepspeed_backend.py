@@ -420,7 +420,6 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     # the sharding and averaging, not of two kernels' float rounding through two Adam steps.
     monkeypatch.setenv(ENV_SWITCH, "torch")
     single = TorchBackend(untrained_tiny_model, lr=1e-2, warmup_steps=0, total_steps=2, grad_clip=0.5)
-    single.model.set_attn_implementation("sdpa")  # attention by the dense mask, as the ranks attend
     initial = {name: tensor.clone() for name, tensor in single.parameters_for_broadcast()}
     for batch in (samples[:8], samples[8:]):
         train_step(single, batch, config)
