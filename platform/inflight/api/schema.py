@@ -33,7 +33,7 @@ class Run(Schema):
     id: int
     name: str
     owner: str = Field(description="Username of the owner.")
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled", "lost"] | str
+    status: str = Field(description="queued, running, succeeded, failed, cancelled or lost.")
     queue: str = Field(description="Celery queue: cpu or gpu (from the config).")
     error: str = Field(description="Why the run failed or was lost; empty otherwise.")
     config: dict[str, Any] = Field(description="The resolved rl_core RunConfig.")
