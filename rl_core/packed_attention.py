@@ -147,13 +147,20 @@ def _refuse_inexact(width: int, kwargs: dict[str, Any]) -> None:
                 "the trainer would compute a different loss than the model defines")
 
 
+def register_packed_attention() -> None:
+    """Make `PACKED_ATTENTION` a name transformers' attention interface knows."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+
+
 def use_packed_attention(model: torch.nn.Module, source: str | Path = "the model") -> None:
     """Make `model` (an HF model with the attention interface) and every sub-model attend through
     `packed_attention`; refuse (PackedAttentionUnsupported, naming `source`, its model.path) a
     model whose attention cannot be replaced: transformers only warns and keeps its own."""
-    from transformers import AttentionInterface, PreTrainedModel
+    from transformers import PreTrainedModel
 
-    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    register_packed_attention()
     if not type(model)._can_set_attn_implementation():
         raise PackedAttentionUnsupported(
             f"model.path {source}: {type(model).__name__}'s attention does not go through transformers' "
@@ -172,9 +179,9 @@ def load_packed_attention_model(model_path: str | Path, dtype: torch.dtype) -> t
     attention its config.json names (a flash-attention model then loads without the flash package
     too); a switch from what config.json asks for is logged. Every trainer backend loads its policy
     and its reference model here, so every backend computes the gradient the packing promises."""
-    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    register_packed_attention()  # from_pretrained checks the name it is given
     model_path = Path(model_path)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, attn_implementation=PACKED_ATTENTION)
     use_packed_attention(model, model_path)

@@ -233,3 +233,15 @@ def test_a_sliding_window_shorter_than_a_row_is_refused(untrained_tiny_model: Pa
                                batch.logit_source, batch.packed_layout, batch.target_ids)
     # Shorter than the window: nothing is hidden, so it is exact and allowed.
     backend.token_logprobs(torch.tensor([[5, 6, 7]]), None, None)
+
+
+@pytest.mark.parametrize(("argument", "setting"), [("softcap", "attn_logit_softcapping"), ("s_aux", "sinks")])
+def test_attention_math_packed_attention_does_not_do_is_refused(argument: str, setting: str) -> None:
+    """Logit soft-capping (Gemma 2) and attention sinks (gpt-oss) change the softmax: an attention
+    layer passing them would otherwise get plain attention without a word."""
+    from rl_core.packed_attention import PackedAttentionUnsupported, packed_attention
+
+    query = key = torch.zeros(1, 2, 3, 8)
+    packed_attention(torch.nn.Module(), query, key, key, None, **{argument: None})  # unset: attends
+    with pytest.raises(PackedAttentionUnsupported, match=setting):
+        packed_attention(torch.nn.Module(), query, key, key, None, **{argument: torch.tensor(30.0)})
