@@ -227,12 +227,12 @@ class Actor:
     # --- evaluation -----------------------------------------------------------------
 
     async def heldout_eval(self, step: int) -> None:
-        from rl_core.evaluation import PromptTemplate, evaluate
+        from rl_core.evaluation import HELDOUT_BENCHMARK, PromptTemplate, evaluate, write_report
 
         e = self.config.eval
         temperature = self.config.sampling.temperature if e.heldout_temperature is None else e.heldout_temperature
         report = await evaluate(
-            "heldout", self.generate_least_loaded, k=e.heldout_k, problems=self.task.heldout,
+            HELDOUT_BENCHMARK, self.generate_least_loaded, k=e.heldout_k, problems=self.task.heldout,
             sampling=SamplingParams(temperature=temperature, top_p=self.config.sampling.top_p,
                                     max_new_tokens=self.config.sampling.max_new_tokens),
             template=PromptTemplate(system=self.config.task.system_prompt),
@@ -240,6 +240,10 @@ class Actor:
             # which is cheaper per token than several smaller waves (bench/RESULTS.md).
             reward_timeout_s=self.config.task.reward_timeout_s, concurrency=len(self.task.heldout), seed=self.config.seed,
         )
+        # The held-out set is an evaluation like a benchmark: its summary line in evals.jsonl and
+        # its per-problem file, so the platform shows, exports and serves it as one. The curve keeps
+        # its own metric keys (charts, the held-out-collapse alert), not the benchmarks' eval/* ones.
+        write_report(self.run_dir, step, report)
         versions = report.policy_versions
         self.sink.log(step, {
             "success/heldout": report.mean_at_k, "success/heldout_pass_at_k": report.pass_at_k,

@@ -80,6 +80,11 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 
 
+# The name the task's held-out set is evaluated and reported under (evals.jsonl's `benchmark`,
+# `eval/step_XXXXXX_heldout.jsonl`): the run's own held-out problems, not a file benchmark.
+HELDOUT_BENCHMARK = "heldout"
+
+
 class EvalError(ValueError):
     """Unknown benchmark, missing data, bad k: the message says which."""
 

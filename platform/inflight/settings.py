@@ -54,8 +54,9 @@ ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000")
 
 # HTTPS. Cookies are Secure with DEBUG off (INFLIGHT_SECURE_COOKIES=0 for plain-HTTP localhost,
-# as `make demo` does). TLS itself, its redirect and HSTS belong to the reverse proxy in front
-# (README "Deploying for several users"); SECURE_SSL_REDIRECT / SECURE_HSTS_SECONDS turn them on here.
+# as `make demo` does). TLS itself belongs to the reverse proxy in front (README "Deploying for
+# several users"); the HTTPS redirect and HSTS come from the environment: docker-compose.yml turns
+# them on (so `check --deploy` is clean there), the plain-HTTP demo leaves them off.
 SECURE_COOKIES = _env_bool("INFLIGHT_SECURE_COOKIES", not DEBUG)
 SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
@@ -65,8 +66,9 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SECURE_SSL_REDIRECT = _env_bool("SECURE_SSL_REDIRECT", False)
 SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0"))
-SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
-SECURE_HSTS_PRELOAD = False
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE_HSTS_SECONDS > 0)
+# The `preload` directive only allows a submission to the browsers' preload list: the operator's call.
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", False)
 if _env_bool("INFLIGHT_TRUST_X_FORWARDED_PROTO", False):
     # Only behind a proxy that sets this header itself (a client could forge it otherwise).
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
@@ -109,6 +111,7 @@ MIDDLEWARE = [
     "inflight.web.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "inflight.web.middleware.ContentSecurityPolicyMiddleware",
+    "inflight.web.middleware.ApiErrorShapeMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -218,6 +221,22 @@ INFLIGHT_MAX_STEPS = int(os.environ.get("INFLIGHT_MAX_STEPS", "100000"))
 INFLIGHT_MAX_WALL_TIME_S = float(os.environ.get("INFLIGHT_MAX_WALL_TIME_S", str(7 * 24 * 3600)))
 INFLIGHT_MAX_PROCESSES = int(os.environ.get("INFLIGHT_MAX_PROCESSES", "16"))
 INFLIGHT_MAX_THREADS = int(os.environ.get("INFLIGHT_MAX_THREADS", "64"))
+# Sequences one run holds at once (a step's samples, requests in flight, a server's batch, one
+# held-out evaluation): 16384 is 1024 prompts x 16 attempts, past any published GRPO recipe.
+INFLIGHT_MAX_SAMPLES_PER_STEP = int(os.environ.get("INFLIGHT_MAX_SAMPLES_PER_STEP", "16384"))
+# Problems a synthetic task generates when the run starts (all held in memory).
+INFLIGHT_MAX_TASK_PROBLEMS = int(os.environ.get("INFLIGHT_MAX_TASK_PROBLEMS", "1000000"))
+
+# E-mail (the sign-in page's password reset): printed to the web server's log unless an SMTP
+# server is configured, so the form never fails on an SMTP server that is not there.
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = _env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "inflight@localhost")
 
 # API tokens: stored as SHA-256 digests, valid this many days (0: no expiry).
 INFLIGHT_API_TOKEN_DAYS = int(os.environ.get("INFLIGHT_API_TOKEN_DAYS", "90"))

@@ -3,7 +3,12 @@
 (function (root) {
   "use strict";
   var D = root.InflightDownsample;
-  var PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#4b5563"];
+  // Twelve distinct colours: a chart's series never share one below that (the lag-share chart
+  // has nine: lag 0..7 and 8+).
+  var PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#4b5563",
+                 "#65a30d", "#92400e", "#1e3a8a", "#f472b6"];
+  // Positive values spanning more than this ratio go on a log axis.
+  var LOG_SPAN = 1000;
 
   function rgba(hex, alpha) {
     var n = parseInt(hex.slice(1), 16);
@@ -66,6 +71,47 @@
 
   var CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
 
+  // What a chart's data asks of its layout, from the traces about to be drawn: a log y axis when
+  // every value is positive and they span decades (a catch-all chart of metrics of different
+  // scales, a throughput that starts near 0), and whether every series is constant (a panel that
+  // would be a flat line: drawn small, after the others).
+  function fitChart(layout, traces) {
+    var low = Infinity, high = -Infinity, flat = true, any = false, longest = 0;
+    traces.forEach(function (trace) {
+      var first = null;
+      longest = Math.max(longest, (trace.y || []).length);
+      (trace.y || []).forEach(function (v) {
+        if (typeof v !== "number" || !isFinite(v)) return;
+        any = true;
+        if (v < low) low = v;
+        if (v > high) high = v;
+        if (first === null) first = v; else if (Math.abs(v - first) > 1e-12 * Math.max(1, Math.abs(first))) flat = false;
+      });
+    });
+    var result = { log: any && low > 0 && high / low > LOG_SPAN, flat: any && flat && longest >= 3 };  // a young run's first points are not "flat"
+    if (result.log) layout.yaxis.type = "log";
+    if (result.flat) { layout.height = 130; layout.margin.b = 24; layout.showlegend = false; }
+    return result;
+  }
+
+  // Every chart card's drawing goes through Plotly.react (the run page's renderer and the compare
+  // page): fit it there, so a chart of metrics nobody grouped is fitted as well as a known one.
+  function installFitting(plotly) {
+    if (!plotly || plotly.__inflightFitted) return;
+    var react = plotly.react;
+    plotly.react = function (div, traces, layout, config) {
+      var card = div && div.closest ? div.closest(".chart-card") : null;
+      if (card && layout && layout.yaxis && Array.isArray(traces)) {
+        var fit = fitChart(layout, traces);
+        card.classList.toggle("chart-flat", fit.flat);
+        card.classList.toggle("chart-log", fit.log);
+      }
+      return react.apply(this, arguments);
+    };
+    plotly.__inflightFitted = true;
+  }
+  installFitting(root.Plotly);
+
   // A chart card (title + plot div) appended to `container`; returns the plot div.
   function chartCard(container, id, title) {
     var card = document.createElement("section");
@@ -100,6 +146,6 @@
 
   root.InflightCharts = {
     PALETTE: PALETTE, rgba: rgba, xValues: xValues, firstTime: firstTime, seriesTraces: seriesTraces,
-    layout: layout, CONFIG: CONFIG, chartCard: chartCard, bindControls: bindControls, axisTitle: axisTitle,
+    layout: layout, CONFIG: CONFIG, chartCard: chartCard, bindControls: bindControls, axisTitle: axisTitle, fitChart: fitChart,
   };
 })(window);

@@ -37,12 +37,41 @@
       select.appendChild(option);
     });
     if (!select.selectedOptions.length && sorted.length) select.options[0].selected = true;
-    select.addEventListener("change", render);
+    select.addEventListener("change", function () { render(); showMatches(); });
+    bindSearch(sorted.length);
     render();
   }).catch(function (error) {
     chartsEl.innerHTML = '<p class="error-text"></p>';
     chartsEl.firstChild.textContent = String(error);
   });
+
+  // The metric list can be long (40+ names): a search box narrows it; chosen metrics stay
+  // listed (and charted) whatever the search, so narrowing never unselects anything.
+  var search = document.getElementById("metric-search");
+  var count = document.getElementById("metric-count");
+  function showMatches() {
+    var words = (search ? search.value : "").toLowerCase().split(/\s+/).filter(Boolean);
+    var shown = 0;
+    Array.from(select.options).forEach(function (option) {
+      var name = option.value.toLowerCase();
+      var match = option.selected || words.every(function (w) { return name.indexOf(w) >= 0; });
+      option.hidden = !match;
+      if (match) shown += 1;
+    });
+    if (count) count.textContent = shown + " of " + select.options.length + " metrics · " + select.selectedOptions.length + " charted";
+  }
+  function bindSearch(total) {
+    if (!search) return;
+    search.addEventListener("input", showMatches);
+    // Enter charts the first match not yet charted.
+    search.addEventListener("keydown", function (event) {
+      if (event.key !== "Enter") return;
+      event.preventDefault();
+      var first = Array.from(select.options).filter(function (o) { return !o.hidden && !o.selected; })[0];
+      if (first) { first.selected = true; render(); showMatches(); }
+    });
+    if (total) showMatches();
+  }
 
   function saveState(chosen) {
     var params = new URLSearchParams(location.search);

@@ -48,7 +48,7 @@
   function rowFor(r) {
     var tr = el("tr", { "data-id": r.id, "data-step": r.step, "data-correct": r.correct ? "1" : "0", "class": "rollout-row" });
     tr.appendChild(el("td", { "class": "num" }, r.step));
-    tr.appendChild(el("td", { "class": "mono clip" }, r.prompt));
+    tr.appendChild(el("td", { "class": "mono clip", title: r.prompt }, r.prompt));
     tr.appendChild(el("td", { "class": "mono clip" }, r.response));
     tr.appendChild(el("td", { "class": "num" }, Number(r.reward).toFixed(2)));
     tr.appendChild(el("td", {}, r.correct ? "✓" : "✗"));
@@ -152,7 +152,7 @@
       else if (colourBy === "logprob") span.style.background = logprobColour(current.logprobs[i]);
       else if (current.ratios) span.style.background = ratioColour(current.ratios[i]);
       if (current.version_switches.indexOf(i) >= 0) {
-        span.classList.add("switch");
+        span.classList.add("tok-switch");  // not "switch": that is the form toggle's class (a flex block)
         span.title += " · weights updated here (v" + current.versions[i - 1] + " → v" + v + ")";
       }
       if (seen.indexOf(v) < 0) seen.push(v);

@@ -30,7 +30,24 @@
     if (badge) { badge.className = "status status-" + run.status; badge.textContent = run.status; }
     var wall = row.querySelector('[data-walltime-of="' + run.id + '"]');
     if (wall && run.wall_time_s !== undefined && run.wall_time_s !== null) wall.textContent = formatDuration(run.wall_time_s);
+    if (run.step !== undefined) updateProgress(row, run);
     if (TERMINAL.indexOf(run.status) >= 0) row.dataset.terminal = "1";
+  }
+
+  // The triage cells of an active run follow it: step x / N and the latest held-out and reward.
+  function updateProgress(row, run) {
+    var cell = row.querySelector("[data-progress-of]");
+    if (cell && run.step !== null) {
+      var share = run.max_steps ? Math.min(1, run.step / run.max_steps) : 0;
+      cell.querySelector(".progress-bar").style.width = Math.round(share * 100) + "%";
+      cell.querySelector(".progress-text").textContent = "step " + run.step + (run.max_steps ? " / " + run.max_steps : "");
+    }
+    Object.keys(run.latest || {}).forEach(function (key) {
+      var value = run.latest[key];
+      var target = row.querySelector('[data-latest="' + key + '"]');
+      if (!target || value === null || value === undefined) return;
+      target.textContent = key === "heldout" ? (100 * value).toFixed(1) + "%" : Number(value.toPrecision(3)).toString();
+    });
   }
 
   function poll() {
@@ -66,6 +83,28 @@
       setTimeout(function () { connect(Math.min(delay * 2, 30000)); }, delay);
     };
   }
+
+  // Columns the user picks (the "Columns…" menu), remembered in this browser.
+  var STORE = "inflight.runList.hiddenColumns";
+  var defaults = JSON.parse(document.getElementById("columns-hidden-by-default").textContent);
+  function hiddenColumns() {
+    try { var saved = JSON.parse(localStorage.getItem(STORE)); if (Array.isArray(saved)) return saved; } catch (e) { /* unreadable: defaults */ }
+    return defaults.slice();
+  }
+  function applyColumns(hidden) {
+    table.querySelectorAll("[data-col]").forEach(function (cell) { cell.classList.toggle("hidden", hidden.indexOf(cell.dataset.col) >= 0); });
+    document.querySelectorAll("[data-pick-col]").forEach(function (box) { box.checked = hidden.indexOf(box.dataset.pickCol) < 0; });
+  }
+  document.querySelectorAll("[data-pick-col]").forEach(function (box) {
+    box.addEventListener("change", function () {
+      var hidden = Array.from(document.querySelectorAll("[data-pick-col]")).filter(function (b) { return !b.checked; }).map(function (b) { return b.dataset.pickCol; });
+      try { localStorage.setItem(STORE, JSON.stringify(hidden)); } catch (e) { /* private mode: this page only */ }
+      applyColumns(hidden);
+    });
+  });
+  var reset = document.getElementById("columns-reset");
+  if (reset) reset.addEventListener("click", function () { try { localStorage.removeItem(STORE); } catch (e) { /* ignore */ } applyColumns(defaults.slice()); });
+  applyColumns(hiddenColumns());
 
   connect(1000);
   setTimeout(poll, 3000);

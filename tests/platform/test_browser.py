@@ -117,6 +117,7 @@ def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_wo
             assert page.locator("#live-text").inner_text() == "live"
             page.screenshot(path=str(SCREENSHOT), full_page=True)
 
+            page.once("dialog", lambda dialog: dialog.accept())  # "Stop run #N?" (issue 26)
             page.click("#stop-button")
             page.wait_for_url(re.compile(rf".*/runs/{run_id}/$"))
             wait(lambda: page.get_attribute("#run-status", "data-status") == "cancelled", timeout=120, interval=0.5, message="cancelled on the page")

@@ -114,7 +114,7 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
             assert legend.count() >= 2
             colours = set(page.eval_on_selector_all("#sample-tokens .tok", "els => els.map(e => getComputedStyle(e).backgroundColor)"))
             assert len(colours) >= 2, colours
-            assert page.locator("#sample-tokens .tok.switch").count() >= 1
+            assert page.locator("#sample-tokens .tok.tok-switch").count() >= 1
             page.screenshot(path="/tmp/sample_view.png", full_page=False)
             # The importance-ratio toggle is live for it and colours every token.
             assert page.locator("#colour-ratio").is_enabled()

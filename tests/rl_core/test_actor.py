@@ -202,11 +202,22 @@ async def test_final_benchmark_eval_writes_evals(tiny_model: Path, server_url: s
     await asyncio.wait_for(Actor(config, tmp_path, [client], FileStreamWriter(tmp_path), sink).run(), 240)
     await client.aclose()
     sink.close()
-    (line,) = [json.loads(text) for text in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    lines = {line["benchmark"]: line for line in map(json.loads, (tmp_path / "evals.jsonl").read_text().splitlines())}
+    assert set(lines) == {"math500", "heldout"}
+    line = lines["math500"]
     assert line["step"] == 7 and line["benchmark"] == "math500" and line["num_problems"] == 2
     assert (tmp_path / line["results_file"]).is_file()
     assert line["results_file"] == "eval/step_000007_math500.jsonl"
-    assert any("success/heldout" in r and r["step"] == 7 for r in read_metrics(tmp_path / "metrics.jsonl"))
+    heldout_points = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "success/heldout" in r and r["step"] == 7]
+    assert heldout_points
+    # The held-out set is reported as an evaluation too (issue 26): its line and per-problem
+    # file, with the same score as the metric the charts and alerts read.
+    heldout = lines["heldout"]
+    assert heldout["step"] == 7 and heldout["k"] == 1 and heldout["num_problems"] == config.task.heldout_size
+    assert heldout["mean_at_k"] == pytest.approx(heldout_points[-1]["success/heldout"])
+    problems = [json.loads(text) for text in (tmp_path / heldout["results_file"]).read_text().splitlines()]
+    assert heldout["results_file"] == "eval/step_000007_heldout.jsonl" and len(problems) == heldout["num_problems"]
+    assert all(len(p["samples"]) == 1 and p["answer"] for p in problems)
 
 
 @pytest.mark.timeout(300)

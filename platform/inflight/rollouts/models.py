@@ -37,6 +37,9 @@ class StoredRollout(models.Model):
     group_id = models.CharField(max_length=200)
     prompt_id = models.CharField(max_length=200)
     prompt_text = models.TextField()
+    problem_text = models.TextField(
+        blank=True, default="", help_text="The prompt's last user message (the problem), what the table shows; empty: rows stored before it existed."
+    )
     completion_text = models.TextField()
     tokens = ArrayField(models.TextField(), help_text="Completion tokens as text, one per token id.")
     token_ids = ArrayField(models.IntegerField())

@@ -26,7 +26,7 @@ def summary_json(row: StoredRollout) -> dict[str, Any]:
     """One table row (what the list API, the page and the live push carry)."""
     return {
         "id": row.pk, "line": row.line, "step": row.step, "sample_id": row.sample_id, "group_id": row.group_id,
-        "prompt": _short(row.prompt_text), "response": _short(row.completion_text), "reward": row.reward,
+        "prompt": _short(row.problem_text or row.prompt_text), "response": _short(row.completion_text), "reward": row.reward,
         "correct": row.correct, "length": row.length, "versions_spanned": row.versions_spanned,
         "min_version": row.min_version, "max_version": row.max_version, "max_lag": row.max_lag,
         "extracted": row.extracted,

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from inflight.live.broadcast import _group_send, run_group
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
-from inflight.rollouts.tokens import TokenDecoder
+from inflight.rollouts.tokens import TokenDecoder, problem_text
 from inflight.runs.models import Run
 from rl_core.config import RolloutStoreConfig
 
@@ -60,6 +60,7 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         sample_id=str(record.get("sample_id", ""))[:200], group_id=str(record.get("group_id", ""))[:200],
         prompt_id=str(record.get("prompt_id", ""))[:200],
         prompt_text=_text(decoder.text(record.get("prompt_token_ids") or [], skip_special=True)),
+        problem_text=_text(problem_text(decoder, record.get("prompt_token_ids") or [])),
         completion_text=_text(decoder.text(ids, skip_special=True)), tokens=[_text(piece) for piece in decoder.pieces(ids)], token_ids=ids,
         logprobs=logprobs, versions=versions,
         train_logprobs=[float(x) for x in train_logprobs] if isinstance(train_logprobs, list) and len(train_logprobs) == len(ids) else None,

@@ -7,6 +7,7 @@ the database holds text and the pages never need the tokenizer.
 from __future__ import annotations
 
 import logging
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -30,6 +31,26 @@ class TokenDecoder:
         if self.tokenizer is None:
             return " ".join(f"<{i}>" for i in ids)
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
+
+
+# The last user turn of a chat prompt, in the templates of the models the platform runs: ChatML
+# (Qwen, the tiny model) and Llama 3's headers. The viewer's table shows this, the problem, not
+# the system prompt that every prompt of a run starts with.
+_USER_TURNS = (
+    re.compile(r"<\|im_start\|>user\n(.*?)(?:<\|im_end\|>|$)", re.S),
+    re.compile(r"<\|start_header_id\|>user<\|end_header_id\|>\s*(.*?)(?:<\|eot_id\|>|$)", re.S),
+)
+
+
+def problem_text(decoder: TokenDecoder, prompt_ids: Sequence[int]) -> str:
+    """The problem a chat prompt asks (its last user message); the whole prompt without special
+    tokens when the template is not one of `_USER_TURNS`."""
+    with_specials = decoder.text(prompt_ids)
+    for pattern in _USER_TURNS:
+        turns = pattern.findall(with_specials)
+        if turns:
+            return turns[-1].strip()
+    return decoder.text(prompt_ids, skip_special=True)
 
 
 @lru_cache(maxsize=16)

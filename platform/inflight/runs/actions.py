@@ -195,10 +195,13 @@ def resume_run(run: Run, by_user: AbstractBaseUser) -> Run:
         refusal = run_limits.active_runs_error(locked.owner)
         if refusal:
             raise services.RunLimitExceeded({"config": [refusal]})
+        # Wall time counts running only: the attempt that ended is banked, and the resumed one
+        # starts its clock when a worker starts it (transition_run sets started_at again).
+        ran_s = (locked.wall_time_s or 0.0) if locked.started_at is not None else locked.earlier_attempts_s
         services.transition_run(locked.pk, RunStatus.QUEUED, error="")
         Run.objects.filter(pk=locked.pk).update(
             resume_count=locked.resume_count + 1, finished_at=None, cancel_requested_at=None,
-            worker_incarnation="", reconciled_at=None,
+            worker_incarnation="", reconciled_at=None, earlier_attempts_s=ran_s, started_at=None,
         )
         queue = locked.queue
         transaction.on_commit(lambda: services.dispatch_run(locked.pk, queue))

@@ -87,6 +87,10 @@ class Run(models.Model):
         max_length=300, blank=True, default="",
         help_text="'#id name' of the parent when this run was made from it: the lineage still reads after the parent is deleted.",
     )
+    earlier_attempts_s = models.FloatField(
+        default=0.0,
+        help_text="Seconds the run ran before its latest resume (each attempt from its start to its end): wall time leaves out the time it sat cancelled, failed or queued.",
+    )
     resume_count = models.IntegerField(
         default=0, help_text="How many times the run was resumed; above 0 the worker starts the engine with --resume."
     )
@@ -117,14 +121,17 @@ class Run(models.Model):
 
     @property
     def wall_time_s(self) -> float | None:
+        """Seconds spent running: the attempts before the latest resume plus the latest one
+        (`started_at` is the latest attempt's start; a resume moves the rest into
+        `earlier_attempts_s`), never the time between a cancel and the resume."""
         if self.started_at is None:
-            return None
+            return self.earlier_attempts_s or None
         end = self.finished_at
         if end is None:
             from django.utils import timezone
 
             end = timezone.now()
-        return (end - self.started_at).total_seconds()
+        return self.earlier_attempts_s + (end - self.started_at).total_seconds()
 
 
 class MetricPoint(models.Model):

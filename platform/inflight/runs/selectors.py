@@ -109,12 +109,18 @@ def eval_problem_results(score: EvalScore) -> QuerySet[EvalProblemResult]:
 # ---------------------------------------------------------------- leaderboard
 
 LEADERBOARD_BENCHMARKS = ("aime24", "math500")
-SUCCESS_METRIC = "success/mean"
+HELDOUT_METRIC = "success/heldout"  # the actor's held-out evaluation (also evals.jsonl's "heldout")
+SUCCESS_METRIC = "success/mean"  # the training batch of each step: noisy, and on problems being trained on
 THROUGHPUT_METRIC = "rollout/tokens_per_s"
+# The training-batch figure the leaderboard shows: the mean of the last steps, not one batch.
+RECENT_TRAIN_STEPS = 10
 LEADERBOARD_SORT_KEYS = (
-    "aime24_best", "aime24_last", "math500_best", "math500_last", "success_best", "success_last",
-    "throughput", "wall_time_s", "created_at", "name",
+    "heldout_last", "heldout_best", "aime24_best", "aime24_last", "math500_best", "math500_last",
+    "success_recent", "success_best", "success_last", "throughput", "wall_time_s", "created_at", "name",
 )
+# What the leaderboard sorts by when asked for nothing: the first of these that every listed run
+# has (held-out before benchmarks before the training batch), else the one most runs have.
+DEFAULT_SORT_PREFERENCE = ("heldout_last", "math500_last", "aime24_last", "success_recent", "throughput", "created_at")
 
 
 def _best_and_last(pairs: list[tuple[int, float]]) -> tuple[float | None, float | None]:
@@ -125,16 +131,40 @@ def _best_and_last(pairs: list[tuple[int, float]]) -> tuple[float | None, float 
     return max(value for _, value in pairs), pairs[-1][1]
 
 
-def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best", filters: RunFilters | None = None) -> list[dict[str, Any]]:
-    """One row per visible run with best/last mean@k on AIME 2024 and MATH-500, success
-    rate best/last, mean throughput and wall time. `sort` is a key of LEADERBOARD_SORT_KEYS,
-    `-` for descending; runs missing the figure sort last either way. `filters` are the run
-    list's (status, tag, name, owner, archived: `RunFilters.from_query(query, sort=False)`),
-    applied in the database before any score is read; None: every visible run."""
-    descending = sort.startswith("-")
-    key = sort.lstrip("-")
-    if key not in LEADERBOARD_SORT_KEYS:
-        raise ValueError(f"unknown sort key {key!r}; use one of {', '.join(LEADERBOARD_SORT_KEYS)}")
+def _recent_mean(pairs: list[tuple[int, float]], steps: int = RECENT_TRAIN_STEPS) -> float | None:
+    """Mean of the values at the last `steps` distinct steps (the latest line of each step)."""
+    by_step: dict[int, float] = {}
+    for step, value in pairs:
+        by_step[step] = value
+    recent = [by_step[step] for step in sorted(by_step)[-steps:]]
+    return sum(recent) / len(recent) if recent else None
+
+
+def default_leaderboard_sort(rows: list[dict[str, Any]]) -> str:
+    """`-key` for the first of DEFAULT_SORT_PREFERENCE that every row has; with none shared by all,
+    the one the most rows have (ties: the preference order)."""
+    if not rows:
+        return f"-{DEFAULT_SORT_PREFERENCE[0]}"
+    counts = {key: sum(row.get(key) is not None for row in rows) for key in DEFAULT_SORT_PREFERENCE}
+    key = max(DEFAULT_SORT_PREFERENCE, key=lambda k: (counts[k], -DEFAULT_SORT_PREFERENCE.index(k)))
+    return f"-{key}"
+
+
+def leaderboard_rows(user: AbstractBaseUser, sort: str | None = "-aime24_best", filters: RunFilters | None = None) -> list[dict[str, Any]]:
+    """One row per visible run; `leaderboard` documents the figures. `sort`: a key of
+    LEADERBOARD_SORT_KEYS, `-` for descending; None: `default_leaderboard_sort`."""
+    return leaderboard(user, sort, filters)[0]
+
+
+def leaderboard(user: AbstractBaseUser, sort: str | None = None, filters: RunFilters | None = None) -> tuple[list[dict[str, Any]], str]:
+    """(rows, the sort applied). One row per visible run: held-out success (the actor's held-out
+    evaluation, mean@k) best/last, best/last mean@k on AIME 2024 and MATH-500, training-batch
+    success (mean of the last RECENT_TRAIN_STEPS steps; best and last single batch too), mean
+    throughput and wall time. Runs missing the sorted figure sort last either way. `filters`
+    are the run list's (status, tag, name, owner, archived: `RunFilters.from_query(query,
+    sort=False)`), applied in the database before any score is read; None: every visible run."""
+    if sort is not None and sort.lstrip("-") not in LEADERBOARD_SORT_KEYS:
+        raise ValueError(f"unknown sort key {sort.lstrip('-')!r}; use one of {', '.join(LEADERBOARD_SORT_KEYS)}")
     visible = runs_visible_to(user)
     runs = list(filter_runs(visible, filters, user) if filters is not None else visible)
     run_ids = [run.pk for run in runs]
@@ -145,13 +175,13 @@ def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best", filters
         .values_list("run_id", "benchmark", "step", "mean_at_k")
     ):
         evals.setdefault((run_id, bench), []).append((step, mean))
-    success: dict[int, list[tuple[int, float]]] = {}
-    for run_id, step, value in (
-        MetricPoint.objects.filter(run_id__in=run_ids, name=SUCCESS_METRIC)
-        .order_by("run_id", "step", "line")
-        .values_list("run_id", "step", "value")
+    series: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for run_id, name, step, value in (
+        MetricPoint.objects.filter(run_id__in=run_ids, name__in=[SUCCESS_METRIC, HELDOUT_METRIC])
+        .order_by("run_id", "name", "step", "line")
+        .values_list("run_id", "name", "step", "value")
     ):
-        success.setdefault(run_id, []).append((step, value))
+        series.setdefault((run_id, name), []).append((step, value))
     throughput = dict(
         MetricPoint.objects.filter(run_id__in=run_ids, name=THROUGHPUT_METRIC)
         .values("run_id")
@@ -170,14 +200,19 @@ def leaderboard_rows(user: AbstractBaseUser, sort: str = "-aime24_best", filters
             "wall_time_s": run.wall_time_s,
             "throughput": throughput.get(run.pk),
         }
+        row["heldout_best"], row["heldout_last"] = _best_and_last(series.get((run.pk, HELDOUT_METRIC), []))
         for bench in LEADERBOARD_BENCHMARKS:
             row[f"{bench}_best"], row[f"{bench}_last"] = _best_and_last(evals.get((run.pk, bench), []))
-        row["success_best"], row["success_last"] = _best_and_last(success.get(run.pk, []))
+        train = series.get((run.pk, SUCCESS_METRIC), [])
+        row["success_best"], row["success_last"] = _best_and_last(train)
+        row["success_recent"] = _recent_mean(train)
         rows.append(row)
+    sort = sort if sort is not None else default_leaderboard_sort(rows)
+    key, descending = sort.lstrip("-"), sort.startswith("-")
     present = [row for row in rows if row[key] is not None]
     absent = [row for row in rows if row[key] is None]
     present.sort(key=lambda row: row[key], reverse=descending)
-    return present + absent
+    return present + absent, sort
 
 
 # ---------------------------------------------------------------- workers

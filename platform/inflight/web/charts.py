@@ -2,25 +2,38 @@
 
 Series that match no chart get a chart of their own prefix after these, so a
 metric the engine starts logging tomorrow is shown without a change here.
+
+Each chart holds metrics of one unit and scale, so none squashes another on a linear axis
+(counters that grow with the run, like samples written, are apart from queue depths; seconds of a
+trainer step apart from the sub-second weight-update pause). `y` is the axis title.
+Whatever the grouping, charts.js `fitChart` gives a chart whose positive values span decades a
+log axis (the catch-all chart of an unknown prefix too), and draws a chart whose every series
+stays constant small, after the others.
 """
 
 from __future__ import annotations
 
 CHART_GROUPS: list[dict[str, object]] = [
-    {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)"], "y": "rate"},
-    {"id": "eval", "title": "Benchmarks (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score"},
+    {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)", r"^train/reward_mean$"], "y": "rate"},
+    {"id": "eval", "title": "Evaluations (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score"},
     {"id": "lag_share", "title": "Trained tokens by policy lag (share per step)", "patterns": [r"^policy_lag/share/"], "y": "share"},
     {"id": "lag", "title": "Policy lag (versions)", "patterns": [r"^policy_lag/", r"^rollout/versions_per_sequence/"], "y": "versions"},
     {"id": "stale", "title": "Dropped as stale (samples, share of tokens)", "patterns": [r"^train/dropped_stale"], "y": "count / share"},
     {"id": "version", "title": "Policy version", "patterns": [r"^weights/version$", r"^success/heldout_version"], "y": "version"},
     {"id": "throughput", "title": "Throughput", "patterns": [r"tokens_per_s$", r"samples_per_s$"], "y": "per second"},
+    {"id": "response_len", "title": "Response length", "patterns": [r"^rollout/response_len/"], "y": "tokens"},
+    {"id": "actor_queue", "title": "Actor: groups in flight, finished, unconsumed", "patterns": [r"^rollout/(in_flight|groups|unconsumed|dropped_zero_advantage_groups)$"], "y": "groups / samples"},
+    {"id": "samples", "title": "Samples written (actor) and consumed (trainer)", "patterns": [r"^rollout/samples_written$", r"^train/samples_consumed$"], "y": "samples"},
+    {"id": "step_time", "title": "Trainer step time", "patterns": [r"^train/step_s$"], "y": "seconds"},
     {"id": "pause", "title": "Weight-update pause", "patterns": [r"^weights/"], "y": "seconds"},
+    {"id": "lr", "title": "Learning rate", "patterns": [r"^train/lr$"], "y": "lr"},
     {"id": "util", "title": "CPU / GPU utilisation", "patterns": [r"^system/.*util"], "y": "%"},
     {"id": "gpu_mem", "title": "GPU memory", "patterns": [r"^system/gpu\d+/mem"], "y": "memory"},
     {"id": "loss", "title": "Loss", "patterns": [r"^train/loss$"], "y": "loss"},
     {"id": "entropy", "title": "Entropy & KL", "patterns": [r"^train/(entropy|kl)$"], "y": "nats"},
     {"id": "ess", "title": "ESS & clip fraction", "patterns": [r"^train/(ess|clip_fraction)$"], "y": "fraction"},
     {"id": "grad_norm", "title": "Gradient norm", "patterns": [r"^train/grad_norm$"], "y": "norm"},
-    {"id": "spec", "title": "Speculation (HistoSpec)", "patterns": [r"^spec/"], "y": "value"},
+    {"id": "spec", "title": "Speculation (HistoSpec): acceptance", "patterns": [r"^spec/(acceptance_rate|mean_accepted_len)$"], "y": "rate / tokens"},
+    {"id": "spec_tokens", "title": "Speculation (HistoSpec): drafted tokens", "patterns": [r"^spec/"], "y": "tokens"},
     {"id": "sched", "title": "Scheduling (HistoPipe, tail batching)", "patterns": [r"^sched/"], "y": "value"},
 ]

@@ -164,6 +164,32 @@ def _attach_errors(section: FormSection, errors: dict[str, list[str]]) -> None:
             sub.errors.extend(errors.pop(sub.path))
 
 
+@dataclass(frozen=True)
+class ErrorLink:
+    """One line of the create page's error summary: what is wrong and the element it links to."""
+
+    path: str
+    message: str
+    anchor: str  # the id of the field's input, or of the section's fieldset
+
+
+def error_summary(top_fields: list[FormField], sections: list[FormSection], start_from_errors: list[str]) -> list[ErrorLink]:
+    """Every error attached to the form, in page order, each linking to where it is shown:
+    the summary at the top of the page, so an error three screens down is seen at once."""
+    links = [ErrorLink("start from checkpoint", message, "f-start_from") for message in start_from_errors]
+    links += [ErrorLink(f.path, message, f"f-{f.path}") for f in top_fields for message in f.errors]
+
+    def walk(section: FormSection) -> None:
+        links.extend(ErrorLink(section.path, message, f"s-{section.path}") for message in section.errors)
+        links.extend(ErrorLink(f.path, message, f"f-{f.path}") for f in section.fields for message in f.errors)
+        for sub in section.sections:
+            walk(sub)
+
+    for section in sections:
+        walk(section)
+    return links
+
+
 def iter_fields(sections: list[FormSection]) -> typing.Iterator[FormField]:
     for section in sections:
         yield from section.fields

@@ -21,11 +21,11 @@ from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
 from inflight.runs.models import Run
 from inflight.runs.run_filters import BadFilter, RunFilters, all_tags, filter_runs
-from inflight.runs.selectors import leaderboard_rows, runs_visible_to, visible_run_or_404
+from inflight.runs.selectors import leaderboard as leaderboard_table, runs_visible_to, visible_run_or_404
 from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
 from inflight.web import views as base_views
 from inflight.web.config_form import config_from_post, form_values, changed_fields, parse_yaml_config, resolved_values
-from inflight.web.selectors import config_diff
+from inflight.web.selectors import LIST_PICKABLE_COLUMNS, TRIAGE_METRICS, config_diff, triage
 
 LIST_COLUMNS = [("id", "#"), ("name", "Name"), ("owner", "Owner"), ("mode", "Mode"), ("queue", "Queue"), ("status", "Status"), ("created", "Created"), ("started", "Started")]
 
@@ -57,7 +57,11 @@ def run_list(request: HttpRequest) -> HttpResponse:
     runs = list(filter_runs(visible, filters, request.user)[:200])
     columns = [c for c in LIST_COLUMNS if c[0] != "owner" or request.user.is_staff]
     return render(request, "inflight/run_list.html", {
-        "runs": runs, "filters": filters, "columns": _sort_links(filters, columns), "tags": all_tags(visible),
+        "runs": runs, "triage": triage(runs), "triage_metrics": TRIAGE_METRICS,
+        "pickable": [{"key": key, "label": label, "default": default} for key, (label, default) in LIST_PICKABLE_COLUMNS.items()
+                     if key != "owner" or request.user.is_staff],
+        "hidden_by_default": [key for key, (_, default) in LIST_PICKABLE_COLUMNS.items() if not default],
+        "filters": filters, "columns": _sort_links(filters, columns), "tags": all_tags(visible),
         "statuses": Run._meta.get_field("status").choices, "any_runs": runs or visible.exists(),
         "filter_query": filters.query_string(),
     })
@@ -297,16 +301,19 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         filters = RunFilters.from_query(request.GET, sort=False)
     except BadFilter as exc:
         return base_views._error_page(request, 400, str(exc))
-    sort = request.GET.get("sort", "-aime24_best")
     try:
-        rows = leaderboard_rows(request.user, sort, filters)
+        # No `sort`: a figure every listed run has (runs.selectors.default_leaderboard_sort).
+        rows, sort = leaderboard_table(request.user, request.GET.get("sort") or None, filters)
     except ValueError as exc:
         return base_views._error_page(request, 400, f"sort: {exc}")
     key = sort.lstrip("-")
+    # A column no listed run has a figure in is left out (a run without AIME says nothing there),
+    # unless it is the one sorted by.
     columns = [
-        {"key": column, "label": label, "active": column == key, "descending": sort.startswith("-"),
+        {"key": column, "label": label, "title": title, "shown_as": shown_as, "active": column == key, "descending": sort.startswith("-"),
          "next": (column if sort.startswith("-") else f"-{column}") if column == key else (column if column == "wall_time_s" else f"-{column}")}
-        for column, label in base_views.LEADERBOARD_COLUMNS
+        for column, label, title, shown_as in base_views.LEADERBOARD_COLUMNS
+        if column == key or any(row.get(column) is not None for row in rows)
     ]
     return render(request, "inflight/leaderboard.html", {
         "rows": rows, "columns": columns, "sort": sort, "filters": filters, "filter_query": filters.query_string(),

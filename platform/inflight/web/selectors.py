@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from inflight.runs.models import EvalScore, Run
 from inflight.runs.selectors import eval_problem_results, eval_scores
+from rl_core.evaluation import HELDOUT_BENCHMARK
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -46,7 +47,7 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
     for score in eval_scores(run):
         by_benchmark.setdefault(score.benchmark, []).append(score)
     out = []
-    for benchmark, scores in sorted(by_benchmark.items()):
+    for benchmark, scores in sorted(by_benchmark.items(), key=lambda item: (item[0] != HELDOUT_BENCHMARK, item[0])):
         scores.sort(key=lambda score: score.step)
         latest = scores[-1]
         previous = scores[-2] if len(scores) > 1 else None
@@ -76,6 +77,8 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
         out.append(
             {
                 "benchmark": benchmark,
+                # The actor's held-out evaluation is reported like a benchmark; say what it is.
+                "title": "held-out set (the task's problems never trained on)" if benchmark == HELDOUT_BENCHMARK else benchmark,
                 "latest": latest,
                 "previous": previous,
                 "history": scores,
@@ -87,15 +90,98 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
     return out
 
 
-def status_rows(runs: Iterable[Run]) -> list[dict[str, Any]]:
-    """What the runs list refreshes: status, error and timing of each run."""
-    return [
-        {
+# ---------------------------------------------------------------- the run list as a triage table
+
+# Latest-value columns of the run list: key → (metric, header, what it is). The first two are
+# shown by default; the others are offered by the column picker (run_list.js).
+TRIAGE_METRICS: dict[str, tuple[str, str, str]] = {
+    "heldout": ("success/heldout", "Held-out", "held-out success (mean@k) at the latest held-out evaluation"),
+    "reward": ("reward/mean", "Reward", "mean reward of the latest training batch"),
+    "loss": ("train/loss", "Loss", "training loss at the latest step"),
+    "tokens_per_s": ("rollout/tokens_per_s", "Tokens/s", "rollout tokens generated per second, latest window"),
+    "lag": ("policy_lag/max", "Max lag", "largest policy lag of a trained token at the latest step"),
+    "kl": ("train/kl", "KL", "KL to the reference policy at the latest step"),
+}
+SPARKLINE_METRICS = ("reward/mean", "success/heldout")
+# Every column of the run list the user may hide or show (run_list.js keeps the choice in the
+# browser): key → (header, shown by default). Sortable ones keep their sort link.
+LIST_PICKABLE_COLUMNS: dict[str, tuple[str, bool]] = {
+    "tags": ("Tags", True),
+    "owner": ("Owner", True),
+    "mode": ("Mode", True),
+    "queue": ("Queue", False),
+    "status": ("Status", True),
+    "progress": ("Progress", True),
+    "heldout": ("Held-out", True),
+    "reward": ("Reward", True),
+    "trend": ("Reward trend", True),
+    "heldout_trend": ("Held-out trend", False),
+    "loss": ("Loss", False),
+    "tokens_per_s": ("Tokens/s", False),
+    "lag": ("Max lag", False),
+    "kl": ("KL", False),
+    "lr": ("Learning rate", False),
+    "created": ("Created", True),
+    "started": ("Started", False),
+    "wall": ("Wall time", True),
+}
+SPARKLINE_POINTS = 40
+
+
+def _thin(values: list[float], points: int = SPARKLINE_POINTS) -> list[float]:
+    """At most `points` values, evenly picked, the first and the last kept."""
+    if len(values) <= points:
+        return values
+    return [values[round(i * (len(values) - 1) / (points - 1))] for i in range(points)]
+
+
+def triage(runs: list[Run]) -> dict[int, dict[str, Any]]:
+    """Per run id: progress (`step` of `max_steps`), the latest value of each TRIAGE_METRICS and a
+    sparkline of each SPARKLINE_METRICS. Read from the live charts' stored summary (one bucket row
+    per metric and grid cell, `inflight.live`), never from the raw points: a list of 200 runs
+    costs two indexed queries however long the runs are."""
+    from inflight.live.models import SnapshotBucket, SnapshotCursor
+
+    ids = [run.pk for run in runs]
+    steps = dict(SnapshotCursor.objects.filter(run_id__in=ids).values_list("run_id", "max_step"))
+    names = {metric for metric, _, _ in TRIAGE_METRICS.values()} | set(SPARKLINE_METRICS)
+    series: dict[tuple[int, str], list[float]] = {}
+    latest: dict[tuple[int, str], float] = {}
+    for run_id, name, value in (
+        SnapshotBucket.objects.filter(run_id__in=ids, name__in=names).order_by("run_id", "name", "bucket").values_list("run_id", "name", "last_value")
+    ):
+        series.setdefault((run_id, name), []).append(value)
+        latest[(run_id, name)] = value
+    out = {}
+    for run in runs:
+        max_steps = int(((run.config or {}).get("trainer") or {}).get("max_steps") or 0) or None
+        step = steps.get(run.pk)
+        out[run.pk] = {
+            "step": step,
+            "max_steps": max_steps,
+            "progress": None if step is None or not max_steps else min(1.0, step / max_steps),
+            "latest": {key: latest.get((run.pk, metric)) for key, (metric, _, _) in TRIAGE_METRICS.items()},
+            "sparklines": {name: _thin(series.get((run.pk, name), [])) for name in SPARKLINE_METRICS},
+        }
+    return out
+
+
+def status_rows(runs: Iterable[Run], with_progress: bool = False) -> list[dict[str, Any]]:
+    """What the runs list refreshes: status, error and timing of each run; `with_progress`: also
+    its step, held-out success and reward (`triage`), for the triage table's live cells."""
+    runs = list(runs)
+    progress = triage(runs) if with_progress else {}
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {
             "id": run.pk,
             "status": run.status,
             "error": run.error,
             "wall_time_s": run.wall_time_s,
             "is_terminal": run.is_terminal,
         }
-        for run in runs
-    ]
+        if run.pk in progress:
+            info = progress[run.pk]
+            row.update(step=info["step"], max_steps=info["max_steps"], latest=info["latest"])
+        rows.append(row)
+    return rows

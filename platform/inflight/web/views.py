@@ -30,6 +30,7 @@ from inflight.web.config_form import (
     available_presets,
     build_sections,
     config_from_post,
+    error_summary,
     load_preset,
     parse_yaml_config,
     resolved_values,
@@ -111,7 +112,7 @@ def runs_status_json(request: HttpRequest) -> HttpResponse:
     if len(ids) > 500:
         return error_response(400, "ids: at most 500 runs per request")
     runs = runs_visible_to(request.user).filter(pk__in=ids)
-    return JsonResponse({"runs": status_rows(runs)})
+    return JsonResponse({"runs": status_rows(runs, with_progress=True)})
 
 
 # ---------------------------------------------------------------- create
@@ -120,7 +121,10 @@ def runs_status_json(request: HttpRequest) -> HttpResponse:
 def _create_context(request: HttpRequest, values: dict[str, Any], errors: dict[str, list[str]], raw: dict[str, str], yaml_text: str, tab: str, preset: str) -> dict[str, Any]:
     start_from_errors = errors.pop("start_from", [])
     top_fields, sections, general_errors = build_sections(values, errors, raw)
+    summary = error_summary(top_fields, sections, start_from_errors)
     return {
+        "error_summary": summary,
+        "error_count": len(summary) + len(general_errors),
         "checkpoints": checkpoints_of(request.user),
         "start_from": request.POST.get("start_from", "") if request.method == "POST" else "",
         "start_from_errors": start_from_errors,
@@ -287,15 +291,19 @@ def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
 # ---------------------------------------------------------------- compare and leaderboard (their views: run_actions), workers
 
 
+# (row key, header, what it measures, how it is shown). Held-out figures first: they are measured
+# on problems the run never trains on; the training batch is the noisiest figure, and says so.
 LEADERBOARD_COLUMNS = [
-    ("aime24_best", "AIME24 best"),
-    ("aime24_last", "AIME24 last"),
-    ("math500_best", "MATH-500 best"),
-    ("math500_last", "MATH-500 last"),
-    ("success_best", "Success best"),
-    ("success_last", "Success last"),
-    ("throughput", "Tokens/s"),
-    ("wall_time_s", "Wall time"),
+    ("heldout_last", "Held-out success, latest", "mean@k on the task's held-out problems at the latest held-out evaluation", "percent"),
+    ("heldout_best", "Held-out success, best", "the highest mean@k over the run's held-out evaluations", "percent"),
+    ("math500_last", "MATH-500, latest", "mean@k on MATH-500 at the latest benchmark evaluation", "percent"),
+    ("math500_best", "MATH-500, best", "the highest MATH-500 mean@k over the run's evaluations", "percent"),
+    ("aime24_last", "AIME 2024, latest", "mean@k on AIME 2024 at the latest benchmark evaluation", "percent"),
+    ("aime24_best", "AIME 2024, best", "the highest AIME 2024 mean@k over the run's evaluations", "percent"),
+    ("success_recent", "Train-batch success, last 10 steps", "share of correct samples in the training batches of the last 10 steps (problems being trained on)", "percent"),
+    ("success_best", "Train-batch success, best step", "the best single training batch: the noisiest figure here, an upper outlier", "percent"),
+    ("throughput", "Rollout tokens/s", "mean generated tokens per second over the run", "figure"),
+    ("wall_time_s", "Wall time", "time spent running (not queued or stopped)", "duration"),
 ]
 
 

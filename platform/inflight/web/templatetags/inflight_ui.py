@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 
 register = template.Library()
 
@@ -58,6 +60,28 @@ def get_item(mapping: Any, key: Any) -> Any:
         return mapping[key]
     except (KeyError, IndexError, TypeError):
         return None
+
+
+@register.filter
+def sparkline(values: Any, size: str = "120x28") -> str:
+    """A small inline SVG polyline of `values` (numbers only: nothing user-written reaches the
+    markup); "—" when there are fewer than two."""
+    numbers = [float(v) for v in (values or []) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(numbers) < 2:
+        return mark_safe('<span class="muted">—</span>')
+    width, height = (int(part) for part in size.split("x"))
+    low, high = min(numbers), max(numbers)
+    span = (high - low) or 1.0
+    points = " ".join(
+        f"{i * (width - 2) / (len(numbers) - 1) + 1:.1f},{height - 2 - (v - low) / span * (height - 4):.1f}" for i, v in enumerate(numbers)
+    )
+    last_x, last_y = points.rsplit(" ", 1)[-1].split(",")
+    return mark_safe(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="from {numbers[0]:.3g} to {numbers[-1]:.3g} (range {low:.3g} to {high:.3g})">'
+        f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{points}"/>'
+        f'<circle cx="{last_x}" cy="{last_y}" r="2" fill="currentColor"/></svg>'
+    )
 
 
 @register.filter
