@@ -59,7 +59,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from django.db import connection
     from django.test import Client
 
-    from inflight.live.downsample import snapshot_from_points
+    from tests.platform.downsample_oracle import snapshot_from_points  # the reference algorithm (tests side)
     from inflight.live.selectors import run_snapshot, run_snapshot_json
     from inflight.runs.models import MetricPoint, Run
     from inflight.runs.selectors import metric_points_since

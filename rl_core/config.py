@@ -337,6 +337,30 @@ class EvalConfig(_Section):
         None, ge=0.0, description="Sampling temperature of the held-out eval (default: sampling.temperature; 0 = greedy)."
     )
 
+    @field_validator("benchmarks")
+    @classmethod
+    def _known_benchmarks(cls, names: list[str]) -> list[str]:
+        _check_benchmark_names(names)
+        return names
+
+    @field_validator("k")
+    @classmethod
+    def _known_k(cls, k: dict[str, int]) -> dict[str, int]:
+        _check_benchmark_names(list(k))
+        if any(value < 1 for value in k.values()):
+            raise ValueError("samples per problem must be >= 1")
+        return k
+
+
+def _check_benchmark_names(names: list[str]) -> None:
+    # The registry is the evaluator's; imported here at validation time because rl_core.evaluation
+    # imports this module. An unknown name is refused at submit, not when the run starts.
+    from rl_core.evaluation import BENCHMARKS
+
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark {', '.join(map(repr, unknown))}; known: {', '.join(sorted(BENCHMARKS))}")
+
 
 
 class RolloutStoreConfig(_Section):

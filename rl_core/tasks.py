@@ -163,6 +163,12 @@ def _space_size(config: TaskConfig) -> int:
     return span**config.num_terms * len(set(config.operators)) ** (config.num_terms - 1)
 
 
+def synthetic_train_count(config: TaskConfig) -> int:
+    """Distinct training prompts `load_task` makes for a synthetic task: `train_size`, capped by
+    the problem space left after the held-out problems (the platform checks a run against it)."""
+    return max(0, min(config.train_size, _space_size(config) - config.heldout_size))
+
+
 def _draw(rng: random.Random, config: TaskConfig) -> Problem:
     operands = [rng.randint(config.min_operand, config.max_operand) for _ in range(config.num_terms)]
     operators = [rng.choice(config.operators) for _ in range(config.num_terms - 1)]
@@ -324,7 +330,7 @@ class TaskData:
 def load_task(config: TaskConfig) -> TaskData:
     if config.kind == "synthetic":
         heldout = synthetic_problems(config, config.heldout_size, stream="heldout")
-        train_size = min(config.train_size, _space_size(config) - len(heldout))
+        train_size = synthetic_train_count(config)
         train = synthetic_problems(config, train_size, stream="train", exclude={p.id for p in heldout})
         return TaskData(train=train, heldout=heldout, seed=config.seed, system_prompt=config.system_prompt)
     assert config.train_path is not None  # the config validator guarantees it

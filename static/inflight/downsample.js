@@ -1,6 +1,6 @@
-// Min/max/last downsampling on a power-of-two step grid — the JS twin of
-// platform/inflight/live/downsample.py (keep the two equivalent; the test suite
-// runs both under node on the same input). Bucket: [min, max, lastStep, lastT, lastValue];
+// Min/max/last downsampling on a power-of-two step grid (platform/inflight/live/downsample.py
+// owns the grid; tests/platform/test_downsample.py runs this file under node against the
+// Python oracle in tests/platform/downsample_oracle.py on the same input). Bucket: [min, max, lastStep, lastT, lastValue];
 // "last" is the largest (step, t, value) triple.
 (function (root, factory) {
   if (typeof module === "object" && module.exports) {

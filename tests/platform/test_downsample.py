@@ -1,7 +1,10 @@
-"""The downsampling algorithm: spikes survive, re-bucketing is exact, and the JS twin agrees.
+"""The downsampling algorithm: spikes survive, re-bucketing is exact, and the page's JS agrees.
 
-Pure functions, no database: the SQL side is checked against `snapshot_from_points`
-in `test_live_snapshot.py`.
+The Python reference (`downsample_oracle.py`, beside this file) is the oracle: the JS the run
+page runs (`static/inflight/downsample.js`) is run under node on the same input and must give
+the same bytes; the SQL side is checked against `snapshot_from_points` in `test_live_snapshot.py`.
+node is Debian's `nodejs`, which `.ci/run` installs: without it the JS comparison fails rather
+than skips, so CI cannot pass without running it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from inflight.live.downsample import (
+from downsample_oracle import (  # tests/platform is on sys.path (rootdir-relative test modules)
     MAX_BUCKETS,
     DownsampleState,
     shift_for_max_step,
@@ -92,9 +95,9 @@ def test_stale_and_gapped_batches_are_reported_not_applied() -> None:
     assert state.seq == 11
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is needed to run the JS twin")
 def test_js_twin_computes_the_same_snapshot() -> None:
     """Same snapshot, same pushes (crossing two width doublings) → byte-identical result in JS and Python."""
+    assert shutil.which("node"), "node runs the page's downsample.js here: install Debian's nodejs (.ci/run does)"
     points = _random_points(seed=5, max_step=4_500, names=("reward/mean", "policy_lag/max", "spec/accept_rate"))
     first = snapshot_from_points(points[:900], seq=0)
     batches = []

@@ -2,7 +2,7 @@
 
 The pushes are the real `metrics.batch` messages that `services.ingest_metrics` sends
 through the real Redis channel layer; they are applied with `DownsampleState`, the
-Python twin of the JS the run page uses.
+Python oracle (tests/platform/downsample_oracle.py) of the JS the run page uses.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from inflight.live.downsample import DownsampleState, snapshot_from_points
+from downsample_oracle import DownsampleState, snapshot_from_points  # tests/platform is on sys.path
 from inflight.live.selectors import fold_new_batches, run_snapshot
 from inflight.runs import services
 from inflight.runs.services import PointIn, run_group

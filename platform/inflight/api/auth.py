@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
+from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
@@ -21,14 +22,19 @@ logger = logging.getLogger(__name__)
 
 
 def read_json_body(request: HttpRequest) -> dict[str, Any]:
+    not_json = f"send JSON (Content-Type: application/json), not {(request.content_type or '')[:80]}"
     try:
         body = request.body
     except RequestDataTooBig as exc:
         raise ApiError(413, f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from exc
+    except RawPostDataException as exc:
+        # A multipart body was already streamed into request.POST (the input guard reads form
+        # bodies for NUL checks), so Django cannot give the raw bytes back: it was not JSON anyway.
+        raise ApiError(415, not_json) from exc
     if not body:
         return {}
     if request.content_type not in ("application/json", ""):
-        raise ApiError(415, f"send JSON (Content-Type: application/json), not {request.content_type[:80]}")
+        raise ApiError(415, not_json)
     try:
         data = load_json(body)
     except UnsafeInput as exc:

@@ -3,7 +3,7 @@
 A snapshot is, per metric, `GROUP BY step >> shift` with min, max and the
 lexicographically largest `ARRAY[step, t, value]` (PostgreSQL compares float8
 arrays element by element: exactly the (step, t, value) order of
-`downsample.merge_buckets`). The buckets are kept up to date by the ingest itself
+`static/inflight/downsample.js`). The buckets are kept up to date by the ingest itself
 (`folding.fold_ingest_batch`, in the transaction that stores each batch), so a
 request only reads them.
 
@@ -102,7 +102,7 @@ def run_snapshot_json(run: Run, names: Iterable[str] | None = None, min_shift: i
     """Downsampled series of `run` up to its current `metrics_seq`, as JSON text.
 
     `{"run", "seq", "shift", "width", "max_step", "series": {name: {"b", "min", "max",
-    "step", "t", "last"}}}` — the format of `downsample.DownsampleState.to_snapshot`.
+    "step", "t", "last"}}}` — the format `static/inflight/downsample.js` holds.
     The grid is chosen from the largest step of the whole run (not only of `names`),
     so a filtered snapshot lies on the same grid as the full one; `min_shift` asks
     for a coarser grid (the compare page puts several runs on one grid).

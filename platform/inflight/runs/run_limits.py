@@ -7,7 +7,16 @@ Bounds (settings, README's table), each refusal naming the field and the limit:
 - processes (inference servers + trainer ranks) <= INFLIGHT_MAX_PROCESSES;
 - CPU threads (servers x threads_per_server + ranks x trainer.threads) <= INFLIGHT_MAX_THREADS
   and <= the CPUs of the largest worker of the run's queue;
-- GPUs: the run must fit on the largest GPU worker (`rl_core.placement.check_placement`).
+- GPUs: the run must fit on the largest GPU worker (`rl_core.placement.check_placement`);
+- sequences held at once <= INFLIGHT_MAX_SAMPLES_PER_STEP: `trainer.samples_per_step` (one step's
+  samples, all in the trainer's memory before it trains), `actor.groups_in_flight` x
+  `actor.group_size` (requests queued at the servers), `inference.max_batch_size` (KV slots a
+  server preallocates), `task.heldout_size` x `eval.heldout_k` (one held-out evaluation);
+- problems a synthetic task generates at start (`task.train_size`, `task.heldout_size`)
+  <= INFLIGHT_MAX_TASK_PROBLEMS, and no more than its operands allow;
+- a step needs no more prompts than the task has: `trainer.samples_per_step` / `actor.group_size`
+  <= the synthetic task's training prompts (a math_jsonl file is read on the worker only, where
+  the engine says the same at start).
 What workers have comes from their heartbeats: the ones alive now, else the last ones known.
 With no worker known for the queue only the operator's limits apply.
 """
@@ -24,6 +33,7 @@ from django.utils import timezone
 from inflight.runs.models import ACTIVE_STATUSES, Run, RunQueue, RunStatus, Worker
 from rl_core.config import RunConfig
 from rl_core.placement import PlacementError, check_placement
+from rl_core.tasks import synthetic_train_count
 
 
 def queue_capacity(queue: str) -> dict[str, int] | None:
@@ -81,7 +91,46 @@ def limit_errors(owner: AbstractBaseUser, config: RunConfig) -> tuple[dict[str, 
             check_placement(config, capacity["gpus"])
         except PlacementError as exc:
             refuse("inference.num_servers", f"{exc} (the largest '{queue}' worker has {capacity['gpus']} GPUs)")
+    for field, message in size_errors(config):
+        refuse(field, message)
     return errors, filled
+
+
+def size_errors(config: RunConfig) -> list[tuple[str, str]]:
+    """(field, message) for each size no worker can hold or the task cannot fill (module docstring)."""
+    problems: list[tuple[str, str]] = []
+    most = settings.INFLIGHT_MAX_SAMPLES_PER_STEP
+    limit = f"at most {most} (INFLIGHT_MAX_SAMPLES_PER_STEP)"
+    trainer, actor, task = config.trainer, config.actor, config.task
+    if trainer.samples_per_step > most:
+        problems.append(("trainer.samples_per_step", f"{trainer.samples_per_step} samples in one step; {limit}"))
+    in_flight = actor.groups_in_flight * actor.group_size
+    if in_flight > most:
+        problems.append(("actor.groups_in_flight", f"{actor.groups_in_flight} groups x {actor.group_size} attempts = "
+                         f"{in_flight} sequences in flight; {limit}"))
+    if config.inference.max_batch_size > most:
+        problems.append(("inference.max_batch_size", f"{config.inference.max_batch_size} sequences per server batch; {limit}"))
+    heldout_samples = task.heldout_size * config.eval.heldout_k
+    if heldout_samples > most:
+        problems.append(("task.heldout_size", f"{task.heldout_size} held-out problems x {config.eval.heldout_k} samples "
+                         f"(eval.heldout_k) = {heldout_samples} sequences per evaluation; {limit}"))
+    if task.kind != "synthetic":
+        return problems
+    most_problems = settings.INFLIGHT_MAX_TASK_PROBLEMS
+    for field, count in (("task.train_size", task.train_size), ("task.heldout_size", task.heldout_size)):
+        if count > most_problems:
+            problems.append((field, f"{count} synthetic problems; at most {most_problems} (INFLIGHT_MAX_TASK_PROBLEMS)"))
+    train_prompts = synthetic_train_count(task)
+    if train_prompts < 1:
+        problems.append(("task.heldout_size", f"the operands {task.min_operand}..{task.max_operand} x {task.num_terms} terms "
+                         f"leave no training problem beside {task.heldout_size} held-out ones (raise task.max_operand)"))
+    else:
+        prompts_per_step = -(-trainer.samples_per_step // actor.group_size)
+        if prompts_per_step > train_prompts:
+            problems.append(("trainer.samples_per_step", f"{trainer.samples_per_step} samples of {actor.group_size} attempts "
+                             f"need {prompts_per_step} prompts per step; the task has {train_prompts} training prompts "
+                             "(task.train_size, capped by its operands)"))
+    return problems
 
 
 def active_runs_error(owner: AbstractBaseUser) -> str | None:

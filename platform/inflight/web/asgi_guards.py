@@ -2,6 +2,7 @@
 
 - `SafeStaticFilesHandler`: Django's static handler answers a path that leaves the static
   folders (`/static/../settings.py`, `/static/%00`) with an exception, i.e. a 500; here it is a 404.
+  Its answers carry `X-Content-Type-Options: nosniff`, as the pages do.
 - `SameOriginWebsocketValidator`: channels' AllowedHostsOriginValidator compares only the
   Origin's host name, so `http://127.0.0.1:9999` passed for a site on port 8000. A socket is
   accepted only when its Origin is exactly this site (scheme, host and port of the request,
@@ -30,9 +31,14 @@ class SafeStaticFilesHandler(ASGIStaticFilesHandler):
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponse:
         try:
-            return await super().get_response_async(request)
+            response = await super().get_response_async(request)
         except Exception:  # noqa: BLE001 - whatever a static path does, it is not a server error
-            return HttpResponse("404: no such static file\n", status=404, content_type="text/plain")
+            response = HttpResponse("404: no such static file\n", status=404, content_type="text/plain")
+        # Static files are answered here, outside Django's middleware, so SecurityMiddleware's
+        # nosniff (settings.SECURE_CONTENT_TYPE_NOSNIFF) would never reach them.
+        if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+            response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
 
 
 def _origin(scheme: str, netloc: str) -> tuple[str, str, int | None] | None:

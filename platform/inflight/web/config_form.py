@@ -30,6 +30,9 @@ PRESETS: tuple[tuple[str, str, str], ...] = (
     ("tiny-cpu", "Tiny CPU demo (arithmetic, minutes on a laptop)", "examples/tiny-cpu.yaml"),
     ("qwen2.5-math-1.5b-math", "Qwen2.5-Math-1.5B on MATH (GPU: vLLM + DeepSpeed)", "examples/qwen2.5-math-1.5b-math.yaml"),
 )
+# What the create page opens with when no preset is asked for: the demo's values (a run that
+# finishes on a laptop), not the schema's bare defaults (`?preset=` gives those).
+DEFAULT_PRESET = "tiny-cpu"
 
 
 @dataclass

@@ -11,11 +11,19 @@ API paths get the API's JSON error shape, pages a short text.
 
 `ContentSecurityPolicyMiddleware` sets settings.CONTENT_SECURITY_POLICY on every response
 that has none: the pages load only the platform's own scripts.
+
+`ApiErrorShapeMiddleware` gives every error under /api/ the API's JSON shape: an unknown API
+path (Django's 404 page, or its debug page with DEBUG on) becomes `{"error": ...}` with the same
+status, so a client always parses JSON. It is listed before CommonMiddleware, so it sees (and
+leaves) that one's APPEND_SLASH redirect (`/api/runs` → `/api/runs/`), and after SecurityMiddleware
+and the CSP one, so their headers land on the JSON answer.
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+from http import HTTPStatus
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
@@ -107,3 +115,26 @@ class DatabaseUnavailableMiddleware:
         response = _refuse(request, 503, "the database is unavailable; try again in a few seconds")
         response["Retry-After"] = "5"
         return response
+
+
+class ApiErrorShapeMiddleware:
+    """A non-JSON error answer on an /api/ path → the same status in the API's error shape."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code < 400 or not request.path_info.startswith("/api/"):
+            return response
+        if response.get("Content-Type", "").startswith("application/json"):
+            return response
+        if response.status_code == 404:
+            message = f"no API endpoint at {request.path_info}"
+        else:
+            message = HTTPStatus(response.status_code).phrase.lower() if response.status_code in HTTPStatus._value2member_map_ else "error"
+        shaped = error_response(response.status_code, message)
+        for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+            if header in response:
+                shaped[header] = response[header]
+        return shaped

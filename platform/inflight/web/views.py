@@ -27,6 +27,7 @@ from inflight.runs.selectors import MAX_RUN_ID, runs_visible_to, visible_run_or_
 from inflight.runs.services import IllegalTransition, InvalidRunConfig, create_run, request_cancel
 from inflight.web.charts import CHART_GROUPS
 from inflight.web.config_form import (
+    DEFAULT_PRESET,
     available_presets,
     build_sections,
     config_from_post,
@@ -150,7 +151,7 @@ def _schema_errors(data: dict[str, Any]) -> dict[str, list[str]]:
 @require_http_methods(["GET", "POST"])
 def run_create(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        preset = request.GET.get("preset", "")
+        preset = request.GET.get("preset", DEFAULT_PRESET)
         data: dict[str, Any] = {}
         if preset:
             try:
