@@ -436,7 +436,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--benchmark", required=True, help=f"One of: {', '.join(sorted(BENCHMARKS))}.")
     parser.add_argument("--k", type=int, help="Samples per problem (default: aime 16, others 4).")
     parser.add_argument("--max-problems", type=int, help="Only the first N problems.")
-    parser.add_argument("--out", help="Per-problem JSONL output (default var/eval/<model>-<benchmark>.jsonl).")
+    parser.add_argument("--out", help="Per-problem JSONL output file, or a folder to write <model>-<benchmark>.jsonl into "
+                        "(default var/eval/).")
     parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (default 1.0).")
     parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus mass (default 1.0).")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="Token budget per sample (default 512).")
@@ -466,6 +467,25 @@ def _validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.model and not (Path(args.model) / "config.json").is_file():
         parser.error(f"--model: {args.model} is not an HF model directory (no config.json)")
+    # Checked before the evaluation, which may take hours: a results path that cannot be written.
+    out = results_path(args)
+    if out.is_dir():
+        parser.error(f"--out: {out} is a folder")
+    blocking = next((parent for parent in out.parents if parent.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        parser.error(f"--out: {blocking} is a file, not a folder")
+
+
+def results_path(args: argparse.Namespace) -> Path:
+    """Where the CLI writes the per-problem lines: --out itself, or `<model>-<benchmark>.jsonl`
+    inside it when it is a folder (existing, or written with a trailing slash), else in var/eval/."""
+    file_name = f"{Path(args.model).name if args.model else 'server'}-{args.benchmark}.jsonl"
+    if not args.out:
+        return Path("var") / "eval" / file_name
+    out = Path(args.out)
+    if out.is_dir() or args.out.endswith(("/", os.sep)):
+        return out / file_name
+    return out
 
 
 async def _evaluate_cli(args: argparse.Namespace) -> EvalReport:
@@ -502,8 +522,7 @@ def main(argv: list[str]) -> int:
     except EvalError as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 2
-    name = Path(args.model).name if args.model else "server"
-    out = Path(args.out) if args.out else Path("var") / "eval" / f"{name}-{args.benchmark}.jsonl"
+    out = results_path(args)
     write_problem_results(out, report)
     summary = report.summary()
     print(
