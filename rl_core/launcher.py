@@ -37,13 +37,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from rl_core.cluster_layout import ClusterError, trainer_rank_name
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig, config_to_yaml, load_config_or_exit
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
-from rl_core.processes import die_with_parent, free_port
+from rl_core.role_hosts import LocalHost, RoleHost
 from rl_core.resume import ResumeError, record_resume
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
@@ -67,6 +68,8 @@ SERVER_START_TIMEOUT_S = 300.0
 FINAL_EVAL_TIMEOUT_S = 1800.0  # the actor's final evaluation after the trainer finished
 STOP_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 SYSTEM_METRICS_EVERY_S = 5.0
+NODE_CHECK_EVERY_S = 1.0  # a cluster run asks Ray which nodes are alive this often
+CLUSTER_GPU_CEILING = 4096  # a cluster's GPUs are counted by Ray, not here: only the request's shape is checked
 CONSOLE_LOG_EVERY_S = 5.0  # progress lines when the console is not a terminal
 
 
@@ -149,16 +152,19 @@ class ChildSpec:
 
 
 def server_children(config: RunConfig, placement: Placement, run_dir: str | Path, serve_model: str | Path, python: str = sys.executable,
-                    vllm_python: str | None = None) -> list[ChildSpec]:
+                    vllm_python: str | None = None, hosts: list[str] | None = None) -> list[ChildSpec]:
     """One spec per inference server, each seeing only its own GPUs. A server reads its
     settings from the run directory's config.yaml; its command line names only the run
-    directory, which server it is, the weights (the model or a resumed checkpoint) and its port."""
+    directory, which server it is, the weights (the model or a resumed checkpoint) and its port.
+    `hosts`: the address each server listens on (its node's, on a cluster; default localhost)."""
     c = config
     specs = []
     for index, where in enumerate(placement.servers):
         port = c.inference.base_port + index if c.inference.base_port else 0
         env = where.env()
         run_args = ["--run-dir", str(run_dir), "--server-index", str(index), "--model", str(serve_model), "--port", str(port)]
+        if hosts is not None:
+            run_args += ["--host", hosts[index]]
         if c.inference.engine == "vllm":
             from rl_core.vllm_engine import REPO_ROOT, server_command
 
@@ -173,10 +179,13 @@ def server_children(config: RunConfig, placement: Placement, run_dir: str | Path
 
 
 def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, model_path: str | Path,
-                     server_urls: list[str] | None, resume: bool, master_port: int, python: str = sys.executable) -> list[ChildSpec]:
+                     server_urls: list[str] | None, resume: bool, master_port: int, python: str = sys.executable,
+                     master_address: str = "127.0.0.1", rank_nodes: list[int] | None = None) -> list[ChildSpec]:
     """One spec per trainer rank. Rank 0 is named `trainer` (it publishes progress,
     metrics and checkpoints and broadcasts the weights); rank r > 0 is `trainer<r>`.
-    `server_urls` None: the ranks read them from the run directory's servers.json."""
+    `server_urls` None: the ranks read them from the run directory's servers.json.
+    `master_address`: rank 0's address (its node's, on a cluster); `rank_nodes`: each rank's
+    node on a cluster, so that LOCAL_RANK / LOCAL_WORLD_SIZE count the ranks of one node."""
     servers = ["--await-servers"] if server_urls is None else ["--servers", ",".join(server_urls)]
     args = ["trainer", "--run-dir", str(run_dir), *servers, "--model", str(model_path),
             "--weight-sync-backend", placement.weight_sync_backend]
@@ -185,7 +194,10 @@ def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, mod
     specs = []
     for rank in range(placement.trainer_world_size):
         if placement.trainer_world_size > 1:
-            env = placement.rank_env(rank, master_port)
+            env = placement.rank_env(rank, master_port, master_address)
+            if rank_nodes is not None and not (placement.trainer_ranks and placement.trainer_ranks[rank].gpus):
+                node_ranks = [other for other in range(placement.trainer_world_size) if rank_nodes[other] == rank_nodes[rank]]
+                env.update(LOCAL_RANK=str(node_ranks.index(rank)), LOCAL_WORLD_SIZE=str(len(node_ranks)))
         else:
             env = (placement.trainer_ranks[0] if placement.trainer_ranks else placement.trainer).env()
         specs.append(ChildSpec("trainer" if rank == 0 else f"trainer{rank}", [python, "-m", "rl_core", *args], env))
@@ -198,23 +210,17 @@ def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, mod
 @dataclass
 class Child:
     name: str
-    process: subprocess.Popen
+    process: Any  # subprocess.Popen, or ray_placement.RemoteProcess (the same methods) on a cluster
     log_path: Path
     log_offset: int = 0  # the log is appended to across resumes: this launch's part starts here
 
 
-def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[str, str] | None = None) -> Child:
+def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[str, str] | None = None,
+                host: RoleHost | None = None) -> Child:
     log_file = log_path(run_dir, name)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    log: IO[bytes] = open(log_file, "ab")
-    offset = log.tell()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-    # Ctrl-C reaches the whole foreground group; the launcher alone decides how to stop.
-    command = die_with_parent(command, ignore_sigint=True)
-    try:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-    finally:
-        log.close()
+    offset = log_file.stat().st_size if log_file.exists() else 0
+    process = (host or LocalHost()).start(name, command, extra_env or {}, log_file)
     return Child(name, process, log_file, offset)
 
 
@@ -270,12 +276,16 @@ def exit_description(code: int | None) -> str:
 
 class Launcher:
     def __init__(self, config: RunConfig, run_dir: Path, model_path: Path, resume: bool, console: bool = True,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, host: RoleHost | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.model_path = model_path
         self.resume = resume
         self.placement = placement or place_run(config, detect_gpus())
+        # Where the children run: here (LocalHost), or on a Ray cluster's nodes (ray_placement.RayHost).
+        self.host: RoleHost = host or LocalHost()
+        self.child_env: dict[str, str] = {}  # on top of each spec's own (a cluster run's stream password)
+        self._next_node_check = 0.0
         self.children: list[Child] = []
         self.stop_signal: int | None = None
         self.started = time.monotonic()
@@ -292,28 +302,61 @@ class Launcher:
         self.stop_signal = signum
 
     def python_child(self, name: str, *args: str) -> Child:
-        child = start_child(name, [sys.executable, "-m", "rl_core", *args], self.run_dir)
+        return self.spec_child(ChildSpec(name, [sys.executable, "-m", "rl_core", *args], {}))
+
+    def spec_child(self, spec: ChildSpec) -> Child:
+        child = start_child(spec.name, spec.command, self.run_dir, {**self.child_env, **spec.env}, self.host)
         self.children.append(child)
         return child
 
-    def spec_child(self, spec: ChildSpec) -> Child:
-        child = start_child(spec.name, spec.command, self.run_dir, spec.env)
-        self.children.append(child)
-        return child
+    def start_cluster_stream(self) -> None:
+        """A cluster run's stream: the run's own redis-server on the launcher's node, on the
+        cluster network, behind a fresh password that only the roles' environments hold. The
+        children read its address from config.yaml, rewritten here."""
+        import secrets
+
+        from rl_core.stream import STREAM_REDIS_PASSWORD_ENV, start_redis_server
+
+        password = secrets.token_urlsafe(24)
+        process, url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True,
+                                          bind=self.host.advertised_address(), password=password)  # type: ignore[attr-defined]
+        self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
+        self.config.stream.redis_url = url
+        self.config.stream.redis_embedded = False
+        (self.run_dir / CONFIG_FILE).write_text(config_to_yaml(self.config))
+        self.child_env[STREAM_REDIS_PASSWORD_ENV] = password
 
     def start_all(self) -> None:
         c = self.config
+        if self.host.remote:
+            print(f"waiting for the placement group (cluster.nodes={c.cluster.nodes}, at most "
+                  f"{c.cluster.placement_timeout_s:g} s)", flush=True)
+            try:
+                self.host.reserve()  # type: ignore[attr-defined]
+            except ClusterError as exc:
+                raise LaunchError(str(exc)) from exc
+            print(f"placement group ready after {self.host.placement_wait_s:.1f} s:\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
         print(f"placement:\n{self.placement.summary()}", flush=True)
-        if c.stream.kind == "redis" and c.stream.redis_embedded:
+        if c.stream.kind == "redis" and self.host.remote:
+            if c.stream.redis_embedded:
+                self.start_cluster_stream()
+        elif c.stream.kind == "redis" and c.stream.redis_embedded:
             from rl_core.stream import start_redis_server
 
             process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
             self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
-        servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, self.run_dir, str(serve_model))]
+        hosts = [self.host.address(f"server{index}") for index in range(len(self.placement.servers))] if self.host.remote else None
+        servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, self.run_dir, str(serve_model), hosts=hosts)]
         # The trainer and the actor start now and load while the servers do; they read the
         # servers' URLs from servers.json, written below once every server is ready.
-        for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, None, self.resume, free_port()):
+        rank_nodes = None
+        if self.host.remote:
+            rank_nodes = [self.host.slots[trainer_rank_name(rank)].node  # type: ignore[attr-defined]
+                          for rank in range(self.placement.trainer_world_size)]
+        for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, None, self.resume,
+                                     self.host.free_port("trainer"), master_address=self.host.address("trainer"),
+                                     rank_nodes=rank_nodes):
             self.spec_child(spec)
         self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--await-servers")
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
@@ -358,6 +401,9 @@ class Launcher:
                 wall = self.config.max_wall_time_s
                 if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):
                     request_stop(self.run_dir, "max_wall_time_s reached")
+                if self.host.remote and now >= self._next_node_check:
+                    self.check_nodes()
+                    self._next_node_check = now + NODE_CHECK_EVERY_S
                 self.check_children()
                 trainer = self.child("trainer")
                 if trainer_done_at is None and trainer.process.poll() == 0:
@@ -373,6 +419,12 @@ class Launcher:
             self.echo_metrics(force=True)
             sampler.close()
             sink.close()
+
+    def check_nodes(self) -> None:
+        """A cluster run fails as soon as Ray declares one of its nodes dead, naming it and its roles."""
+        dead = self.host.dead_nodes()  # type: ignore[attr-defined]
+        if dead:
+            raise LaunchError(lost_nodes_message(dead, "Ray declared it dead"))
 
     def check_children(self) -> None:
         # The actor may exit a moment before the trainer process does: trust the published flag.
@@ -392,12 +444,21 @@ class Launcher:
         failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
         order = {"redis": 0, "server": 1, "trainer": 2, "actor": 3}
         failed.sort(key=lambda child: order.get(child.name.rstrip("0123456789"), 9))
+        if self.host.remote:
+            # On a cluster the first death is often the symptom (the trainer losing its server):
+            # a node whose roles stopped answering is the cause, named first.
+            lost = self.host.unresponsive_roles(self.config.cluster.node_lost_grace_s)  # type: ignore[attr-defined]
+            if lost:
+                raise LaunchError(lost_nodes_message(lost, "its roles stopped answering"))
         first = failed[0]
         code = first.process.returncode
         if first.name == "actor" and code == 0:
             message = "actor exited before the trainer finished"
         else:
-            message = f"{first.name} (pid {first.process.pid}) {exit_description(code)}"
+            where = f" on node {first.process.node_address}" if hasattr(first.process, "node_address") else ""
+            message = f"{first.name} (pid {first.process.pid}{where}) {exit_description(code)}"
+            if getattr(first.process, "lost", None):
+                message = f"{first.name} (pid {first.process.pid}{where}): {first.process.lost}"
         raise LaunchError(f"{message}; last log lines of {first.log_path}:\n{log_tail(first.log_path)}")
 
     def run(self) -> int:
@@ -422,6 +483,7 @@ class Launcher:
         finally:
             # Actor first (stop new traffic), then trainer, servers, redis last.
             stop_children(list(reversed(self.children)))
+            self.host.close()
             if mirror is not None:
                 mirror.close()
         if self.console is not None:
@@ -432,6 +494,33 @@ class Launcher:
         else:
             print(f"run {state}: {self.run_dir}", flush=True)
         return {"succeeded": 0, "cancelled": 130}.get(state, 1)
+
+
+def lost_nodes_message(lost: dict[str, list[str]], why: str) -> str:
+    return "; ".join(f"node {address} lost ({why}): role(s) {', '.join(names)} ran there" for address, names in lost.items())
+
+
+def place_cluster_run(config: RunConfig) -> tuple[Placement, Any]:
+    """A cluster run's processes and their nodes (`cluster_layout`), checked before Ray is
+    contacted. Ray assigns each process its GPUs on its node (CUDA_VISIBLE_DEVICES), so the
+    single-node GPU placement only checks the shape of the request here."""
+    from dataclasses import replace
+
+    from rl_core.cluster_layout import check_cluster_request, role_slots
+
+    try:
+        placement = replace(check_placement(config, CLUSTER_GPU_CEILING), unused_gpus=())
+    except PlacementError as exc:
+        raise LaunchError(f"placement: {exc}") from exc
+    for section in (config.inference, config.trainer):
+        if section.device.startswith("cuda"):
+            section.device = "cuda"
+    slots = role_slots(config, placement)
+    try:
+        check_cluster_request(config, slots)
+    except ClusterError as exc:
+        raise LaunchError(str(exc)) from exc
+    return placement, slots
 
 
 def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
@@ -459,14 +548,21 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     config = load_config_or_exit(args.config, args.overrides)
     run_dir = Path(args.out).resolve()
+    host: RoleHost | None = None
     try:
         model_path = resolve_model_path(config)
         validate_inputs(config)
-        placement = place_run(config, detect_gpus())
+        if config.cluster.enabled:
+            placement, slots = place_cluster_run(config)
+            from rl_core.ray_placement import RayHost  # Ray is imported by cluster runs only
+
+            host = RayHost(config, slots, run_dir)
+        else:
+            placement = place_run(config, detect_gpus())
         # Children read config.yaml; they get the model as an absolute path.
         config.model.path = str(model_path)
         prepare_run_dir(run_dir, config, args.resume)
     except LaunchError as exc:
         print(f"cannot start the run: {exc}", file=sys.stderr)
         return 2
-    return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet, placement=placement).run()
+    return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet, placement=placement, host=host).run()

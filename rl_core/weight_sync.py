@@ -25,6 +25,7 @@ order). The reference server's `WeightReceiver` and the vLLM workers' transfer e
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ from rl_core.model_io import dtype_name, torch_dtype
 from rl_core.processes import free_port
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
+# The address of the node a role runs on, as the other nodes reach it (set by the launcher on a
+# cluster run, rl_core/ray_placement.py); the weight group's TCPStore listens there.
+ADVERTISED_ADDRESS_ENV = "INFLIGHT_ADVERTISED_ADDRESS"
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
@@ -233,7 +237,7 @@ class WeightBroadcaster:
         self,
         server_urls: list[str] | None = None,
         backend: str = "gloo",
-        master_address: str = "127.0.0.1",
+        master_address: str | None = None,
         master_port: int | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         endpoints: list[WeightSyncEndpoint] | None = None,
@@ -244,7 +248,9 @@ class WeightBroadcaster:
         if not self.endpoints:
             raise ValueError("WeightBroadcaster needs at least one server")
         self.backend = backend
-        self.master_address = master_address
+        # The servers connect to the trainer's TCPStore: on a cluster the launcher puts the
+        # address of the trainer's node in its environment; one node: localhost.
+        self.master_address = master_address or os.environ.get(ADVERTISED_ADDRESS_ENV) or "127.0.0.1"
         self.master_port = master_port
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
@@ -332,12 +338,17 @@ class WeightBroadcaster:
             "weights/version": float(version),
         }
 
-    @staticmethod
-    def _wait(work: Any, names: list[str], errors: list[BaseException | None]) -> None:
+    def _wait(self, work: Any, names: list[str], errors: list[BaseException | None]) -> None:
         # Poll rather than block: a server that died or failed never joins the collective,
-        # and its HTTP error should surface now, not after the group timeout.
+        # and its HTTP error should surface now, not after the group timeout. The deadline is
+        # kept here, outside the collective: a peer on a machine that vanished (no reset, no
+        # HTTP error, only silence) ends the update with an error naming the servers, not a hang.
+        deadline = time.monotonic() + self.timeout_s
         while not work.is_completed():
             _raise_first(names, errors)
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"weight update not completed by {', '.join(names)} within {self.timeout_s:.0f} s "
+                                      "(a server or its node stopped answering)")
             time.sleep(0.0005)
         work.wait()
 
