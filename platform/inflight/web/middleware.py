@@ -130,7 +130,7 @@ class ApiErrorShapeMiddleware:
         if response.get("Content-Type", "").startswith("application/json"):
             return response
         if response.status_code == 404:
-            message = f"no API endpoint at {request.path_info}"
+            message = f"no API endpoint at {request.path_info}" if not _resolves(request.path_info) else "not found"
         else:
             message = HTTPStatus(response.status_code).phrase.lower() if response.status_code in HTTPStatus._value2member_map_ else "error"
         shaped = error_response(response.status_code, message)
@@ -138,3 +138,13 @@ class ApiErrorShapeMiddleware:
             if header in response:
                 shaped[header] = response[header]
         return shaped
+
+
+def _resolves(path: str) -> bool:
+    from django.urls import Resolver404, resolve
+
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True
