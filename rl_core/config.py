@@ -462,6 +462,11 @@ class ClusterConfig(_Section):
         description="Address of the launcher's node that the other nodes reach (its Redis stream listens there); "
         "unset = the address this machine uses to reach the Ray head.",
     )
+    node0_is_launcher_node: bool = Field(
+        True,
+        description="Node 0 is the machine the launcher runs on (it must then be a node of the cluster): the trainer "
+        "sits next to the run's Redis and run directory. Off: Ray picks which node is node 0.",
+    )
     node_lost_grace_s: float = Field(
         2.0, ge=0, description="After a node is reported dead, wait this long for its roles' own errors before failing the run."
     )

@@ -209,6 +209,9 @@ class RayHost:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ClusterError(f"cluster.ray_address: cannot join the Ray cluster at {address!r}: {exc}") from exc
         bundles = node_bundles(self.config, list(self.slots.values()))
+        if cluster.node0_is_launcher_node:
+            # Ray gives every node a resource `node:<its address>`: a sliver of it pins bundle 0 here.
+            bundles[0][f"node:{self.advertised_address()}"] = 0.001
         strategy = "STRICT_SPREAD" if len(bundles) > 1 else "PACK"
         started = time.monotonic()
         self.group = placement_group(bundles, strategy=strategy, name=f"inflight-{self.run_dir.name}")
@@ -235,6 +238,7 @@ class RayHost:
             f"{node['NodeManagerAddress']}: {node['Resources'].get('CPU', 0):g} CPU, {node['Resources'].get('GPU', 0):g} GPU"
             for node in alive) or "none"
         asks = ", ".join(f"node {index}: {bundle.get('CPU', 0):g} CPU, {bundle.get('GPU', 0):g} GPU"
+                         + "".join(f", on {key[5:]}" for key in bundle if key.startswith("node:"))
                          for index, bundle in enumerate(bundles))
         lacking = ""
         if len(bundles) > len(alive):
