@@ -30,16 +30,20 @@
 
   // ---------------------------------------------------------------- tabs
 
-  function showTab(name) {
+  function showTab(name, scroll) {
     document.querySelectorAll("[data-run-tab]").forEach(function (tab) { tab.classList.toggle("active", tab.dataset.runTab === name); });
     document.querySelectorAll("[data-run-panel]").forEach(function (p) { p.classList.toggle("hidden", p.dataset.runPanel !== name); });
+    // The tab bar goes to the top of the screen: what the tab shows starts in view, whatever
+    // stands above it (the run's actions and checkpoints).
+    var bar = document.querySelector(".run-tabs");
+    if (scroll && bar && bar.getBoundingClientRect().top > 80) bar.scrollIntoView({ block: "start" });
     if (name === "metrics" && window.inflightRunPage) window.inflightRunPage.rerender(); // plots sized while hidden
     history.replaceState(null, "", name === "rollouts" ? "#rollouts" : location.pathname + location.search);
   }
   document.querySelectorAll("[data-run-tab]").forEach(function (tab) {
-    tab.addEventListener("click", function () { showTab(tab.dataset.runTab); });
+    tab.addEventListener("click", function () { showTab(tab.dataset.runTab, tab.dataset.runTab === "rollouts"); });
   });
-  if (location.hash === "#rollouts") showTab("rollouts");
+  if (location.hash === "#rollouts") showTab("rollouts", true);
 
   // ---------------------------------------------------------------- table
 

@@ -248,9 +248,14 @@ def test_rollout_viewer_shows_the_problem_an_inline_switch_mark_and_starts_near_
     page = signed_in_page(browser, daphne_server, f"/runs/{run.pk}/")
     page.click("#rollouts-tab")
     rows = page.locator("#rollouts-body tr.rollout-row")
-    page.wait_for_function("document.querySelectorAll('#rollouts-body tr.rollout-row').length > 0")
+    rows.first.wait_for()
+    # The table starts in the first screen, under the tab bar (which stays in view).
     first_row = rows.first.bounding_box()
-    assert first_row is not None and first_row["y"] < 600, first_row  # in the first screen
+    tabs = page.locator(".run-tabs").bounding_box()
+    assert first_row is not None and tabs is not None and first_row["y"] < 500 and 0 <= tabs["y"] < first_row["y"], (first_row, tabs)
+    # And the checkpoint list above it stays a short box, however many checkpoints there are.
+    checkpoints = page.locator("#checkpoints").bounding_box()
+    assert checkpoints is not None and checkpoints["height"] < 360, checkpoints
     prompts = {rows.nth(i).locator("td").nth(1).inner_text() for i in range(rows.count())}
     assert "What is 0 + 12?" in prompts and not any(SYSTEM_PROMPT[:20] in text for text in prompts), prompts
 
@@ -335,7 +340,7 @@ def test_charts_fit_their_scale_flat_panels_step_aside_and_lag_shares_have_their
 
     # The compare page's long metric list has a search.
     page.goto(f"{daphne_server}/compare/?runs={run.pk}")
-    page.wait_for_function("document.querySelectorAll('#metric-select option').length > 40")
+    page.locator("#metric-select option").nth(40).wait_for(state="attached")
     page.fill("#metric-search", "share")
     shown = page.evaluate("Array.from(document.querySelectorAll('#metric-select option')).filter(o => !o.hidden && !o.selected).map(o => o.value)")
     assert shown and all("share" in name for name in shown), shown
