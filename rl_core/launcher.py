@@ -424,7 +424,15 @@ class Launcher:
         """A cluster run fails as soon as Ray declares one of its nodes dead, naming it and its roles."""
         dead = self.host.dead_nodes()  # type: ignore[attr-defined]
         if dead:
+            self.forget_lost(dead)
             raise LaunchError(lost_nodes_message(dead, "Ray declared it dead"))
+
+    def forget_lost(self, lost: dict[str, list[str]]) -> None:
+        """Roles on a lost node are gone with it: stopping them must not wait on a dead machine."""
+        names = {name for roles in lost.values() for name in roles}
+        for child in self.children:
+            if child.name in names and hasattr(child.process, "mark_lost"):
+                child.process.mark_lost("its node was lost")
 
     def check_children(self) -> None:
         # The actor may exit a moment before the trainer process does: trust the published flag.
@@ -449,6 +457,7 @@ class Launcher:
             # a node whose roles stopped answering is the cause, named first.
             lost = self.host.unresponsive_roles(self.config.cluster.node_lost_grace_s)  # type: ignore[attr-defined]
             if lost:
+                self.forget_lost(lost)
                 raise LaunchError(lost_nodes_message(lost, "its roles stopped answering"))
         first = failed[0]
         code = first.process.returncode

@@ -43,7 +43,8 @@ from rl_core.config import RunConfig
 from rl_core.processes import die_with_parent
 from rl_core.weight_sync import ADVERTISED_ADDRESS_ENV
 
-ROLE_CALL_TIMEOUT_S = 30.0  # one call to a role's actor (start, signal) on a live node
+ROLE_CALL_TIMEOUT_S = 30.0  # one call to a role's actor (start) on a live node
+SIGNAL_TIMEOUT_S = 5.0  # a signal to a role; longer means its node is gone (the stop goes on without it)
 
 
 class RoleProcess:
@@ -161,7 +162,7 @@ class RemoteProcess:
         if self.poll() is not None:
             return
         try:
-            ray.get(self.actor.signal.remote(int(signum)), timeout=ROLE_CALL_TIMEOUT_S)
+            ray.get(self.actor.signal.remote(int(signum)), timeout=SIGNAL_TIMEOUT_S)
         except (RayError, GetTimeoutError):
             pass  # its node is gone: nothing left there to stop
 

@@ -90,3 +90,79 @@ def test_two_node_async_run_learns(two_node_cluster: NetnsCluster, tiny_model: P
     samples = stream_samples(out)
     assert max(v for sample in samples for v in sample.token_versions) >= 5
     print(f"two-node run: {time.monotonic() - started:.1f} s, held-out {heldout}")
+
+
+def run_processes(out: Path) -> list[str]:
+    """Processes anywhere on this machine (every namespace) whose command line names the run."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if str(out) in cmdline:
+            found.append(f"{process.info['pid']}: {cmdline[:200]}")
+    return found
+
+
+def test_placement_group_timeout_names_what_the_cluster_lacks(two_node_cluster: NetnsCluster, tiny_model: Path,
+                                                                 tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    config = cluster_config(tmp_path, two_node_cluster, tiny_model, **{"cluster.nodes": 3, "cluster.placement_timeout_s": 5,
+                                                                      "inference.num_servers": 2})
+    started = time.monotonic()
+    launcher = launch(two_node_cluster, config, out)
+    output, _ = launcher.communicate(timeout=120)
+    waited = time.monotonic() - started
+    assert launcher.returncode == 1, output
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "failed"
+    assert "cluster.placement_timeout_s=5" in status["error"], status
+    assert "cluster.nodes=3 but the cluster has 2 alive node(s)" in status["error"], status
+    assert waited >= 5
+    assert not (out / "logs").exists() or not list((out / "logs").iterdir())  # no role ever started
+    assert run_processes(out) == []
+
+
+def test_lost_node_fails_the_run_within_30_s_then_resume(two_node_cluster: NetnsCluster, tiny_model: Path,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    config = cluster_config(tmp_path, two_node_cluster, tiny_model, **{"trainer.max_steps": 400, "trainer.checkpoint_every": 3})
+    launcher = launch(two_node_cluster, config, out)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "latest").exists():
+            assert launcher.poll() is None, launcher.communicate()[0]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.5)
+        server_node = two_node_cluster.nodes[1]
+        killed_at = time.monotonic()
+        server_node.kill_all()  # the machine of the inference server loses power
+        output, _ = launcher.communicate(timeout=60)
+        ended_in = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "failed", status
+    print(f"lost node: run failed {ended_in:.1f} s after the kill: {status['error'][:300]}")
+    assert ended_in <= 30, ended_in
+    assert f"node {server_node.address} lost" in status["error"] and "server0" in status["error"], status["error"]
+    assert run_processes(out) == []  # nothing of the run is left on any node
+    recorded = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
+    checkpoint = int((out / "checkpoints" / "latest").resolve().name.removeprefix("step_"))
+    assert checkpoint >= 3 and recorded[: checkpoint] == list(range(1, checkpoint + 1))
+
+    # The node comes back; the run resumes from its last checkpoint through the usual path.
+    two_node_cluster.start_worker(server_node)
+    deadline = time.monotonic() + 60
+    while two_node_cluster.alive_nodes() < 2:
+        assert time.monotonic() < deadline, "node 1 did not rejoin"
+        time.sleep(1)
+    target = checkpoint + 3
+    resumed = launch(two_node_cluster, config, out, "--resume", "--set", f"trainer.max_steps={target}")
+    output, _ = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, output
+    assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
+    train_steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
+    assert train_steps == list(range(1, target + 1))  # the rewound steps were retrained once, nothing skipped
+    assert (out / "checkpoints" / "latest").resolve().name == f"step_{target:06d}"
