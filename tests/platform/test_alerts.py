@@ -68,6 +68,11 @@ def test_heldout_collapse_and_eval_drop(owner) -> None:
         alerts.evaluate_eval(run.pk, scored)
     assert rules(run) == ["heldout_collapse", "eval_drop"]  # once: steps 30 and 40 are one episode
     assert Alert.objects.get(rule="eval_drop").step == 30
+    # The held-out set's evaluation lines (issue 26) add no eval_drop: heldout_collapse is its rule.
+    for step, score in ((5, 0.7), (10, 0.45)):
+        scored = services.ingest_eval(run.pk, {"benchmark": "heldout", "step": step, "k": 4, "mean_at_k": score, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 4}, [])
+        assert alerts.evaluate_eval(run.pk, scored) == []
+    assert rules(run) == ["heldout_collapse", "eval_drop"]
 
 
 def test_stalled_only_while_running_and_ends_when_metrics_return(owner) -> None:

@@ -21,6 +21,7 @@ from inflight.alerts.rules import RULES, Firing, Verdicts, check_line
 from inflight.live.broadcast import _group_send, run_group, user_runs_group
 from inflight.runs.models import EvalScore, Run
 from rl_core.config import AlertsConfig
+from rl_core.evaluation import HELDOUT_BENCHMARK
 
 logger = logging.getLogger(__name__)
 WEBHOOK_TIMEOUT_S = 5.0
@@ -93,7 +94,11 @@ def _step(record: dict[str, Any]) -> int | None:
 
 
 def evaluate_eval(run_id: int, score: EvalScore) -> list[Alert]:
-    """`eval_drop`: this evaluation's mean@k is `eval_drop` or more below the benchmark's best."""
+    """`eval_drop`: this evaluation's mean@k is `eval_drop` or more below the benchmark's best.
+    The held-out set's evaluation has its own rule on its `success/heldout` metric
+    (`heldout_collapse`, with its window and threshold): one alert per signal, not two."""
+    if score.benchmark == HELDOUT_BENCHMARK:
+        return []
     with transaction.atomic():
         run = Run.objects.only("id", "owner_id", "name", "config").get(pk=run_id)
         cfg, _ = _settings(run.config)
