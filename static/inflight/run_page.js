@@ -63,7 +63,7 @@
       // accepts and at once closes (1011 while Redis is away) must not be retried every second,
       // each time refetching the snapshot.
       openedAt = Date.now();
-      setLive("live", "live");
+      setLive("live", TERMINAL.indexOf(status) >= 0 ? "finished" : "live");
       refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
     };
     socket.onmessage = function (event) {
@@ -76,9 +76,10 @@
     };
     socket.onclose = function (event) {
       if (event.code === 4401 || event.code === 4403) { setLive("off", "not allowed"); return; }
-      if (TERMINAL.indexOf(status) >= 0) { setLive("off", "finished"); return; }
       if (openedAt && Date.now() - openedAt > 10000) retryMs = 1000;
-      setLive("off", "reconnecting");
+      // A finished run is reconnected too: it may be resumed (from another tab, the API or the
+      // CLI), and its page must then follow it without a reload.
+      setLive("off", TERMINAL.indexOf(status) >= 0 ? "finished" : "reconnecting");
       setTimeout(connect, retryMs + Math.random() * 500);
       retryMs = Math.min(retryMs * 2, 30000);
     };
@@ -93,16 +94,24 @@
   }
 
   function setStatus(newStatus, error) {
+    var was = status;
     status = newStatus;
     var holder = document.getElementById("run-status");
     holder.dataset.status = newStatus;
     holder.innerHTML = '<span class="status status-' + newStatus + '">' + newStatus + "</span>";
     var finished = TERMINAL.indexOf(newStatus) >= 0;
-    if (finished || newStatus === "cancelling") document.getElementById("stop-form").classList.add("hidden");
-    if (error) {
-      var box = document.getElementById("run-error");
-      box.classList.remove("hidden");
-      box.querySelector("pre").textContent = error;
+    // Shown again when a finished run is resumed: stoppable while queued, starting or running.
+    document.getElementById("stop-form").classList.toggle("hidden", finished || newStatus === "cancelling");
+    if (socket && socket.readyState === WebSocket.OPEN) setLive("live", finished ? "finished" : "live");
+    var box = document.getElementById("run-error");
+    box.classList.toggle("hidden", !error);
+    box.querySelector("pre").textContent = error || "";
+    if (was !== newStatus) {
+      // The notices above the page ("queued", "stop requested") told the status at the moment of an
+      // action; once it moved on they would mislead.
+      var notices = document.querySelector("main > .messages");
+      if (notices) notices.remove();
+      schedulePanel(0);
     }
   }
 
@@ -118,16 +127,51 @@
     note.classList.remove("hidden");
   }
 
-  function pollStatus() {
-    fetch(page.status_url, { credentials: "same-origin" })
+  // The status line and the actions panel (checkpoints, Resume, Delete) follow the run: asked
+  // again on every status push, every 5 s while it is active, every 30 s once it ended (it may be
+  // resumed from elsewhere). The panel is replaced only when it changed and the user is not
+  // typing in it (its tags/note form).
+  var panelTimer = null;
+  var panelHtml = null;
+
+  function schedulePanel(delayMs) {
+    if (panelTimer !== null) clearTimeout(panelTimer);
+    panelTimer = setTimeout(refreshPanel, delayMs);
+  }
+
+  function refreshPanel() {
+    panelTimer = null;
+    fetch(page.panel_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (row) {
         if (!row) return;
         if (row.status !== status) setStatus(row.status, row.error);
         var wall = document.getElementById("run-walltime");
         if (row.wall_time_s !== null) wall.textContent = formatDuration(row.wall_time_s);
+        var worker = document.getElementById("run-worker");
+        worker.classList.toggle("hidden", !row.worker_name);
+        worker.querySelector("b").textContent = row.worker_name;
+        replacePanel(row.actions_html);
       })
-      .finally(function () { if (TERMINAL.indexOf(status) < 0) setTimeout(pollStatus, 5000); });
+      .catch(function () { /* the next refresh tries again */ })
+      .finally(function () {
+        if (panelTimer === null) schedulePanel(TERMINAL.indexOf(status) < 0 ? 5000 : 30000);
+      });
+  }
+
+  function replacePanel(html) {
+    var current = document.getElementById("run-actions");
+    if (!current || html === panelHtml) return;
+    if (current.contains(document.activeElement) || current.querySelector("details.edit-labels[open]")) return;
+    var holder = document.createElement("div");
+    holder.innerHTML = html.trim();
+    var fresh = holder.firstElementChild;
+    if (!fresh) return;
+    // The checkpoint list keeps the user's open/closed choice once it has rows.
+    var before = current.querySelector("#checkpoints"), after = fresh.querySelector("#checkpoints");
+    if (before && after && before.querySelector("tbody tr")) after.open = before.open;
+    current.replaceWith(fresh);
+    panelHtml = html;
   }
 
   function formatDuration(s) {
@@ -229,5 +273,5 @@
 
   window.inflightRunPage = { state: function () { return state; }, refetch: refetch, rerender: scheduleRender };
   connect();
-  if (TERMINAL.indexOf(status) < 0) setTimeout(pollStatus, 5000);
+  schedulePanel(TERMINAL.indexOf(status) < 0 ? 5000 : 30000);
 })();

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inflight.web import rollout_views, run_actions, views
+from inflight.web import rollout_views, run_actions, run_live_views, views
 
 app_name = "web"
 
@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<int:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<int:run_id>/snapshot.json", views.run_snapshot_json, name="run_snapshot"),
     path("runs/<int:run_id>/status.json", views.run_status_json, name="run_status"),
+    path("runs/<int:run_id>/panel.json", run_live_views.run_panel_json, name="run_panel"),
     path("runs/<int:run_id>/stop/", views.run_stop, name="run_stop"),
     path("compare/", run_actions.compare, name="compare"),
     path("leaderboard/", run_actions.leaderboard, name="leaderboard"),

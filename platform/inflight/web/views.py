@@ -224,6 +224,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "status": run.status,
         "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
         "status_url": reverse("web:run_status", args=[run.pk]),
+        "panel_url": reverse("web:run_panel", args=[run.pk]),
         "ws_path": f"/ws/runs/{run.pk}/",
         "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1),
         "charts": CHART_GROUPS,
