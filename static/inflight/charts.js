@@ -90,7 +90,7 @@
     });
     var result = { log: any && low > 0 && high / low > LOG_SPAN, flat: any && flat && longest >= 3 };  // a young run's first points are not "flat"
     if (result.log) layout.yaxis.type = "log";
-    if (result.flat) { layout.height = 130; layout.margin.b = 24; layout.showlegend = false; }
+    if (result.flat) { layout.height = 130; layout.margin.b = 28; layout.showlegend = false; layout.xaxis.title = { text: "" }; }
     return result;
   }
 

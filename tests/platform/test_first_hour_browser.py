@@ -337,6 +337,7 @@ def test_charts_fit_their_scale_flat_panels_step_aside_and_lag_shares_have_their
         .filter(t => t.showlegend !== false || t.name.indexOf(' min') < 0 && t.name.indexOf(' max') < 0)
         .filter(t => t.hovertemplate && t.hovertemplate.indexOf('(smoothed)') >= 0).map(t => t.line.color)""")
     assert len(colours) == 9 and len(set(colours)) == 9, colours
+    page.screenshot(path="/tmp/inflight_charts_fitted.png", full_page=True)  # to look at; the README shows the run page elsewhere
 
     # The compare page's long metric list has a search.
     page.goto(f"{daphne_server}/compare/?runs={run.pk}")
@@ -384,10 +385,12 @@ def test_heldout_evaluation_is_shown_exported_and_served_as_an_evaluation(daphne
 
     page = signed_in_page(browser, daphne_server, f"/runs/{run.pk}/", height=1400)
     card = page.locator(".eval-card", has=page.locator('h3[data-benchmark="heldout"]'))
-    assert card.is_visible() and "held-out set" in card.locator("h3").inner_text()
+    page.screenshot(path="/tmp/h26/heldout_page.png", full_page=True)
+    card.wait_for()
+    assert "held-out set" in card.locator("h3").inner_text()
     assert f"step {heldout[-1]['step']}" in card.inner_text() and "8 problems × 2" in card.inner_text()
     assert "No evaluation yet" not in page.content()
-    card.locator("summary").click()
+    card.locator("details").evaluate("details => { details.open = true; }")  # open already when a problem flipped
     card.locator("tr.eval-problem").first.click()
     page.wait_for_selector("#sample-view:not(.hidden) .eval-sample")
     assert page.locator("#sample-view .eval-sample").count() == 2
