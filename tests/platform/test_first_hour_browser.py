@@ -385,7 +385,6 @@ def test_heldout_evaluation_is_shown_exported_and_served_as_an_evaluation(daphne
 
     page = signed_in_page(browser, daphne_server, f"/runs/{run.pk}/", height=1400)
     card = page.locator(".eval-card", has=page.locator('h3[data-benchmark="heldout"]'))
-    page.screenshot(path="/tmp/h26/heldout_page.png", full_page=True)
     card.wait_for()
     assert "held-out set" in card.locator("h3").inner_text()
     assert f"step {heldout[-1]['step']}" in card.inner_text() and "8 problems × 2" in card.inner_text()
