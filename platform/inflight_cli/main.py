@@ -349,6 +349,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except (ApiFailure, credentials.NotLoggedIn) as exc:
         sys.stderr.write(f"inflight: error: {exc}\n")
         return 1
+    except BrokenPipeError:
+        # `inflight runs | head`: the reader has gone, which is no error; keep Python's exit quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if args.command in ("submit", "watch", "resume", "logs"):
             sys.stderr.write("\ninflight: stopped watching; the run goes on (`inflight cancel RUN` stops it)\n")
