@@ -89,11 +89,12 @@ def _run_url(client: Client, run_id: int) -> str:
 
 
 def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0) -> int:
-    """Print status changes and, each poll, the newest training step and any held-out scores,
-    until the run ends. 0 when it succeeded, 1 otherwise."""
+    """Print status changes and, each poll, the newest training step, any held-out scores and
+    alerts, until the run ends. 0 when it succeeded, 1 otherwise."""
     run = client.get(f"/api/runs/{run_id}/")
     max_steps = (run.get("config") or {}).get("trainer", {}).get("max_steps")
     cursor, status, started = 0, None, time.monotonic()
+    alerts_seen: set[int] = set()
     while True:
         run = client.get(f"/api/runs/{run_id}/")  # status first: metrics read after a final status are complete
         if run["status"] != status:
@@ -117,6 +118,11 @@ def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0) -> int:
                 out.write(f"  step {progress}  " + "  ".join(shown) + "\n")
             if not page["truncated"]:
                 break
+        for alert in reversed(client.get(f"/api/runs/{run_id}/alerts/", limit=50)["alerts"]):  # newest first → oldest first
+            if alert["id"] not in alerts_seen:
+                alerts_seen.add(alert["id"])
+                where = f"step {alert['step']} " if alert.get("step") is not None else ""
+                out.write(f"  ! alert {where}{alert['title']}: {alert['message']}\n")
         out.flush()
         if status in FINAL_STATES:
             out.write(f"run {run_id} {status} · {_run_url(client, run_id)}\n")

@@ -109,6 +109,7 @@ def test_login_submit_watch_runs_logs_download_a_real_run(
 def test_cancel_resume_and_follow_a_run_through_the_cli(
     daphne_server: str, start_worker, engine_command: str, token: str, tmp_path: Path, wait: Callable[..., Any]  # noqa: F811
 ) -> None:
+    from inflight.alerts.models import Alert
     from inflight.runs.models import Run
 
     start_worker("cpu", extra_env={"INFLIGHT_RL_COMMAND": engine_command})
@@ -121,9 +122,12 @@ def test_cancel_resume_and_follow_a_run_through_the_cli(
     follower = subprocess.Popen([str(INFLIGHT), "logs", "-f", str(run_id)], cwd=tmp_path, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watcher = subprocess.Popen([str(INFLIGHT), "watch", str(run_id)], cwd=tmp_path, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2)
+    Alert.objects.create(run_id=run_id, rule="stalled", step=2, t=time.time(), message="no metrics for 300 s (test)")
+    time.sleep(2)
     assert "run" in cli("cancel", str(run_id)).stdout
     watched, _ = watcher.communicate(timeout=90)
     assert watcher.returncode == 1 and watched.rstrip().endswith(f"run {run_id} cancelled · {daphne_server}/runs/{run_id}/"), watched
+    assert watched.count("! alert step 2 ") == 1 and "no metrics for 300 s (test)" in watched, watched  # once, not every poll
     _, follow_err = follower.communicate(timeout=90)
     assert follower.returncode == 0, follow_err  # -f ends with the run
 
