@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -54,6 +55,28 @@ WANDB_RUN_ID_FILE = "wandb_run_id"  # the W&B run id of the mirror, so a resumed
 def log_path(run_dir: str | Path, process: str) -> Path:
     """`logs/<process>.log`: stdout and stderr of one child of the launcher."""
     return Path(run_dir) / LOGS_DIR / f"{process}.log"
+
+
+# A checkpoint directory is `checkpoints/step_NNNNNN` (the trainer's version after that step,
+# zero-padded so names sort by step); `checkpoints/latest` is a relative symlink to the newest.
+_CHECKPOINT_PREFIX = "step_"
+_CHECKPOINT_NAME_RE = re.compile(r"step_([0-9]{1,12})")
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """The name of the checkpoint directory of `step` inside `checkpoints/`."""
+    return f"{_CHECKPOINT_PREFIX}{step:06d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint directory's name (`checkpoint_dir_name`'s inverse), None for any
+    other name (`latest`, a staging `.step_...tmp`, a stray file)."""
+    match = _CHECKPOINT_NAME_RE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / checkpoint_dir_name(step)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -24,3 +24,16 @@ def two_node_cluster() -> Iterator[NetnsCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def three_node_cluster() -> Iterator[NetnsCluster]:
+    why = netns_usable()
+    if why is not None:
+        pytest.skip(why)
+    cluster = NetnsCluster.create(nodes=3)
+    try:
+        cluster.start_ray(cpus_per_node=2)
+        yield cluster
+    finally:
+        cluster.close()

@@ -148,6 +148,9 @@ class NetnsCluster:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": self.token,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray's memory monitor kills workers when the *machine* is near full; every "node" here
+            # shares one machine with unrelated processes (other tests), whose memory is not the cluster's.
+            "RAY_memory_monitor_refresh_ms": "0",
             "GLOO_SOCKET_IFNAME": INTERFACE,
         }
 
