@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_core.run_dir import CHECKPOINT_STATE_FILE, CHECKPOINTS_DIR, EVALS_FILE, METRICS_FILE, RESUMES_FILE, SHARDS_FILE
+from rl_core.run_dir import (
+    CHECKPOINT_STATE_FILE,
+    CHECKPOINTS_DIR,
+    EVALS_FILE,
+    LATEST_CHECKPOINT_LINK,
+    METRICS_FILE,
+    RESUMES_FILE,
+    SHARDS_FILE,
+)
 
 REWOUND_FILES = (METRICS_FILE, EVALS_FILE, SHARDS_FILE)
 _STATE_KEYS = ("version", "stream_position", "consumed")
@@ -57,14 +65,15 @@ def check_checkpoint(run_dir: str | Path) -> ResumePoint:
     resolves inside `checkpoints/`, the weights and optimizer files are there and its
     `trainer_state.json` parses with a stream position. ResumeError naming it otherwise."""
     root = Path(run_dir) / CHECKPOINTS_DIR
-    link = root / "latest"
+    link = root / LATEST_CHECKPOINT_LINK
+    latest = f"{CHECKPOINTS_DIR}/{LATEST_CHECKPOINT_LINK}"
     if not link.is_symlink() and not link.exists():
-        raise ResumeError(f"cannot resume: {CHECKPOINTS_DIR}/latest does not exist (the run wrote no checkpoint)")
+        raise ResumeError(f"cannot resume: {latest} does not exist (the run wrote no checkpoint)")
     target = os.readlink(link) if link.is_symlink() else link.name
     name = f"{CHECKPOINTS_DIR}/{Path(target).name}"
     checkpoint = link.resolve()
     if not checkpoint.is_dir():
-        raise ResumeError(f"cannot resume: checkpoint {name} (checkpoints/latest) is missing")
+        raise ResumeError(f"cannot resume: checkpoint {name} ({latest}) is missing")
     if checkpoint.parent != root.resolve():
         raise ResumeError(f"cannot resume: checkpoint {name} is not inside {CHECKPOINTS_DIR}/")
     for required in ("model.safetensors", "optimizer.pt", CHECKPOINT_STATE_FILE):

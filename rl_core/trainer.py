@@ -55,6 +55,7 @@ from rl_core.run_dir import (
     SERVERS_WAIT_S,
     SHARDS_FILE,
     TrainerProgress,
+    checkpoint_dir_name,
     latest_checkpoint,
     stop_requested,
     stream_redis_url,
@@ -352,7 +353,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         root = self.run_dir / CHECKPOINTS_DIR
         root.mkdir(parents=True, exist_ok=True)
-        name = f"step_{self.backend.version:06d}"
+        name = checkpoint_dir_name(self.backend.version)
         staging = root / f".{name}.tmp"
         if staging.exists() and self.ranks.rank == 0:
             import shutil
@@ -380,7 +381,7 @@ class Trainer:
             shutil.rmtree(final)
         os.replace(staging, final)
         # `latest` is a relative symlink swapped atomically: usable as a model path.
-        tmp_link = root / ".latest.tmp"
+        tmp_link = root / f".{LATEST_CHECKPOINT_LINK}.tmp"
         if tmp_link.is_symlink() or tmp_link.exists():
             tmp_link.unlink()
         os.symlink(name, tmp_link)

@@ -68,3 +68,14 @@ def test_processes_started_before_the_servers_read_their_urls_once_written(tmp_p
         raise AssertionError("a cleared servers.json was read")
     except TimeoutError as exc:
         assert rd.SERVERS_FILE in str(exc)
+
+
+def test_checkpoint_names_round_trip_and_refuse_other_names(tmp_path: Path) -> None:
+    # The trainer writes the name, the resume check and the platform's access checks parse it.
+    assert rd.checkpoint_dir_name(7) == "step_000007"
+    assert rd.checkpoint_dir_name(1234567) == "step_1234567"
+    for step in (0, 7, 999_999, 1234567):
+        assert rd.checkpoint_step(rd.checkpoint_dir_name(step)) == step
+    for other in (rd.LATEST_CHECKPOINT_LINK, ".step_000007.tmp", "step_", "step_12a", "step_0000000000001", "xstep_000001"):
+        assert rd.checkpoint_step(other) is None
+    assert rd.checkpoint_dir(tmp_path, 3) == tmp_path / rd.CHECKPOINTS_DIR / "step_000003"

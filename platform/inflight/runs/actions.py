@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from inflight.runs import run_limits, run_paths, services
 from inflight.runs.models import TERMINAL_STATUSES, EvalScore, MetricPoint, Run, RunStatus
-from rl_core.resume import CHECKPOINT_STATE_FILE, ResumeError, check_checkpoint
+from rl_core.resume import ResumeError, check_checkpoint
+from rl_core.run_dir import CHECKPOINT_STATE_FILE, LATEST_CHECKPOINT_LINK, checkpoint_step
 
 logger = logging.getLogger(__name__)
 
@@ -74,17 +75,17 @@ class CheckpointInfo:
 def run_checkpoints(run: Run) -> list[CheckpointInfo]:
     """The run's checkpoints on disk, oldest first, with their time (trainer_state.json) and
     the evaluation scores the run logged at that step. The caller has checked visibility."""
-    folder = run_paths.runs_dir() / str(run.pk) / "checkpoints"
+    folder = run_paths.checkpoints_folder(run.pk)
     try:
         names = [entry.name for entry in folder.iterdir() if entry.is_dir() and not entry.is_symlink()]
     except OSError:
         return []
     latest = None
     try:
-        latest = Path((folder / "latest").readlink()).name
+        latest = Path((folder / LATEST_CHECKPOINT_LINK).readlink()).name
     except OSError:
         pass
-    steps = sorted(int(match.group(1)) for name in names if (match := re.fullmatch(r"step_(\d{1,12})", name)))
+    steps = sorted(step for name in names if (step := checkpoint_step(name)) is not None)
     scores: dict[int, dict[str, float]] = {}
     for benchmark, step, mean in EvalScore.objects.filter(run=run, step__in=steps).values_list("benchmark", "step", "mean_at_k"):
         scores.setdefault(step, {})[benchmark] = mean
@@ -175,7 +176,7 @@ def resume_problem(run: Run) -> str | None:
     if run.status not in (RunStatus.FAILED, RunStatus.LOST, RunStatus.CANCELLED):
         return f"only a failed, lost or cancelled run can be resumed; run {run.pk} is {run.status}"
     try:
-        check_checkpoint(run_paths.runs_dir() / str(run.pk))
+        check_checkpoint(run_paths.run_dir(run.pk))
     except ResumeError as exc:
         return f"run {run.pk}: {exc}"
     return None

@@ -32,8 +32,9 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from rl_core.config import RunConfig, StreamConfig
+from rl_core.run_dir import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir, checkpoint_step
 
-CHECKPOINT_RE = re.compile(r"^(?P<run>\d{1,18})/checkpoints/(?P<name>step_(?P<step>\d{1,12})|latest)$")
+_RUN_ID_RE = re.compile(r"[0-9]{1,18}")
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,33 @@ def _shown(roots: list[Path]) -> str:
 
 
 def runs_dir() -> Path:
+    """INFLIGHT_RUNS_DIR resolved (symlinks followed): every run directory and checkpoint path
+    the platform stores, hands the engine or checks access to is under this one spelling."""
     return Path(os.path.normpath(Path(settings.INFLIGHT_RUNS_DIR).resolve()))
 
 
+def run_dir(run_id: int) -> Path:
+    """`<runs dir>/<run id>`: the run's own directory, the engine's `--out`."""
+    return runs_dir() / str(int(run_id))
+
+
+def checkpoints_folder(run_id: int) -> Path:
+    return run_dir(run_id) / CHECKPOINTS_DIR
+
+
 def checkpoint_path(run_id: int, step: int) -> Path:
-    return runs_dir() / str(run_id) / "checkpoints" / f"step_{step:06d}"
+    return checkpoint_dir(run_dir(run_id), step)
+
+
+def _checkpoint_owner(path: Path) -> int | None:
+    """The run id when `path` (normalised, under runs_dir()) is `<run id>/checkpoints/step_NNNNNN`
+    or `<run id>/checkpoints/latest`, else None."""
+    parts = path.relative_to(runs_dir()).parts
+    if len(parts) != 3 or not _RUN_ID_RE.fullmatch(parts[0]) or parts[1] != CHECKPOINTS_DIR:
+        return None
+    if parts[2] != LATEST_CHECKPOINT_LINK and checkpoint_step(parts[2]) is None:
+        return None
+    return int(parts[0])
 
 
 def checkpoint_run_id(model_path: Any) -> int | None:
@@ -96,8 +119,7 @@ def checkpoint_run_id(model_path: Any) -> int | None:
     path = _absolute(model_path)
     if path is None or not _under(path, runs_dir()):
         return None
-    match = CHECKPOINT_RE.match(path.relative_to(runs_dir()).as_posix())
-    return int(match.group("run")) if match else None
+    return _checkpoint_owner(path)
 
 
 def checkpoints_of(user: AbstractBaseUser, max_runs: int = 50) -> list[CheckpointChoice]:
@@ -106,15 +128,13 @@ def checkpoints_of(user: AbstractBaseUser, max_runs: int = 50) -> list[Checkpoin
 
     choices = []
     for run in runs_visible_to(user).select_related(None).only("pk", "name")[:max_runs]:
-        folder = runs_dir() / str(run.pk) / "checkpoints"
         try:
-            names = sorted((entry.name for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False)), reverse=True)
+            names = sorted((entry.name for entry in os.scandir(checkpoints_folder(run.pk)) if entry.is_dir(follow_symlinks=False)), reverse=True)
         except OSError:
             continue
         for name in names:
-            match = re.fullmatch(r"step_(\d{1,12})", name)
-            if match:
-                step = int(match.group(1))
+            step = checkpoint_step(name)
+            if step is not None:
                 choices.append(CheckpointChoice(run.pk, run.name, step, str(checkpoint_path(run.pk, step))))
     return choices
 
@@ -124,13 +144,12 @@ def _checkpoint_error(user: AbstractBaseUser, path: Path, on_worker: bool) -> tu
     from inflight.runs.selectors import runs_visible_to
 
     refusal = "is not a checkpoint of one of your runs (pick one under 'start from checkpoint')"
-    relative = path.relative_to(runs_dir()).as_posix()
-    match = CHECKPOINT_RE.match(relative)
-    if match is None or not runs_visible_to(user).filter(pk=int(match.group("run"))).exists():
+    run_id = _checkpoint_owner(path)
+    if run_id is None or not runs_visible_to(user).filter(pk=run_id).exists():
         return refusal, path
     if not on_worker:
         return None, path
-    folder = runs_dir() / match.group("run") / "checkpoints"
+    folder = checkpoints_folder(run_id)
     real = Path(os.path.realpath(path))
     if not _under(real, Path(os.path.realpath(folder))) or real == Path(os.path.realpath(folder)):
         return refusal, path
