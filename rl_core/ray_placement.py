@@ -205,7 +205,8 @@ class RayHost:
         cluster = self.config.cluster
         address = cluster.ray_address
         try:
-            ray.init(address=None if address == "auto" else address, logging_level="ERROR", log_to_driver=False,
+            # "auto" joins the cluster this machine belongs to and never starts a new one.
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False,
                      namespace=f"inflight-{os.getpid()}", configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ClusterError(f"cluster.ray_address: cannot join the Ray cluster at {address!r}: {exc}") from exc
