@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from inflight.runs import services
+from inflight.runs import run_paths, services
 from inflight.runs.models import ACTIVE_STATUSES, ALLOWED_TRANSITIONS, Run, RunStatus
 from rl_core.run_dir import FINAL_STATES, read_status
 from rl_core.resume import read_resumes
@@ -64,7 +64,8 @@ def reconcile_run(run: Run, timeout_s: float = 60.0) -> str:
     """Deliver what `run`'s directory holds and record its final state; returns that state."""
     from workers.tasks import PlatformReporter
 
-    run_dir = Path(run.run_dir or settings.INFLIGHT_RUNS_DIR / str(run.pk))
+    # The directory the worker recorded (the engine's `--out`, which _engine_alive matches).
+    run_dir = Path(run.run_dir) if run.run_dir else run_paths.run_dir(run.pk)
     status = read_status(run_dir)
     if status and status.pid is not None and status.state not in FINAL_STATES:
         _stop_engine(status.pid, run_dir)

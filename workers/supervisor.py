@@ -168,8 +168,8 @@ class RunSupervisor:
             # The dead attempt's status.json must not be read as this attempt's end.
             old = self.run_dir / STATUS_FILE
             if old.exists():
-                (self.run_dir / "logs").mkdir(exist_ok=True)
-                old.rename(self.run_dir / "logs" / f"status.before-resume-{len(self.resumes) + 1}.json")
+                (self.run_dir / LOGS_DIR).mkdir(exist_ok=True)
+                old.rename(self.run_dir / LOGS_DIR / f"status.before-resume-{len(self.resumes) + 1}.json")
         elif self.run_dir.exists() and any(self.run_dir.iterdir()):
             # Left over from another database's run with the same id (e.g. the demo's database was
             # reset): the engine refuses to mix two runs in one directory, so keep it aside.
@@ -177,7 +177,7 @@ class RunSupervisor:
             self.run_dir.rename(stale)
             logger.warning("run dir %s was not empty; moved to %s", self.run_dir, stale)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs").mkdir(exist_ok=True)
+        (self.run_dir / LOGS_DIR).mkdir(exist_ok=True)
         config_path = self.run_dir / SUBMITTED_CONFIG_FILE
         config_path.write_text(self.config_yaml)
         command = [*self.command_prefix, "run", str(config_path), "--out", str(self.run_dir), *(["--resume"] if self.resume else [])]

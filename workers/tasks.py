@@ -14,8 +14,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from inflight.alerts import services as alert_services
-from inflight.runs import services
+from inflight.runs import run_paths, services
 from inflight.runs.models import Run, RunStatus
+from rl_core.run_dir import CHECKPOINTS_DIR, METRICS_FILE
 from workers.supervisor import Outcome, RunSupervisor
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class PlatformReporter:
         after it (rl_core.resume.ResumePoint), so every step is charted once."""
         from inflight.runs.actions import supersede_rewound_history
 
-        self._call(supersede_rewound_history, self.run_id, point.step, point.lines.get("metrics.jsonl", 0), point.t)
+        self._call(supersede_rewound_history, self.run_id, point.step, point.lines.get(METRICS_FILE, 0), point.t)
 
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
         score = self._call(services.ingest_eval, self.run_id, record, problem_rows)
@@ -148,11 +149,11 @@ def execute_run(self, run_id: int) -> str:
         _until_recorded(lambda: services.finish_run(run_id, RunStatus.FAILED, f"refused by the worker: {exc}"))
         return RunStatus.FAILED
     resume = run.resume_count > 0
-    run_dir = settings.INFLIGHT_RUNS_DIR / str(run.pk)
-    if resume and not (run_dir / "checkpoints").is_dir():
+    run_dir = run_paths.run_dir(run.pk)
+    if resume and not (run_dir / CHECKPOINTS_DIR).is_dir():
         # Forks and resumes read checkpoints from the run storage every worker shares
         # (INFLIGHT_RUNS_DIR; a volume in docker-compose.yml). Say so rather than start over.
-        error = f"cannot resume: {run_dir}/checkpoints is not on worker {worker_name}; resuming needs the run storage (INFLIGHT_RUNS_DIR) shared by all workers"
+        error = f"cannot resume: {run_dir}/{CHECKPOINTS_DIR} is not on worker {worker_name}; resuming needs the run storage (INFLIGHT_RUNS_DIR) shared by all workers"
         _until_recorded(lambda: services.finish_run(run_id, RunStatus.FAILED, error))
         return RunStatus.FAILED
     supervisor = RunSupervisor(
@@ -183,7 +184,7 @@ def delete_run_dir(run_id: int) -> str:
 
     if Run.objects.filter(pk=run_id).exists():
         return "kept"  # the rows are still there (a stale message): never remove a live run's files
-    run_dir = settings.INFLIGHT_RUNS_DIR / str(int(run_id))
+    run_dir = run_paths.run_dir(run_id)
     if run_dir.is_symlink() or not run_dir.is_dir():
         return "absent"
     shutil.rmtree(run_dir)

@@ -34,7 +34,7 @@ TAR_CHUNK_BYTES = 1024 * 1024
 
 
 def _logs_dir(run_id: int) -> Path:
-    return run_paths.runs_dir() / str(run_id) / LOGS_DIR
+    return run_paths.run_dir(run_id) / LOGS_DIR
 
 
 def _log_files(run_id: int) -> list[Path]:

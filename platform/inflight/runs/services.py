@@ -127,7 +127,7 @@ def create_run(owner: AbstractBaseUser, name: str, config_dict: dict[str, Any]) 
         queue=RunQueue.GPU if config.needs_gpu else RunQueue.CPU,
         status=RunStatus.QUEUED,
     )
-    run.run_dir = str(settings.INFLIGHT_RUNS_DIR / str(run.pk))
+    run.run_dir = str(run_paths.run_dir(run.pk))
     run.save(update_fields=["run_dir"])
     transaction.on_commit(lambda: dispatch_run(run.pk, run.queue))
     transaction.on_commit(lambda: _broadcast_status(run))
@@ -261,7 +261,7 @@ def claim_run(run_id: int, worker_name: str, worker_incarnation: str = "") -> Ru
             return None
         Run.objects.filter(pk=run_id).update(worker_incarnation=worker_incarnation)
         return transition_run(
-            run_id, RunStatus.STARTING, worker_name=worker_name, run_dir=str(settings.INFLIGHT_RUNS_DIR / str(run_id))
+            run_id, RunStatus.STARTING, worker_name=worker_name, run_dir=str(run_paths.run_dir(run_id))
         )
 
 
