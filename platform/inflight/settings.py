@@ -162,7 +162,10 @@ REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+        # socket_timeout above channels_redis's 5 s blocking read (BZPOPMIN): redis-py 8's default
+        # is also 5 s, so an idle page's consumer timed out reading just as Redis answered "nothing
+        # yet", crashed and dropped the socket with 1011 (bench/platform_scale.py found it).
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}], "capacity": 1000, "expiry": 30},
     }
 }
 

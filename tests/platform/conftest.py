@@ -74,7 +74,7 @@ def platform_settings(embedded_services: Services, tmp_path_factory: pytest.Temp
     db = {"HOST": "127.0.0.1", "PORT": str(embedded_services.postgres_port), "NAME": "inflight", "USER": "postgres", "PASSWORD": ""}
     settings.DATABASES["default"].update(db)
     connections["default"].settings_dict.update(db)
-    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [embedded_services.redis_url]
+    settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"] = [{**settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0], "address": embedded_services.redis_url}]
     channel_layers.backends.clear()
     settings.CELERY_BROKER_URL = embedded_services.redis_url
     runs_dir = tmp_path_factory.mktemp("runs")

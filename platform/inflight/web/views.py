@@ -40,7 +40,9 @@ from inflight.web.selectors import latest_evaluations, status_rows
 
 from rl_core.config import RunConfig, field_errors
 
-MAX_COMPARED_RUNS = 8
+# Each run's snapshot is at most MAX_BUCKETS buckets per series (live/downsample.py), so a compare's
+# data stays bounded; 20 runs answer in well under 300 ms server time (bench/platform_scale.py).
+MAX_COMPARED_RUNS = 50
 MAX_SHIFT = 40
 
 

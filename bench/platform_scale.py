@@ -1,0 +1,363 @@
+"""The platform at a lab's scale (issue 24): many live runs and open run pages, two web nodes,
+thousands of finished runs to list and compare — on the real platform.
+
+Started as `make demo` starts it (inflight/runs/management/commands/demo.py): a private embedded
+PostgreSQL (fsync on, as the demo) and Redis (inflight.devservices), migrated; Daphne serving
+`inflight.asgi:application` with the Redis channel layer. What is real and what is simulated in
+the live part is said in bench/scale_live.py (writers simulate engines replaying a real demo run
+at its own pace; ingest is RunSupervisor.deliver() + PlatformReporter, many runs per process;
+clients are real WebSocket clients doing what run_page.js does).
+
+1. one web node: `--live-runs` runs written and ingested, `--clients` pages spread over them;
+   push latency from a metrics line being written to a client receiving it (p50/p95/p99), pushes
+   lost/duplicated/out of order, every client's series against its run's metrics.jsonl, the ingest
+   backlog over time, the CPU each process used;
+2. two web nodes (two Daphne processes, same PostgreSQL and Redis layer): clients spread over both;
+   node B is killed half-way, its clients reconnect to node A; every client must end complete;
+3. `--finished-runs` finished runs (a template run stored through the real ingest services —
+   `--steps` steps x `--metrics` metrics, evals with per-problem rows, rollouts — then cloned in
+   SQL with varied values): run list (filter, sort, paginate), leaderboard and a 20-run compare,
+   server time p95 (Django's test client, in this process: no network); the compare page's charts
+   interactive in Chromium (Playwright + Debian chromium); database size per run.
+
+    .venv/bin/python bench/platform_scale.py [--live-runs 200 --clients 500 --finished-runs 2000]
+    .venv/bin/python bench/platform_scale.py --live-runs 10 --clients 20 --finished-runs 50   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import REPO_ROOT, free_port, platform_services  # first: it puts the checkout on sys.path
+from scale_finished import finished_runs_phase
+from scale_live import DemoShape, ReplayWriter
+
+DEMO_CONFIG = REPO_ROOT / "examples" / "tiny-cpu.yaml"
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+class Processes:
+    """Children of the bench (Daphne, ingest, clients), each in its own session, with their CPU time."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.children: dict[str, subprocess.Popen] = {}
+        self.cpu_s: dict[str, float] = {}
+
+    def start(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "ab")
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.children[name] = process
+        return process
+
+    def cpu_of(self, name: str) -> float:
+        import psutil
+
+        try:
+            process = psutil.Process(self.children[name].pid)
+            times = process.cpu_times()
+            total = times.user + times.system
+            for child in process.children(recursive=True):
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+            return total
+        except psutil.NoSuchProcess:
+            return self.cpu_s.get(name, 0.0)
+
+    def note_cpu(self) -> None:
+        for name in self.children:
+            if self.children[name].poll() is None:
+                self.cpu_s[name] = self.cpu_of(name)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
+        process = self.children[name]
+        if process.poll() is None:
+            self.cpu_s[name] = self.cpu_of(name)
+            os.killpg(process.pid, sig)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+    def stop_all(self) -> None:
+        for name in list(self.children):
+            self.stop(name)
+
+    def log_tail(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")[-3000:]
+
+
+def service_cpu_s() -> dict[str, float]:
+    """CPU seconds of PostgreSQL (all its backends) and Redis so far."""
+    import psutil
+
+    totals = {"postgres": 0.0, "redis": 0.0}
+    for process in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        name = (process.info["name"] or "")
+        cmdline = " ".join(process.info["cmdline"] or [])
+        key = "postgres" if name.startswith("postgres") else "redis" if "redis-server" in name else None
+        if key is None or ("bench-platform-scale" not in cmdline and key == "redis"):
+            continue
+        times = process.info["cpu_times"]
+        if times is not None:
+            totals[key] += times.user + times.system
+            if key == "postgres" and process.ppid() > 1 and not psutil.Process(process.ppid()).name().startswith("postgres"):
+                totals[key] += times.children_user + times.children_system  # the postmaster: its ended backends
+    return totals
+
+
+def web_env(port: int) -> dict[str, str]:
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "inflight.settings", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{port}"}
+
+
+def start_web_node(processes: Processes, name: str) -> str:
+    """Daphne as the demo starts it (`python -m daphne -b 127.0.0.1 -p PORT inflight.asgi:application`)."""
+    import urllib.request
+
+    port = free_port()
+    processes.start(name, [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inflight.asgi:application"], web_env(port))
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=5)
+            return f"http://127.0.0.1:{port}"
+        except OSError:
+            if processes.children[name].poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not start:\n{processes.log_tail(name)}")
+            time.sleep(0.3)
+
+
+def create_live_runs(user: Any, count: int, runs_root: Path, label: str) -> list[dict[str, Any]]:
+    import yaml
+
+    from inflight.runs import services
+    from inflight.runs.models import Run, RunStatus
+
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    runs = []
+    for index in range(count):
+        run = services.create_run(user, f"{label}-{index:03d}", config)
+        run_dir = runs_root / str(run.pk)
+        run_dir.mkdir(parents=True)
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, run_dir=str(run_dir), worker_name="bench@scale")
+        runs.append({"id": run.pk, "run_dir": str(run_dir), "config_yaml": yaml.safe_dump(run.config, sort_keys=False)})
+    return runs
+
+
+def expected_snapshot(run_dir: Path) -> dict[str, Any]:
+    """The run's metrics.jsonl downsampled by the reference algorithm (tests/platform/downsample_oracle.py)."""
+    from inflight.runs.services import points_from_metrics_record
+    from tests.platform.downsample_oracle import snapshot_from_points
+
+    points = []
+    for line_no, line in enumerate((run_dir / "metrics.jsonl").read_text().splitlines()):
+        if line.strip():
+            points += [(p.name, p.step, p.t, p.value) for p in points_from_metrics_record(line_no, json.loads(line))]
+    return snapshot_from_points(points)
+
+
+def keep_logs(folder: Path, label: str) -> None:
+    """The processes' logs outlive the bench's folder (removed with its services): var/logs/platform-scale/."""
+    import shutil
+
+    target = REPO_ROOT / "var" / "logs" / "platform-scale" / label
+    target.mkdir(parents=True, exist_ok=True)
+    for log in folder.glob("*.log"):
+        shutil.copyfile(log, target / log.name)
+
+
+def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any, cookie: str, folder: Path, nodes: int) -> dict[str, Any]:
+    """Runs written, ingested and watched; with two nodes the second is killed half-way."""
+    processes = Processes(folder)
+    runs_root = folder / "runs"
+    try:
+        bases = [start_web_node(processes, f"web-{label}-{n}") for n in range(nodes)]
+        runs = create_live_runs(user, args.live_runs, runs_root, label)
+        stop_ingest, stop_clients = folder / "stop-ingest", folder / "stop-clients"
+        progress_files = []
+        for k in range(args.ingest_procs):
+            spec_path = folder / f"ingest-{k}.json"
+            progress_files.append(folder / f"ingest-{k}.progress")
+            spec_path.write_text(json.dumps({"runs": runs[k::args.ingest_procs], "stop_file": str(stop_ingest), "progress_file": str(progress_files[-1])}))
+            processes.start(f"ingest-{label}-{k}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "ingest", str(spec_path)], {**os.environ, "PYTHONUNBUFFERED": "1"})
+        # Clients spread round-robin over runs and nodes; each lists the other nodes to fall back on.
+        clients = [{"client": c, "run_id": runs[c % len(runs)]["id"], "bases": bases[c % nodes:] + bases[:c % nodes]} for c in range(args.clients)]
+        client_spec = folder / "clients.json"
+        ready_file, result_file = folder / "clients-ready", folder / "clients-result.json"
+        client_spec.write_text(json.dumps({"clients": clients, "cookie": cookie, "stop_file": str(stop_clients), "ready_file": str(ready_file),
+                                           "result_file": str(result_file), "connect_spacing_s": args.connect_spacing_s}))
+        processes.start(f"clients-{label}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "clients", str(client_spec)], {**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 600
+        while not ready_file.exists():
+            if processes.children[f"clients-{label}"].poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"clients did not start:\n{processes.log_tail(f'clients-{label}')}")
+            time.sleep(0.2)
+        time.sleep(3)  # the last pages fetch their snapshots
+        cpu_before = {**{name: processes.cpu_of(name) for name in processes.children}, **service_cpu_s()}
+        writer = ReplayWriter(shape, [Path(run["run_dir"]) for run in runs], stagger_s=args.stagger_s, with_rollouts=not args.no_rollouts)
+        started = time.monotonic()
+        writer.start()
+        backlog: list[tuple[float, int]] = []
+        killed_at = None
+        while True:
+            time.sleep(1.0)
+            elapsed = time.monotonic() - started
+            delivered = sum(json.loads(p.read_text())["delivered_lines"] for p in progress_files if p.exists())
+            backlog.append((elapsed, writer.written_lines() - delivered))
+            if nodes > 1 and killed_at is None and elapsed >= shape.duration_s / 2:
+                processes.stop(f"web-{label}-{nodes - 1}", signal.SIGKILL)  # a node dies, no goodbye to its sockets
+                killed_at = elapsed
+            if writer.done.is_set() and backlog[-1][1] <= 0:
+                break
+            if elapsed > shape.duration_s + args.drain_timeout_s:
+                print(f"  [{label}] ingest did not catch up: backlog {backlog[-1][1]} lines")
+                break
+        processes.note_cpu()
+        stop_ingest.write_text("stop")
+        for k in range(args.ingest_procs):
+            processes.children[f"ingest-{label}-{k}"].wait(120)
+        ingest_done = time.monotonic() - started
+        time.sleep(args.settle_s)  # the last pushes reach the pages (pacing, reconnects)
+        stop_clients.write_text("stop")
+        processes.children[f"clients-{label}"].wait(300)
+        cpu_after = {**{name: processes.cpu_s.get(name, processes.cpu_of(name)) for name in processes.children}, **service_cpu_s()}
+        records = json.loads(result_file.read_text())
+        from inflight.runs.services import finish_run
+
+        for run in runs:
+            finish_run(run["id"], "succeeded")
+    finally:
+        processes.stop_all()
+        keep_logs(folder, label)
+    wall = ingest_done
+    expected = {run["id"]: expected_snapshot(Path(run["run_dir"])) for run in runs}
+    keys = ("shift", "max_step", "series")
+    complete = [r for r in records if r["final"] is not None and {k: r["final"][k] for k in keys} == {k: expected[r["run_id"]][k] for k in keys}]
+    latencies = [ms for r in records for ms in r["latencies_ms"]]
+    killed_clients = [r for r, c in zip(records, clients) if nodes > 1 and c["bases"][0] == bases[-1]]
+    return {
+        "label": label, "nodes": nodes, "runs": len(runs), "clients": len(records), "wall_s": wall,
+        "p50": percentile(latencies, 50), "p95": percentile(latencies, 95), "p99": percentile(latencies, 99), "samples": len(latencies),
+        "gaps": sum(r["gaps"] for r in records), "dup_ooo": sum(r["duplicates_or_out_of_order"] for r in records),
+        "complete": len(complete), "killed_clients": len(killed_clients),
+        "killed_complete": sum(1 for r in killed_clients if r in complete),
+        "reconnects": sum(max(0, r["connects"] - 1) for r in records), "killed_at_s": killed_at,
+        "errors": [e for r in records for e in r["errors"]][:5],
+        "backlog": backlog, "cpu": {name: cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after},
+        "lines_written": writer.written_lines(),
+    }
+
+
+def report_live(result: dict[str, Any]) -> None:
+    label = result["label"]
+    print(f"[{label}] {result['runs']} runs, {result['clients']} clients on {result['nodes']} web node(s), {result['lines_written']} metrics lines "
+          f"in {result['wall_s']:.0f} s; push latency p50/p95/p99 {result['p50']:.0f}/{result['p95']:.0f}/{result['p99']:.0f} ms "
+          f"over {result['samples']} (client, line) pairs")
+    print(f"[{label}] gaps {result['gaps']}, duplicated/out of order {result['dup_ooo']}, complete series {result['complete']}/{result['clients']}, "
+          f"reconnects {result['reconnects']}" + (f", node killed at {result['killed_at_s']:.0f} s: {result['killed_complete']}/{result['killed_clients']} of its clients complete" if result["killed_at_s"] else ""))
+    if result["errors"]:
+        print(f"[{label}] client errors (first 5): {result['errors']}")
+    samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]
+    print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
+    wall = max(result["wall_s"], 1e-9)
+    print(f"[{label}] CPU (cores busy on average): " + ", ".join(f"{name} {cpu / wall:.2f}" for name, cpu in sorted(result["cpu"].items())))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--live-runs", type=int, default=200, help="Live runs written and ingested at once.")
+    parser.add_argument("--clients", type=int, default=500, help="Open run pages (WebSocket clients), spread over the live runs.")
+    parser.add_argument("--finished-runs", type=int, default=2000, help="Finished runs in the database for the list/leaderboard/compare timings.")
+    parser.add_argument("--steps", type=int, default=200, help="Steps of each finished run.")
+    parser.add_argument("--metrics", type=int, default=40, help="Metrics logged at every step of each finished run.")
+    parser.add_argument("--demo-run", default="/tmp/demo-rate", help="A real demo run directory (python -m rl_core run examples/tiny-cpu.yaml --out DIR): the writers replay it.")
+    parser.add_argument("--duration-s", type=float, default=None, help="Replay only the demo run's first seconds (default: all of it).")
+    parser.add_argument("--ingest-procs", type=int, default=2, help="Ingest processes (the runs are split among them).")
+    parser.add_argument("--no-rollouts", action="store_true", help="Leave the rollout stream out of the replay.")
+    parser.add_argument("--stagger-s", type=float, default=2.0, help="Runs start spread over this many seconds.")
+    parser.add_argument("--connect-spacing-s", type=float, default=0.01, help="Pause between opening two pages.")
+    parser.add_argument("--settle-s", type=float, default=5.0, help="Wait after ingest caught up before reading the pages.")
+    parser.add_argument("--drain-timeout-s", type=float, default=300.0, help="Give up on ingest catching up this long after the replay ended.")
+    parser.add_argument("--skip-live", action="store_true", help="Only the finished-runs part.")
+    parser.add_argument("--skip-finished", action="store_true", help="Only the live parts.")
+    parser.add_argument("--repeats", type=int, default=20, help="Timed requests per view (p95 over them).")
+    args = parser.parse_args()
+    # One key for this process and the web nodes: a session made here is valid there.
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(40))
+    os.environ.setdefault("INFLIGHT_SECURE_COOKIES", "0")
+    # A lab's many live runs belong to many people; here one user owns them all.
+    os.environ.setdefault("INFLIGHT_MAX_ACTIVE_RUNS_PER_USER", "100000")
+    with platform_services("platform-scale"):
+        return run_bench(args)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    folder = REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()) / "work"  # removed with the services
+    user = get_user_model().objects.create_user("bench", password="bench-password-1", is_staff=False)
+    from inflight.accounts.services import create_token
+
+    client = Client()
+    client.force_login(user)
+    client.defaults["HTTP_AUTHORIZATION"] = f"Token {create_token(user).key}"  # the API's requests; pages use the session
+    cookie = client.cookies["sessionid"].value
+    results: dict[str, Any] = {}
+    ok = True
+    if not args.skip_live:
+        demo = Path(args.demo_run)
+        if not (demo / "metrics.jsonl").exists():
+            raise SystemExit(f"no demo run at {demo}: run `.venv/bin/python -m rl_core run examples/tiny-cpu.yaml --out {demo}` once")
+        shape = DemoShape.read(demo, args.duration_s)
+        print(f"demo run {demo}: {shape.describe()}")
+        for label, nodes in (("one-node", 1), ("two-nodes", 2)):
+            phase_folder = folder / label
+            phase_folder.mkdir(parents=True, exist_ok=True)
+            results[label] = live_phase(args, label, shape, user, cookie, phase_folder, nodes)
+            report_live(results[label])
+    if not args.skip_finished:
+        (folder / "finished").mkdir(parents=True, exist_ok=True)
+        results["finished"] = finished_runs_phase(args, user, client, folder / "finished", Processes(folder / "finished"), start_web_node)
+    print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if "one-node" in results:
+        one, two = results["one-node"], results["two-nodes"]
+        lost = one["gaps"] + one["dup_ooo"] + two["gaps"] + two["dup_ooo"]
+        both_complete = int(two["complete"] == two["clients"] and two["killed_clients"] > 0)
+        ok = ok and lost == 0 and one["complete"] == one["clients"] and both_complete == 1
+        print(f"RESULT push_p50_ms {one['p50']:.1f}")
+        print(f"RESULT push_p95_ms {one['p95']:.1f}")
+        print(f"RESULT push_p99_ms {one['p99']:.1f}")
+        print(f"RESULT pushes_lost {lost}")
+        print(f"RESULT series_complete_one_node {one['complete']}/{one['clients']}")
+        print(f"RESULT two_web_nodes_complete {both_complete}")
+        print(f"RESULT two_nodes_push_p95_ms {two['p95']:.1f}")
+        print(f"RESULT ingest_backlog_max_lines {max(b for _, b in one['backlog'])}")
+        print(f"RESULT web_node_cpu_cores_one_node {sum(c for n, c in one['cpu'].items() if n.startswith('web-')) / one['wall_s']:.2f}")
+    if "finished" in results:
+        for key, value in results["finished"].items():
+            print(f"RESULT {key} {value}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

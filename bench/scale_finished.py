@@ -1,0 +1,212 @@
+"""The finished-runs half of bench/platform_scale.py: thousands of finished runs in PostgreSQL, then
+the run list, the leaderboard and a 20-run compare timed, and the compare page in Chromium.
+
+The database is filled fast and with the platform's own shapes: ONE template run is stored
+through the real ingest services (`ingest_metrics` with its folding into the snapshot buckets,
+`ingest_eval` with per-problem rows, `ingest_rollouts` from a real demo run's stream), then cloned
+in SQL (`INSERT ... SELECT` over every table that holds a run's rows) with values varied per clone
+(scaled by 1 + (id % 97) / 1000, which keeps every bucket's min <= last <= max order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMPARED_RUNS = 20
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def _template_run(user: Any, steps: int, metrics: int, demo: Path) -> Any:
+    import yaml
+
+    from inflight.rollouts.services import ingest_rollouts
+    from inflight.rollouts.tokens import decoder_for_model
+    from inflight.runs import services
+    from inflight.runs.models import Run, RunStatus
+
+    config = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    run = services.create_run(user, "finished", config)
+    demo_names: list[str] = []
+    metrics_file = demo / "metrics.jsonl"
+    if metrics_file.exists():
+        for line in metrics_file.read_text().splitlines():
+            for key, value in json.loads(line).items():
+                if key not in ("t", "step") and isinstance(value, (int, float)) and key not in demo_names:
+                    demo_names.append(key)
+    names = (demo_names + [f"extra/{i:02d}" for i in range(metrics)])[:metrics]
+    t0 = time.time() - steps
+    for first in range(0, steps, 10):  # the worker's batches: a few lines per poll
+        services.ingest_metrics(run.pk, [
+            services.PointIn(line=step, name=name, step=step, t=t0 + step, value=((step * 7919 + i * 104729) % 1000) / 1000.0 + step / steps)
+            for step in range(first, min(steps, first + 10)) for i, name in enumerate(names)
+        ])
+    results = sorted((demo / "eval").glob("*heldout*.jsonl")) if (demo / "eval").is_dir() else []
+    problem_rows = [json.loads(line) for line in results[0].read_text().splitlines() if line.strip()] if results else []
+    for step in range(0, steps, 20):
+        services.ingest_eval(run.pk, {"t": t0 + step, "step": step, "benchmark": "heldout", "k": 4, "mean_at_k": 0.4 + step / (3 * steps), "pass_at_k": 0.9,
+                                      "stderr": 0.03, "num_problems": len(problem_rows), "num_samples": 4 * len(problem_rows), "policy_versions": [step],
+                                      "results_file": ""}, problem_rows)
+    stream = demo / "stream" / "rollouts.jsonl"
+    if stream.exists():
+        lines = [json.loads(line) for line in stream.read_text().splitlines()[:steps * 64] if line.strip()]
+        for first in range(0, len(lines), 2000):
+            ingest_rollouts(run.pk, list(enumerate(lines))[first:first + 2000], decoder_for_model(str(REPO_ROOT / "var" / "models" / "tiny")))
+    services.flush_broadcasts()
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    return Run.objects.get(pk=run.pk), len(names)
+
+
+def _columns(cursor: Any, table: str) -> list[str]:
+    from django.db import connection
+
+    return [column.name for column in connection.introspection.get_table_description(cursor, table)]
+
+
+def clone_runs(template_id: int, copies: int) -> dict[str, int]:
+    """`copies` clones of the template run and all its rows; returns rows added per table."""
+    from django.apps import apps
+    from django.db import connection, transaction
+
+    from inflight.runs.models import EvalProblemResult, EvalScore, Run
+
+    varied = {"value": "t.value * (1 + (m.id %% 97) / 1000.0)", "min_value": "t.min_value * (1 + (m.id %% 97) / 1000.0)",
+              "max_value": "t.max_value * (1 + (m.id %% 97) / 1000.0)", "last_value": "t.last_value * (1 + (m.id %% 97) / 1000.0)",
+              "mean_at_k": "t.mean_at_k * (0.8 + (m.id %% 97) / 300.0)"}
+    added: dict[str, int] = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        runs = Run._meta.db_table
+        columns = [c for c in _columns(cursor, runs) if c != "id"]
+        special = {"name": "'finished-' || g", "created_at": "now() - g * interval '1 minute'",
+                   "started_at": "now() - g * interval '1 minute' - interval '5 minutes'", "finished_at": "now() - g * interval '1 minute'",
+                   "status": "CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'succeeded' END", "tags": "jsonb_build_array('sweep-' || (g %% 5))"}
+        select = ", ".join(special.get(c, f"t.{c}") for c in columns)
+        cursor.execute("CREATE TEMP TABLE clone_map (id bigint PRIMARY KEY) ON COMMIT DROP")
+        cursor.execute(f"WITH made AS (INSERT INTO {runs} ({', '.join(columns)}) SELECT {select} FROM {runs} t, generate_series(1, %s) g "
+                       f"WHERE t.id = %s RETURNING id) INSERT INTO clone_map SELECT id FROM made", [copies, template_id])
+        added[runs] = cursor.rowcount
+        for model in apps.get_models():
+            run_fields = [f for f in model._meta.concrete_fields if f.is_relation and f.related_model is Run and f.name == "run"]
+            if not run_fields or model is Run:
+                continue
+            table = model._meta.db_table
+            columns = [c for c in _columns(cursor, table) if not (c == "id" and not model._meta.pk.name == "run")]
+            select = ", ".join("m.id" if c == "run_id" else varied.get(c, f"t.{c}") for c in columns)
+            cursor.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM {table} t CROSS JOIN clone_map m WHERE t.run_id = %s", [template_id])
+            added[table] = cursor.rowcount
+        scores, problems = EvalScore._meta.db_table, EvalProblemResult._meta.db_table
+        columns = [c for c in _columns(cursor, problems) if c not in ("id", "eval_id")]
+        cursor.execute(
+            f"INSERT INTO {problems} ({', '.join(columns)}, eval_id) SELECT {', '.join('p.' + c for c in columns)}, new.id FROM {problems} p "
+            f"JOIN {scores} old ON old.id = p.eval_id JOIN {scores} new ON new.benchmark = old.benchmark AND new.step = old.step "
+            f"JOIN clone_map m ON m.id = new.run_id WHERE old.run_id = %s", [template_id])
+        added[problems] = cursor.rowcount
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return added
+
+
+def _timed_get(client: Any, url: str, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        response = client.get(url)
+        elapsed = (time.perf_counter() - start) * 1000
+        assert response.status_code == 200, f"{url}: HTTP {response.status_code} {response.content[:300]!r}"
+        times.append(elapsed)
+    return times
+
+
+def compare_in_browser(base: str, url: str, loads: int) -> list[float]:
+    """ms from navigation start until every chosen metric's chart is drawn, per page load."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = Path("/usr/bin/chromium")
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+    times = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 1000})
+            page.set_default_timeout(120_000)
+            page.goto(f"{base}/accounts/login/")
+            page.fill("#id_username", "bench")
+            page.fill("#id_password", "bench-password-1")
+            page.click("button[type=submit]")
+            page.wait_for_load_state()
+            for _ in range(loads):
+                page.goto(base + url)
+                page.wait_for_function(
+                    "() => { const s = document.getElementById('metric-select'); const n = s ? s.selectedOptions.length : 0;"
+                    " return n > 0 && document.querySelectorAll('#charts .js-plotly-plot .main-svg').length >= n; }")
+                times.append(page.evaluate("performance.now()"))
+        finally:
+            browser.close()
+    return times
+
+
+def finished_runs_phase(args: argparse.Namespace, user: Any, client: Any, folder: Path, processes: Any, start_web_node: Any) -> dict[str, Any]:
+    """`processes`/`start_web_node`: platform_scale's process holder and Daphne starter."""
+    from django.db import connection
+
+    from inflight.runs.models import Run
+
+    started = time.perf_counter()
+    template, names = _template_run(user, args.steps, args.metrics, Path(args.demo_run))
+    added = clone_runs(template.pk, args.finished_runs - 1)
+    load_s = time.perf_counter() - started
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_database_size(current_database())")
+        db_bytes = cursor.fetchone()[0]
+        cursor.execute("SELECT relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                       "WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY 2 DESC LIMIT 6")
+        biggest = cursor.fetchall()
+    finished = Run.objects.filter(name__startswith="finished").count()
+    print(f"[finished] {finished} runs ({args.steps} steps x {names} metrics each) loaded in {load_s:.0f} s: "
+          + ", ".join(f"{table} +{rows}" for table, rows in added.items()))
+    print(f"[finished] database {db_bytes / 1e6:.0f} MB = {db_bytes / finished / 1e3:.0f} kB per run; biggest tables: "
+          + ", ".join(f"{name} {size / 1e6:.0f} MB" for name, size in biggest))
+    ids = list(Run.objects.filter(name__startswith="finished").order_by("-id").values_list("pk", flat=True)[:COMPARED_RUNS])
+    views = {
+        "run_list": ["/", "/?status=succeeded&sort=-created", "/?q=finished-1&sort=name", "/?tag=sweep-3&sort=-started", "/?sort=status"],
+        "run_list_api_page": ["/api/runs/?limit=50&offset=1000", "/api/runs/?status=failed&sort=name&limit=100&offset=100"],
+        "leaderboard": ["/leaderboard/", "/leaderboard/?status=succeeded&sort=-heldout_best"],
+        "compare_page": [f"/compare/?runs={','.join(map(str, ids))}"],
+    }
+    out: dict[str, Any] = {"finished_runs": finished, "db_kb_per_run": round(db_bytes / finished / 1e3, 1), "finished_load_s": round(load_s, 1)}
+    for key, urls in views.items():
+        times = [ms for url in urls for ms in _timed_get(client, url, args.repeats)]
+        out[f"{key}_p95_ms"] = round(_p95(times), 1)
+        print(f"[finished] {key}: p50 {statistics.median(times):.0f} ms, p95 {_p95(times):.0f} ms over {len(times)} requests ({', '.join(urls)})")
+    # A compare is the page and the snapshot of each of its runs (what compare.js fetches).
+    compare_times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        assert client.get(views["compare_page"][0]).status_code == 200
+        for run_id in ids:
+            assert client.get(f"/runs/{run_id}/snapshot.json").status_code == 200
+        compare_times.append((time.perf_counter() - start) * 1000)
+    out["compare_20_runs_p95_ms"] = round(_p95(compare_times), 1)
+    out["run_list_p95_ms"] = max(out["run_list_p95_ms"], out["run_list_api_page_p95_ms"])
+    out["leaderboard_2000_runs_p95_ms" if args.finished_runs == 2000 else f"leaderboard_{args.finished_runs}_runs_p95_ms"] = out.pop("leaderboard_p95_ms")
+    print(f"[finished] compare of {len(ids)} runs (page + {len(ids)} snapshots): p50 {statistics.median(compare_times):.0f} ms, p95 {_p95(compare_times):.0f} ms")
+    try:
+        base = start_web_node(processes, "web-browser")
+        browser_ms = compare_in_browser(base, views["compare_page"][0], loads=5)
+    finally:
+        processes.stop_all()
+    print(f"[finished] compare page in Chromium, charts drawn after: {', '.join(f'{ms:.0f}' for ms in browser_ms)} ms")
+    out["compare_page_interactive_ms"] = round(max(browser_ms), 1)
+    return out
