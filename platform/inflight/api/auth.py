@@ -9,7 +9,7 @@ from typing import Any, Callable
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
