@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from inflight.runs import run_limits, run_paths, services
 from inflight.runs.models import TERMINAL_STATUSES, EvalScore, MetricPoint, Run, RunStatus
+from inflight.runs.selectors import can_manage_run
 from rl_core.resume import ResumeError, check_checkpoint
 from rl_core.run_dir import CHECKPOINT_STATE_FILE, LATEST_CHECKPOINT_LINK, checkpoint_step
 
@@ -186,7 +187,7 @@ def resume_run(run: Run, by_user: AbstractBaseUser) -> Run:
     """The same run, queued again to continue from its latest checkpoint (the worker starts the
     engine with --resume). ActionRefused naming the checkpoint when it is missing or unreadable:
     a resume never silently starts over."""
-    if not services.can_manage_run(by_user, run):
+    if not can_manage_run(by_user, run):
         raise PermissionDenied("only the run's owner or staff may resume it")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)

@@ -15,8 +15,16 @@ from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run,
 from inflight.runs.run_filters import RunFilters, filter_runs
 
 
+# The access rule of runs, in its two forms: a run's owner and staff may see and manage it
+# (`can_manage_run`, one run), the query of every run a user may see (`runs_visible_to`).
+
+
+def can_manage_run(user: AbstractBaseUser, run: Run) -> bool:
+    return bool(user.is_authenticated and (user.is_staff or run.owner_id == user.pk))
+
+
 def runs_visible_to(user: AbstractBaseUser) -> QuerySet[Run]:
-    """Own runs; staff see every run; anonymous users none."""
+    """Own runs; staff see every run; anonymous users none (`can_manage_run` as a query)."""
     if not user.is_authenticated:
         return Run.objects.none()
     runs = Run.objects.select_related("owner")

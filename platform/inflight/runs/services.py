@@ -40,6 +40,7 @@ from inflight.runs.models import (
     RunStatus,
     Worker,
 )
+from inflight.runs.selectors import can_manage_run
 from inflight.runs.safe_input import value_errors
 from inflight.task_queue import EXECUTE_RUN_TASK, app
 from rl_core.config import RunConfig, field_errors
@@ -284,10 +285,6 @@ def finish_run(run_id: int, status: str, error: str = "") -> Run:
     except IllegalTransition:
         logger.warning("run %s ended %s, which its status %s does not allow; keeping %s", run_id, status, run.status, run.status)
         return run
-
-
-def can_manage_run(user: AbstractBaseUser, run: Run) -> bool:
-    return bool(user.is_authenticated and (user.is_staff or run.owner_id == user.pk))
 
 
 @transaction.atomic

@@ -8,8 +8,8 @@ from typing import Any
 from django import template
 
 from inflight.runs import actions
-from inflight.runs.selectors import runs_visible_to
-from inflight.runs.services import can_manage_run
+from inflight.runs.selectors import can_manage_run, runs_visible_to
+from rl_core.run_dir import read_cluster
 
 register = template.Library()
 
@@ -27,7 +27,7 @@ def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
         "parent": parent,
         "parent_hidden": bool(run.parent_id) and parent is None,
         # A deleted parent's label, to whom made the run (they saw the parent) or staff only.
-        "deleted_parent_label": run.parent_label if not run.parent_id and (run.owner_id == user.pk or user.is_staff) else "",
+        "deleted_parent_label": run.parent_label if not run.parent_id and can_manage_run(user, run) else "",
         "children": list(visible.filter(parent=run).select_related(None).order_by("id").only("pk", "name", "parent_step", "status")[:50]),
         "checkpoints": actions.run_checkpoints(run),
         "resume_problem": actions.resume_problem(run) if run.is_resumable else None,
