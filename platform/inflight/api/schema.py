@@ -336,7 +336,7 @@ def get_eval(request: HttpRequest, eval_id: int) -> Any:
 
 
 @api.get("/leaderboard/", response={200: Leaderboard, **ERRORS}, tags=["evaluations"], summary="Best and last scores of every visible run")
-def get_leaderboard(request: HttpRequest, filters: Query[RunFilters], sort: str = Query("-aime24_best", description="A leaderboard column, `-` for descending.")) -> Any:
+def get_leaderboard(request: HttpRequest, filters: Query[RunFilters], sort: str | None = Query(None, description="A leaderboard column (`runs.selectors.LEADERBOARD_SORT_KEYS`), `-` for descending; none: the first of held-out success, MATH-500, AIME 2024, training-batch success that every listed run has (`sort` in the answer says which).")) -> Any:
     return _declared(request)
 
 
