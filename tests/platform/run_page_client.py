@@ -1,0 +1,122 @@
+"""A run page's live subscription in Python, as static/inflight/run_page.js does it: open the run's
+socket, fetch `snapshot.json` once it is open (pushes that come meanwhile wait), apply `metrics.batch`
+pushes by seq (stale ones ignored, a gap refetches the snapshot), and after a close reconnect — to
+the next web node, as a load balancer would send it — and refetch. The page's state is
+`downsample_oracle.DownsampleState` (downsample.js's State). Used by tests/platform/test_two_web_nodes.py
+and bench/platform_scale.py; it counts what the lost-nothing property is about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from downsample_oracle import DownsampleState  # tests/platform is on sys.path (as for the test modules)
+
+
+@dataclass
+class ClientRecord:
+    """What one page saw; the bench compares `final` with the run's metrics.jsonl."""
+
+    client: int
+    run_id: int
+    latencies_ms: list[float] = field(default_factory=list)
+    pushes: int = 0
+    gaps: int = 0  # a push left a batch out (the page refetched)
+    duplicates_or_out_of_order: int = 0  # a push on one connection not after the previous one
+    refetches: int = 0
+    connects: int = 0
+    errors: list[str] = field(default_factory=list)
+    final: dict[str, Any] | None = None
+    seq: int = 0  # the batches the page holds (1..seq), kept up to date
+
+
+async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
+    response = await http.get(f"{base}/runs/{run_id}/snapshot.json")
+    response.raise_for_status()
+    return response.json()
+
+
+async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, stop: asyncio.Event, http_clients: dict[str, Any]) -> None:
+    import websockets
+
+    state: DownsampleState | None = None
+    node = 0
+    while not stop.is_set():
+        base = bases[node % len(bases)]
+        ws_url = base.replace("http://", "ws://") + f"/ws/runs/{record.run_id}/"
+        last_seq_on_connection: int | None = None
+        try:
+            async with websockets.connect(ws_url, origin=base, additional_headers={"Cookie": f"sessionid={cookie}"},
+                                          open_timeout=60, ping_interval=None, max_size=None) as socket:
+                record.connects += 1
+                hello = json.loads(await socket.recv())
+                if hello.get("type") != "hello":
+                    record.errors.append(f"first message {hello!r}")
+                    return
+                # As run_page.js: the snapshot is fetched once the socket is open; pushes that come
+                # meanwhile wait and are applied after it.
+                snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
+                buffered: list[tuple[float, dict[str, Any]]] = []
+                stop_task = asyncio.ensure_future(stop.wait())
+                recv_task = asyncio.ensure_future(socket.recv())
+                while True:
+                    waiting = {recv_task, stop_task} | ({snapshot_task} if snapshot_task is not None else set())
+                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if snapshot_task is not None and snapshot_task in done:
+                        state = DownsampleState.from_snapshot(snapshot_task.result())
+                        record.seq = state.seq
+                        record.refetches += 1
+                        snapshot_task = None
+                        for received_at, message in buffered:
+                            if _apply(record, state, message, received_at) == "gap":
+                                record.gaps += 1
+                                snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
+                                break
+                        buffered = []
+                    if stop_task in done:
+                        recv_task.cancel()
+                        break
+                    if recv_task in done and recv_task.exception() is not None:
+                        stop_task.cancel()
+                        raise recv_task.exception()
+                    if recv_task not in done:
+                        continue
+                    received_at = time.time()
+                    raw = recv_task.result()
+                    recv_task = asyncio.ensure_future(socket.recv())
+                    message = json.loads(raw)
+                    if message.get("type") != "metrics.batch":
+                        continue
+                    record.pushes += 1
+                    seq, first = int(message["seq"]), int(message.get("from_seq", message["seq"]))
+                    if last_seq_on_connection is not None and first <= last_seq_on_connection:
+                        record.duplicates_or_out_of_order += 1
+                    last_seq_on_connection = max(seq, last_seq_on_connection or 0)
+                    if snapshot_task is not None:
+                        buffered.append((received_at, message))
+                    elif _apply(record, state, message, received_at) == "gap":
+                        record.gaps += 1
+                        snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
+                if stop.is_set():
+                    break
+        except Exception as exc:  # noqa: BLE001 - a closed or refused socket: reconnect as the page does
+            record.errors.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+        if stop.is_set():
+            break
+        node += 1  # the next node, as a load balancer sends a client whose node went away
+        await asyncio.sleep(1.0 + random.random() * 0.5)
+    record.final = state.to_snapshot() if state is not None else None
+
+
+def _apply(record: ClientRecord, state: DownsampleState, message: dict[str, Any], received_at: float) -> str:
+    outcome = state.apply_batch(message)
+    record.seq = state.seq
+    if outcome == "applied":
+        for t in {point[2] for point in message["points"]}:
+            record.latencies_ms.append((received_at - float(t)) * 1000.0)
+    return outcome
