@@ -19,7 +19,7 @@ async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) ->
     from rl_core.client import InferenceClient
 
     clients = [InferenceClient(url) for url in server_urls]
-    writer = open_writer(config.stream.kind, run_dir, stream_redis_url(config, run_dir))
+    writer = open_writer(config.stream.kind, run_dir, stream_redis_url(config.stream, run_dir))
     sink = JsonlSink(run_dir / METRICS_FILE)
     try:
         await Actor(config, run_dir, clients, writer, sink).run()

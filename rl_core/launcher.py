@@ -48,7 +48,10 @@ from rl_core.role_hosts import LocalHost, RoleHost
 from rl_core.resume import ResumeError, record_resume
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
+    CLUSTER_FILE,
     CONFIG_FILE,
+    ClusterRecord,
+    ClusterRole,
     METRICS_FILE,
     REDIS_DIR,
     REDIS_LOG_FILE,
@@ -60,6 +63,7 @@ from rl_core.run_dir import (
     read_progress,
     request_stop,
     stop_requested,
+    write_json_atomic,
     write_servers,
     write_status,
 )
@@ -295,8 +299,8 @@ class Launcher:
         self._console_pending: dict[str, float] = {}
         self._console_last = 0.0
 
-    def set_status(self, state: RunState, error: str | None = None) -> None:
-        write_status(self.run_dir, state, error)
+    def set_status(self, state: RunState, error: str | None = None, detail: str | None = None) -> None:
+        write_status(self.run_dir, state, error, detail)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -329,12 +333,15 @@ class Launcher:
     def start_all(self) -> None:
         c = self.config
         if self.host.remote:
-            print(f"waiting for the placement group (cluster.nodes={c.cluster.nodes}, at most "
-                  f"{c.cluster.placement_timeout_s:g} s)", flush=True)
+            waiting = (f"waiting for the Ray placement group: cluster.nodes={c.cluster.nodes}, at most "
+                       f"{c.cluster.placement_timeout_s:g} s; no role starts before every node is reserved")
+            print(waiting, flush=True)
+            self.set_status("starting", detail=waiting)  # the platform shows what the run waits for
             try:
                 self.host.reserve()  # type: ignore[attr-defined]
             except ClusterError as exc:
                 raise LaunchError(str(exc)) from exc
+            self.set_status("starting")
             print(f"placement group ready after {self.host.placement_wait_s:.1f} s:\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
         print(f"placement:\n{self.placement.summary()}", flush=True)
         if c.stream.kind == "redis" and self.host.remote:
@@ -361,6 +368,18 @@ class Launcher:
         self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--await-servers")
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
         write_servers(self.run_dir, urls)
+        if self.host.remote:
+            self.write_cluster_record()
+
+    def write_cluster_record(self) -> None:
+        """`cluster.json`: each role's node, address and pid there (the run page's "where" table)."""
+        roles = [
+            ClusterRole(role=child.name, node=self.host.slots[child.name].node,  # type: ignore[attr-defined]
+                        address=self.host.address(child.name), pid=child.process.pid)
+            for child in self.children if child.name in self.host.slots  # type: ignore[attr-defined]
+        ]
+        record = ClusterRecord(placement_wait_s=round(self.host.placement_wait_s, 3), roles=roles)  # type: ignore[attr-defined]
+        write_json_atomic(self.run_dir / CLUSTER_FILE, record.model_dump(mode="json"))
 
     def child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)

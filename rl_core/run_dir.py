@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
-    from rl_core.config import RunConfig
+    from rl_core.config import StreamConfig
 
 # --- layout (paths relative to DIR) -----------------------------------------------------
 
@@ -46,6 +46,7 @@ LOGS_DIR = "logs"
 REDIS_DIR = "redis"  # the embedded Redis server's data, log and socket
 REDIS_SOCKET_FILE = "redis.sock"  # inside REDIS_DIR
 REDIS_LOG_FILE = "redis.log"  # inside REDIS_DIR
+CLUSTER_FILE = "cluster.json"  # launcher of a cluster run → platform worker: `ClusterRecord` (which role runs where)
 TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-token logprobs at training time
 TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)
 WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb); W&B names it itself under DIR
@@ -88,11 +89,12 @@ def redis_socket(run_dir: str | Path) -> Path:
     return (Path(run_dir) / REDIS_DIR / REDIS_SOCKET_FILE).resolve()
 
 
-def stream_redis_url(config: RunConfig, run_dir: str | Path) -> str:
-    """The Redis URL of the run's stream: the private server's socket when embedded."""
-    if config.stream.redis_embedded:
+def stream_redis_url(stream: StreamConfig, run_dir: str | Path) -> str:
+    """The Redis URL of the run's stream (`stream.kind: redis`): the private server's socket when
+    embedded. The actor writes, the trainer and the platform's supervisor read there."""
+    if stream.redis_embedded:
         return f"unix://{redis_socket(run_dir)}"
-    return config.stream.redis_url
+    return stream.redis_url
 
 
 # --- the server's ready line ----------------------------------------------------------
@@ -128,6 +130,25 @@ class RunStatusRecord(BaseModel):
     pid: int | None = None
     updated: float | None = None
 
+    # What a `starting` run waits for, in words (a cluster run's placement group): the platform
+    # shows it beside the status, so a run that waits for machines says so.
+    detail: str | None = None
+
+
+class ClusterRole(BaseModel):
+    """One process of a cluster run: where it runs."""
+
+    role: str  # the launcher's child name: server<i>, trainer, trainer<r>, actor
+    node: int  # its bundle (node index of cluster.nodes)
+    address: str  # the node's address on the cluster network
+    pid: int | None = None  # its pid on that node
+
+
+class ClusterRecord(BaseModel):
+    """`cluster.json`, written by the launcher of a cluster run once every role started."""
+
+    placement_wait_s: float
+    roles: list[ClusterRole]
 
 class TrainerProgress(BaseModel):
     """`trainer_progress.json`, published by trainer rank 0 after each step: the actor keeps
@@ -168,8 +189,8 @@ def _read_record(path: Path, model: type[Record]) -> Record | None:
         return None
 
 
-def write_status(run_dir: str | Path, state: RunState, error: str | None = None) -> None:
-    record = RunStatusRecord(state=state, error=error, pid=os.getpid(), updated=time.time())
+def write_status(run_dir: str | Path, state: RunState, error: str | None = None, detail: str | None = None) -> None:
+    record = RunStatusRecord(state=state, error=error, pid=os.getpid(), updated=time.time(), detail=detail)
     write_json_atomic(Path(run_dir) / STATUS_FILE, record.model_dump(mode="json"))
 
 
@@ -178,6 +199,10 @@ def read_status(run_dir: str | Path) -> RunStatusRecord | None:
 
 
 def write_progress(run_dir: str | Path, progress: TrainerProgress) -> None:
+def read_cluster(run_dir: str | Path) -> ClusterRecord | None:
+    return _read_record(Path(run_dir) / CLUSTER_FILE, ClusterRecord)
+
+
     write_json_atomic(Path(run_dir) / PROGRESS_FILE, progress.model_dump(mode="json"))
 
 
@@ -221,5 +246,5 @@ def clear_previous_attempt(run_dir: str | Path) -> None:
     """Before the children start: a progress file or stop request left by an earlier attempt
     (a resume) must not be read as this one's (the actor would not wait for the new trainer),
     nor the old servers' addresses."""
-    for name in (PROGRESS_FILE, STOP_FILE, SERVERS_FILE):
+    for name in (PROGRESS_FILE, STOP_FILE, SERVERS_FILE, CLUSTER_FILE):
         (Path(run_dir) / name).unlink(missing_ok=True)

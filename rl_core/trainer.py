@@ -478,7 +478,7 @@ def main(argv: list[str]) -> int:
     backend = make_backend(config, args.model or config.model.path)
     ranks = TrainerRanks.from_backend(backend)
     # Every rank reads the whole stream (each takes its share of each batch).
-    reader = open_reader(config.stream.kind, run_dir, stream_redis_url(config, run_dir))
+    reader = open_reader(config.stream.kind, run_dir, stream_redis_url(config.stream, run_dir))
     # Rank 0 logs the (rank-reduced) metrics; an empty MultiSink drops the others' lines.
     sink: MetricsSink = JsonlSink(run_dir / METRICS_FILE) if ranks.rank == 0 else MultiSink()
     broadcaster = None

@@ -1,9 +1,11 @@
-"""The Celery app of the run workers: queues `cpu` and `gpu`, Django settings, heartbeats.
+"""The Celery app of the run workers: queues `cpu`, `gpu` and `cluster`, Django settings, heartbeats.
 
 Start a worker (see the Makefile and docker-compose.yml):
 
     celery -A workers.celery_app worker -Q cpu -P threads -c 2
     celery -A workers.celery_app worker -Q gpu -P threads -c 1
+    RAY_ADDRESS=HEAD:6379 RAY_AUTH_MODE=token RAY_AUTH_TOKEN=... celery -A workers.celery_app worker -Q cluster -P threads -c 4
+    (on the Ray head node: its runs' launchers and its node inventory, `rl_core cluster-nodes`, join the cluster from there)
 
 Why `-P threads`: a task only supervises its run's subprocess group (`workers/supervisor.py`)
 and waits on I/O, so threads are enough; the child gets SIGTERM through PR_SET_PDEATHSIG
@@ -87,11 +89,19 @@ class Heartbeat:
         self.stopped = threading.Event()
         self.reconciled = False
         self.sweeper = LostRunSweeper(f"worker {worker_name}", before_sweep=self.record)
+        # A worker of the `cluster` queue drives runs on a Ray cluster and reports its nodes.
+        self.cluster = None
+        if "cluster" in queues:
+            from workers.cluster_inventory import ClusterInventory
+            from workers.tasks import rl_command_prefix
+
+            self.cluster = ClusterInventory(rl_command_prefix).start()
         self.thread = threading.Thread(target=self.loop, name="inflight-heartbeat", daemon=True)
 
     def record(self) -> None:
         from inflight.runs import services
 
+        nodes, cluster_error = self.cluster.read() if self.cluster is not None else ([], "")
         services.record_heartbeat(
             self.worker_name,
             hostname=socket.gethostname(),
@@ -100,6 +110,8 @@ class Heartbeat:
             cpu_count=os.cpu_count() or 0,
             pid=os.getpid(),
             incarnation=INCARNATION,
+            cluster_nodes=nodes,
+            cluster_error=cluster_error,
         )
 
     def beat(self) -> None:

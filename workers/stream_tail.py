@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from rl_core.config import StreamConfig  # no torch: the config's models only
 from rl_core.jsonl_tail import JsonlTail, parse_record
-from rl_core.run_dir import REDIS_DIR, ROLLOUTS_FILE, redis_socket
+from rl_core.run_dir import REDIS_DIR, ROLLOUTS_FILE, stream_redis_url
 from rl_core.stream import redis_stream_key
 
 logger = logging.getLogger(__name__)
@@ -81,12 +83,10 @@ class FileStreamTail(JsonlTail):
 def rollouts_tail(run_dir: Path, config_yaml: str) -> FileStreamTail | RedisStreamTail:
     """The tail of the run's stream, from the submitted config's `stream` section."""
     try:
-        stream = (yaml.safe_load(config_yaml) or {}).get("stream") or {}
-    except yaml.YAMLError:
-        stream = {}
-    if not isinstance(stream, dict) or stream.get("kind") != "redis":
+        stream = StreamConfig.model_validate((yaml.safe_load(config_yaml) or {}).get("stream") or {})
+    except (yaml.YAMLError, AttributeError, ValidationError):
+        stream = StreamConfig()  # not a config the engine would run: its default file stream
+    if stream.kind != "redis":
         return FileStreamTail(run_dir / ROLLOUTS_FILE)
-    # As rl_core.run_dir.stream_redis_url: the run's private server's socket when embedded.
-    if stream.get("redis_embedded"):
-        return RedisStreamTail(f"unix://{redis_socket(run_dir)}", redis_stream_key(run_dir), embedded_dir=run_dir / REDIS_DIR)
-    return RedisStreamTail(str(stream.get("redis_url") or "redis://127.0.0.1:6379/0"), redis_stream_key(run_dir))
+    embedded_dir = run_dir / REDIS_DIR if stream.redis_embedded else None
+    return RedisStreamTail(stream_redis_url(stream, run_dir), redis_stream_key(run_dir), embedded_dir=embedded_dir)

@@ -68,6 +68,7 @@ class Reporter(Protocol):
     # def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None: ...
     # def train_logprobs(self, records: list[dict[str, Any]]) -> None: ...  (train_logprobs.jsonl lines)
     # def tick(self) -> None: ...
+    # def waiting(self, detail: str) -> None: ...  (what a `starting` run waits for; "" once it no longer waits)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class RunSupervisor:
     # it covers (`consumed`) are delivered, so the rows it attaches to exist.
     train_logprobs_waiting: list[dict[str, Any]] = field(default_factory=list, init=False)
     reported_running: bool = field(default=False, init=False)
+    reported_detail: str = field(default="", init=False)  # the last `detail` of a starting run handed over
     cancel_sent_at: float | None = field(default=None, init=False)
     failing_since: dict[str, float] = field(default_factory=dict, init=False)
 
@@ -312,6 +314,13 @@ class RunSupervisor:
         if self.reported_running:
             return
         status = read_status(self.run_dir)  # None: not written yet, ask again next poll
+        report_detail = getattr(self.reporter, "waiting", None)
+        if status and status.state == "starting" and report_detail is not None and (status.detail or "") != self.reported_detail:
+            try:
+                report_detail(status.detail or "")  # e.g. a cluster run waiting for its placement group
+                self.reported_detail = status.detail or ""
+            except Exception:  # noqa: BLE001 - said again on the next poll
+                self._failed("reporting what the run waits for", "will retry")
         if status and status.state == "running":
             try:
                 self.reporter.running(status.pid or self.process.pid)

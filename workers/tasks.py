@@ -114,6 +114,9 @@ class PlatformReporter:
         score = self._call(services.ingest_eval, self.run_id, record, problem_rows)
         self._alerts(alert_services.evaluate_eval, self.run_id, score)
 
+    def waiting(self, detail: str) -> None:
+        self._call(services.set_status_detail, self.run_id, detail)
+
     def running(self, pid: int) -> None:
         self.last_metrics_at = time.monotonic()  # the stall clock starts when the run does
         self.is_running = True

@@ -69,7 +69,7 @@
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
       if (message.type === "metrics.batch") applyPush(message);
-      else if (message.type === "run.status") setStatus(message.status, message.error);
+      else if (message.type === "run.status") { setStatus(message.status, message.error); setDetail(message.detail); }
       else if (message.type === "eval.score") { evals.push(message); scheduleRender(); noteEvaluation(message); }
       // Other pushes (rollouts.batch, alert.fired) are for rollouts.js, on the same socket.
       else document.dispatchEvent(new CustomEvent("inflight:push", { detail: message }));
@@ -115,6 +115,13 @@
     }
   }
 
+  // What a starting run waits for (a cluster run's placement group), beside its status.
+  function setDetail(detail) {
+    var el = document.getElementById("run-status-detail");
+    el.textContent = detail || "";
+    el.classList.toggle("hidden", !detail);
+  }
+
   // The per-problem tables are rendered by the server: offer a reload when a new evaluation lands.
   function noteEvaluation(message) {
     var note = document.getElementById("eval-note");
@@ -146,6 +153,7 @@
       .then(function (row) {
         if (!row) return;
         if (row.status !== status) setStatus(row.status, row.error);
+        setDetail(row.detail);
         var wall = document.getElementById("run-walltime");
         if (row.wall_time_s !== null) wall.textContent = formatDuration(row.wall_time_s);
         var worker = document.getElementById("run-worker");

@@ -157,3 +157,20 @@ def test_a_resumed_run_is_delivered_while_it_runs_not_only_after_it_ends(tmp_pat
     assert steps == list(range(1, 11)) + list(range(11, 31))  # the dead attempt's 11..14 are not delivered
     live = [step for _, step, running in reporter.delivered if running and step > 10]
     assert len(live) >= 10, f"only steps {live} of the resumed attempt were delivered while it ran"
+
+
+def test_the_rollout_tail_reads_where_the_engine_writes(tmp_path: Path) -> None:
+    # The supervisor's stream URL comes from the same rl_core function as the actor's and trainer's.
+    from rl_core.config import StreamConfig
+    from rl_core.run_dir import stream_redis_url
+    from workers.stream_tail import FileStreamTail, RedisStreamTail, rollouts_tail
+
+    embedded = rollouts_tail(tmp_path, "stream:\n  kind: redis\n  redis_embedded: true\n")
+    assert isinstance(embedded, RedisStreamTail) and embedded.embedded_dir == tmp_path / "redis"
+    assert embedded.url == stream_redis_url(StreamConfig(kind="redis", redis_embedded=True), tmp_path) == f"unix://{(tmp_path / 'redis' / 'redis.sock').resolve()}"
+    shared = rollouts_tail(tmp_path, "stream:\n  kind: redis\n  redis_url: redis://10.0.0.5:6380/2\n")
+    assert isinstance(shared, RedisStreamTail) and (shared.url, shared.embedded_dir) == ("redis://10.0.0.5:6380/2", None)
+    default = rollouts_tail(tmp_path, "stream:\n  kind: redis\n")
+    assert isinstance(default, RedisStreamTail) and default.url == StreamConfig().redis_url
+    for not_redis in ("", "name: x\n", "stream:\n  kind: file\n", "stream: [1]\n", "- a list\n", "stream:\n  kind: kafka\n"):
+        assert isinstance(rollouts_tail(tmp_path, not_redis), FileStreamTail), not_redis

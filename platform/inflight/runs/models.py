@@ -53,13 +53,19 @@ RESUMABLE_STATUSES = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.CANC
 class RunQueue(models.TextChoices):
     CPU = "cpu", "CPU"
     GPU = "gpu", "GPU"
+    # Runs across several machines (`cluster.enabled`): a worker of this queue drives them on its Ray cluster.
+    CLUSTER = "cluster", "Ray cluster"
 
 
 class Run(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=120, help_text="Human-readable run name.")
     config = models.JSONField(help_text="The resolved rl_core RunConfig (validated on create).")
-    queue = models.CharField(max_length=8, choices=RunQueue.choices, default=RunQueue.CPU, help_text="Celery queue, from RunConfig.needs_gpu.")
+    queue = models.CharField(max_length=8, choices=RunQueue.choices, default=RunQueue.CPU, help_text="Celery queue: `cluster` for cluster.enabled, else from RunConfig.needs_gpu.")
+    status_detail = models.CharField(
+        max_length=500, blank=True, default="",
+        help_text="What a starting run waits for, in the launcher's words (a cluster run's placement group); empty otherwise.",
+    )
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True)
     error = models.TextField(blank=True, default="", help_text="Why the run failed or was lost.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -198,6 +204,11 @@ class Worker(models.Model):
     incarnation = models.CharField(max_length=64, blank=True, default="", help_text="Process id (uuid) of the process now beating under this name.")
     started_at = models.DateTimeField()
     last_heartbeat = models.DateTimeField(db_index=True)
+    cluster_nodes = models.JSONField(
+        default=list, blank=True,
+        help_text="A `cluster` worker's Ray nodes at its last heartbeat: [{node_id, address, hostname, alive, cpus, gpus, memory_gb}].",
+    )
+    cluster_error = models.CharField(max_length=500, blank=True, default="", help_text="Why a `cluster` worker could not read its Ray cluster.")
 
     class Meta:
         ordering = ["name"]

@@ -14,6 +14,8 @@ Bounds (settings, README's table), each refusal naming the field and the limit:
   server preallocates), `task.heldout_size` x `eval.heldout_k` (one held-out evaluation);
 - problems a synthetic task generates at start (`task.train_size`, `task.heldout_size`)
   <= INFLIGHT_MAX_TASK_PROBLEMS, and no more than its operands allow;
+- a cluster run (`cluster.enabled`, queue `cluster`) fits the Ray cluster its workers report:
+  `cluster.nodes` <= alive nodes, and each node's bundle fits a node of its own;
 - a step needs no more prompts than the task has: `trainer.samples_per_step` / `actor.group_size`
   <= the synthetic task's training prompts (a math_jsonl file is read on the worker only, where
   the engine says the same at start).
@@ -47,6 +49,59 @@ def queue_capacity(queue: str) -> dict[str, int] | None:
     return {"cpus": max(worker.cpu_count for worker in pool), "gpus": max(len(worker.gpus or []) for worker in pool)}
 
 
+def run_queue(config: RunConfig) -> str:
+    """The Celery queue of a run: `cluster` for a run across machines, else `gpu` or `cpu`."""
+    if config.cluster.enabled:
+        return RunQueue.CLUSTER
+    return RunQueue.GPU if config.needs_gpu else RunQueue.CPU
+
+
+def cluster_inventory() -> list[dict[str, Any]] | None:
+    """The alive Ray nodes that the `cluster` workers saw at their last heartbeat (alive workers
+    first), or None when no `cluster` worker reported a cluster."""
+    workers = [worker for worker in Worker.objects.filter(queues__contains=[RunQueue.CLUSTER]) if worker.cluster_nodes]
+    if not workers:
+        return None
+    cutoff = timezone.now() - timedelta(seconds=settings.INFLIGHT_WORKER_LOST_AFTER_S)
+    alive = [worker for worker in workers if worker.last_heartbeat >= cutoff]
+    newest = max(alive or workers, key=lambda worker: worker.last_heartbeat)
+    return [node for node in newest.cluster_nodes if isinstance(node, dict) and node.get("alive")]
+
+
+def cluster_errors(config: RunConfig) -> list[tuple[str, str]]:
+    """(field, message) for a cluster request the reporting cluster cannot hold: more nodes than
+    are alive, or a node's bundle (its processes' CPUs and GPUs) larger than every free node."""
+    from rl_core.cluster_layout import ClusterError, check_cluster_request, node_bundles, role_slots
+
+    if config.cluster.ray_address != "auto":
+        # The `cluster` workers join their own cluster (RAY_ADDRESS and its token are theirs): a run
+        # naming another address would have a worker's token sent wherever its owner points it.
+        return [("cluster.ray_address", "runs submitted to the platform use the cluster of its `cluster` workers: leave it 'auto'")]
+    try:
+        placement = check_placement(config, 4096)  # GPUs are counted per node below, not on one machine
+        slots = role_slots(config, placement)
+        check_cluster_request(config, slots)
+    except (PlacementError, ClusterError) as exc:
+        return [("cluster.nodes", str(exc))]
+    nodes = cluster_inventory()
+    if nodes is None:
+        return []  # no cluster reported yet: the placement group's timeout will say what is missing
+    if config.cluster.nodes > len(nodes):
+        return [("cluster.nodes", f"{config.cluster.nodes} nodes asked; the Ray cluster has {len(nodes)} alive node(s) "
+                 "(Workers page)")]
+    # Largest bundles onto the largest nodes: each bundle needs a node of its own (STRICT_SPREAD).
+    bundles = sorted(node_bundles(config, slots), key=lambda b: (b.get("GPU", 0.0), b["CPU"]), reverse=True)
+    free = sorted(nodes, key=lambda n: (float(n.get("gpus", 0)), float(n.get("cpus", 0))), reverse=True)
+    for index, (bundle, node) in enumerate(zip(bundles, free)):
+        if bundle.get("GPU", 0.0) > float(node.get("gpus", 0)):
+            return [("cluster.nodes", f"a node must hold {bundle.get('GPU', 0):g} GPU(s); the cluster's nodes have at most "
+                     f"{float(free[0].get('gpus', 0)):g} each")]
+        if bundle["CPU"] > float(node.get("cpus", 0)):
+            return [("cluster.cpus_per_process", f"node {index} of the request needs {bundle['CPU']:g} CPUs "
+                     f"(its processes x cluster.cpus_per_process); the cluster's node {index + 1} by size has {float(node.get('cpus', 0)):g}")]
+    return []
+
+
 def active_run_count(owner: AbstractBaseUser) -> int:
     return Run.objects.filter(owner=owner, status__in=[RunStatus.QUEUED, *ACTIVE_STATUSES]).count()
 
@@ -75,8 +130,9 @@ def limit_errors(owner: AbstractBaseUser, config: RunConfig) -> tuple[dict[str, 
         refuse("inference.num_servers", f"{inference.num_servers} servers + {ranks} trainer ranks = {processes} processes; "
                f"at most {settings.INFLIGHT_MAX_PROCESSES} (INFLIGHT_MAX_PROCESSES)")
 
-    queue = RunQueue.GPU if config.needs_gpu else RunQueue.CPU
-    capacity = queue_capacity(queue)
+    queue = run_queue(config)
+    # A cluster run's processes spread over the Ray cluster's nodes: its own check, not one worker's size.
+    capacity = None if queue == RunQueue.CLUSTER else queue_capacity(queue)
     threads = inference.num_servers * inference.threads_per_server + ranks * trainer.threads
     max_threads = settings.INFLIGHT_MAX_THREADS
     source = "INFLIGHT_MAX_THREADS"
@@ -93,6 +149,9 @@ def limit_errors(owner: AbstractBaseUser, config: RunConfig) -> tuple[dict[str, 
             refuse("inference.num_servers", f"{exc} (the largest '{queue}' worker has {capacity['gpus']} GPUs)")
     for field, message in size_errors(config):
         refuse(field, message)
+    if config.cluster.enabled:
+        for field, message in cluster_errors(config):
+            refuse(field, message)
     return errors, filled
 
 

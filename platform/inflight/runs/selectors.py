@@ -249,6 +249,12 @@ def workers_with_liveness(user: AbstractBaseUser | None = None) -> list[dict[str
         }
         if full:
             row["active_runs"] = Run.objects.filter(worker_name=worker.name, status__in=["starting", "running", "cancelling"]).count()
+        # A `cluster` worker's Ray nodes: sizes and liveness for everyone, addresses for staff.
+        row["cluster_nodes"] = [
+            {key: node.get(key) for key in ("alive", "cpus", "gpus", "memory_gb", *(("address", "hostname", "node_id") if full else ()))}
+            for node in worker.cluster_nodes or [] if isinstance(node, dict)
+        ]
+        row["cluster_error"] = worker.cluster_error if full else ("the Ray cluster cannot be read" if worker.cluster_error else "")
         out.append(row)
     return out
 

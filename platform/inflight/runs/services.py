@@ -36,7 +36,6 @@ from inflight.runs.models import (
     EvalScore,
     MetricPoint,
     Run,
-    RunQueue,
     RunStatus,
     Worker,
 )
@@ -125,7 +124,7 @@ def create_run(owner: AbstractBaseUser, name: str, config_dict: dict[str, Any]) 
         owner=owner,
         name=config.name,
         config=stored,
-        queue=RunQueue.GPU if config.needs_gpu else RunQueue.CPU,
+        queue=run_limits.run_queue(config),
         status=RunStatus.QUEUED,
     )
     run.run_dir = str(run_paths.run_dir(run.pk))
@@ -208,7 +207,7 @@ def requeue_lost_messages(older_than_s: float | None = None) -> list[int]:
 
 
 def _broadcast_status(run: Run) -> None:
-    message = {"type": "run.status", "run_id": run.pk, "status": run.status, "error": run.error}
+    message = {"type": "run.status", "run_id": run.pk, "status": run.status, "error": run.error, "detail": run.status_detail}
     _group_send(run_group(run.pk), message)
     _group_send(user_runs_group(run.owner_id), message)
 
@@ -231,6 +230,9 @@ def transition_run(
     now = timezone.now()
     run.status = new_status
     fields = ["status"]
+    if run.status_detail and new_status != RunStatus.STARTING:
+        run.status_detail = ""  # what a starting run waited for is over
+        fields.append("status_detail")
     if new_status == RunStatus.STARTING and run.started_at is None:
         run.started_at = now
         fields.append("started_at")
@@ -249,6 +251,18 @@ def transition_run(
     run.save(update_fields=fields)
     transaction.on_commit(lambda: _broadcast_status(run))
     return run
+
+
+def set_status_detail(run_id: int, detail: str) -> None:
+    """What a starting run waits for, in the launcher's words (status.json `detail`); "" when
+    nothing. Only a run still `starting` takes it: a late report never labels a running run."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id, status=RunStatus.STARTING).first()
+        if run is None or run.status_detail == detail[:500]:
+            return
+        run.status_detail = detail[:500]
+        run.save(update_fields=["status_detail"])
+        transaction.on_commit(lambda: _broadcast_status(run))
 
 
 def claim_run(run_id: int, worker_name: str, worker_incarnation: str = "") -> Run | None:
@@ -466,9 +480,12 @@ def record_heartbeat(
     cpu_count: int,
     pid: int | None = None,
     incarnation: str = "",
+    cluster_nodes: list[dict[str, Any]] | None = None,
+    cluster_error: str = "",
 ) -> Worker:
     now = timezone.now()
-    values = {"hostname": hostname, "queues": queues, "gpus": gpus, "cpu_count": cpu_count, "pid": pid, "incarnation": incarnation, "last_heartbeat": now}
+    values = {"hostname": hostname, "queues": queues, "gpus": gpus, "cpu_count": cpu_count, "pid": pid, "incarnation": incarnation, "last_heartbeat": now,
+              "cluster_nodes": cluster_nodes or [], "cluster_error": cluster_error[:500]}
     existing = Worker.objects.filter(name=name).values_list("incarnation", flat=True).first()
     if existing is not None and existing != incarnation:
         values["started_at"] = now  # another process under the same name: it started now

@@ -14,6 +14,17 @@ from rl_core.run_dir import read_cluster
 register = template.Library()
 
 
+def run_cluster(run: Any) -> dict[str, Any] | None:
+    """A cluster run's `cluster.json` (which role runs on which node), None for a one-node run."""
+    if not (run.config or {}).get("cluster", {}).get("enabled") or not run.run_dir:
+        return None
+    record = read_cluster(run.run_dir)
+    if record is None:
+        return None
+    return {"nodes": len({role.node for role in record.roles}), "placement_wait_s": record.placement_wait_s,
+            "roles": [role.model_dump() for role in record.roles]}
+
+
 @register.inclusion_tag("inflight/_run_actions.html", takes_context=True)
 def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
     user = context["request"].user
@@ -30,6 +41,7 @@ def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
         "deleted_parent_label": run.parent_label if not run.parent_id and can_manage_run(user, run) else "",
         "children": list(visible.filter(parent=run).select_related(None).order_by("id").only("pk", "name", "parent_step", "status")[:50]),
         "checkpoints": actions.run_checkpoints(run),
+        "cluster": run_cluster(run),
         "resume_problem": actions.resume_problem(run) if run.is_resumable else None,
         "tags_text": ", ".join(run.tags or []),
     }
