@@ -5,14 +5,15 @@ last one half-written. `JsonlTail` hands out only lines that end in a newline an
 its place (byte offset and line number) between reads; `peek` then `commit` lets a caller
 move past lines only once it has delivered them (the platform's supervisor: what the
 database did not take is read again on the next poll). Used by the worker's supervisor
-(metrics, evals, rollouts) and the launcher's console echo of metrics.jsonl.
+(metrics, evals, rollouts), the launcher's console echo of metrics.jsonl and the trainer's
+file stream (`stream.FileStreamReader`, which refuses a bad line instead of skipping it).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,12 @@ class JsonlTail:
     path: Path
     offset: int = 0  # byte offset just past the last delivered line
     line_no: int = 0  # 0-based number of the next line at `offset`
-    bad_lines: int = 0
+    bad_lines: int = 0  # lines skipped because they are not a JSON object, each counted once
+    # Raise ValueError on such a line instead of skipping it: a reader that must not lose one.
+    strict: bool = False
+    # The next line number not yet checked for being bad: a line peeked again (not committed)
+    # is neither counted nor logged again.
+    _checked_to: int = field(default=0, repr=False)
 
     def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
         """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances."""
@@ -55,12 +61,15 @@ class JsonlTail:
             record = parse_record(chunk[start:end])
             if record is not None:
                 records.append((line_no, record))
-            else:
+            elif self.strict:
+                raise ValueError(f"{self.path} line {line_no} (byte {self.offset + start}): not a JSON object")
+            elif line_no >= self._checked_to:
                 self.bad_lines += 1
                 logger.warning("%s line %d is not a JSON object; skipped", self.path.name, line_no)
             line_no += 1
             start = end + 1
             offset = self.offset + start
+        self._checked_to = max(self._checked_to, line_no)
         return records, offset, line_no
 
     def commit(self, offset: int, line_no: int) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.contracts import RolloutSample
+from rl_core.jsonl_tail import JsonlTail
 from rl_core.run_dir import REDIS_LOG_FILE, REDIS_SOCKET_FILE, STREAM_DIR, STREAM_FILE
 
 
@@ -91,54 +92,50 @@ class FileStreamWriter:
 
 
 class FileStreamReader:
+    """The trainer's side of the file stream: a strict `JsonlTail` (a line that is not a sample
+    is an error, never skipped), moved past only the samples `read` returns, so `position()`
+    is the byte offset of the first sample not yet trained on."""
+
     def __init__(self, run_dir: str | Path, poll_s: float = 0.05) -> None:
         self.path = Path(run_dir) / STREAM_DIR / STREAM_FILE
         self.poll_s = poll_s
-        self._offset = 0
+        self._tail = JsonlTail(self.path, strict=True)
         self._count = 0
-        # Parsed but not yet returned samples, with the byte length of their line, so
-        # `position()` can point at the first unreturned one exactly.
-        self._pending: list[tuple[RolloutSample, int]] = []
 
-    def _read_new_lines(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as handle:
-            handle.seek(self._offset)
-            data = handle.read()
-        complete = data.rfind(b"\n") + 1
-        for line in data[:complete].split(b"\n")[:-1]:
+    def _peek(self, max_count: int) -> tuple[list[RolloutSample], int, int]:
+        records, offset, line_no = self._tail.peek(max_count)
+        samples = []
+        for number, record in records:
             try:
-                self._pending.append((RolloutSample.from_json(json.loads(line)), len(line) + 1))
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{self.path} at byte {self._offset}: not a RolloutSample line: {exc}") from exc
-        self._offset += complete
+                samples.append(RolloutSample.from_json(record))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ValueError(f"{self.path} line {number}: not a RolloutSample line: {exc!r}") from exc
+        return samples, offset, line_no
 
     def read(self, max_count: int, timeout_s: float) -> list[RolloutSample]:
         deadline = time.monotonic() + timeout_s
-        while not self._pending:
-            self._read_new_lines()
-            if self._pending or time.monotonic() >= deadline:
+        while True:
+            samples, offset, line_no = self._peek(max_count)
+            if samples or time.monotonic() >= deadline:
                 break
             time.sleep(self.poll_s)
-        taken, self._pending = self._pending[:max_count], self._pending[max_count:]
-        self._count += len(taken)
-        return [sample for sample, _ in taken]
+        self._tail.commit(offset, line_no)
+        self._count += len(samples)
+        return samples
 
     def position(self) -> dict[str, Any]:
-        # Offset of the first sample not yet returned (buffered ones are not consumed).
-        pending_bytes = sum(size for _, size in self._pending)
-        return {"kind": "file", "offset": self._offset - pending_bytes, "count": self._count}
+        return {"kind": "file", "offset": self._tail.offset, "count": self._count}
 
     def seek(self, position: dict[str, Any]) -> None:
         if position.get("kind") != "file":
             raise ValueError(f"stream position {position!r} is not a file-stream position")
-        self._offset = int(position["offset"])
         self._count = int(position["count"])
-        self._pending = []
+        # Every line of the stream is a sample (a bad one stops the reader), so the line number
+        # at that offset is the count of samples before it.
+        self._tail.commit(int(position["offset"]), self._count)
 
     def close(self) -> None:
-        self._pending = []
+        pass
 
 
 # --- redis stream ------------------------------------------------------------------

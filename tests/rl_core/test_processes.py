@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -103,3 +104,32 @@ def test_tail_peek_moves_only_when_committed(tmp_path: Path) -> None:
     assert [n for n, _ in records] == [0, 1] and tail.peek(max_lines=2)[0] == records  # not committed: same again
     tail.commit(offset, line_no)
     assert tail.read() == [(2, {"i": 2})]
+
+
+def test_tail_counts_and_logs_a_bad_line_once_however_often_it_is_peeked(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The supervisor peeks again and again while the database refuses a batch: the bad line in
+    # it is one bad line, said once.
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\nnot json\n{"step": 2}\n')
+    tail = JsonlTail(path)
+    with caplog.at_level(logging.WARNING, logger="rl_core.jsonl_tail"):
+        for _ in range(3):
+            records, offset, line_no = tail.peek()
+            assert [n for n, _ in records] == [0, 2]
+        assert tail.bad_lines == 1
+        tail.commit(offset, line_no)
+        with open(path, "a") as handle:
+            handle.write("[1]\n")
+        assert tail.read() == [] and tail.read() == []
+    assert tail.bad_lines == 2
+    assert [r.getMessage() for r in caplog.records] == ["metrics.jsonl line 1 is not a JSON object; skipped",
+                                                         "metrics.jsonl line 3 is not a JSON object; skipped"]
+
+
+def test_strict_tail_refuses_a_bad_line_instead_of_skipping_it(tmp_path: Path) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text('{"i": 0}\nnot json\n')
+    tail = JsonlTail(path, strict=True)
+    with pytest.raises(ValueError, match=r"rollouts.jsonl line 1 \(byte 9\): not a JSON object"):
+        tail.peek()
+    assert tail.offset == 0 and tail.line_no == 0  # nothing was delivered
