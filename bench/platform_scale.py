@@ -300,22 +300,47 @@ def main() -> int:
     parser.add_argument("--skip-live", action="store_true", help="Only the finished-runs part.")
     parser.add_argument("--skip-finished", action="store_true", help="Only the live parts.")
     parser.add_argument("--repeats", type=int, default=20, help="Timed requests per view (p95 over them).")
+    parser.add_argument("--db-dir", default=None, help="Keep PostgreSQL + Redis in this folder across invocations (the finished runs are loaded once); default: private and removed.")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens when logged to a file
     # One key for this process and the web nodes: a session made here is valid there.
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(40))
     os.environ.setdefault("INFLIGHT_SECURE_COOKIES", "0")
     # A lab's many live runs belong to many people; here one user owns them all.
     os.environ.setdefault("INFLIGHT_MAX_ACTIVE_RUNS_PER_USER", "100000")
-    with platform_services("platform-scale"):
-        return run_bench(args)
+    if args.db_dir is None:
+        with platform_services("platform-scale"):
+            return run_bench(args)
+    return run_bench_on_kept_services(args)
+
+
+def run_bench_on_kept_services(args: argparse.Namespace) -> int:
+    """As platform_services, but the services stay up in `--db-dir` for the next invocation."""
+    from inflight.devservices import start_services
+
+    services_info = start_services(Path(args.db_dir), postgres_port=free_port(), redis_port=free_port())
+    os.environ.update(services_info.env())
+    key_file = Path(args.db_dir) / "bench-secret-key"  # sessions made by an earlier invocation stay valid
+    if not key_file.exists():
+        key_file.write_text(os.environ["SECRET_KEY"])
+    os.environ["SECRET_KEY"] = key_file.read_text()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    print(f"services kept in {args.db_dir} ({services_info.database_url}); stop them with: .venv/bin/python -m inflight.devservices stop --dir {args.db_dir}")
+    return run_bench(args)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    folder = REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()) / "work"  # removed with the services
-    user = get_user_model().objects.create_user("bench", password="bench-password-1", is_staff=False)
+    folder = REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()) / "work"  # removed with private services
+    user = get_user_model().objects.filter(username="bench").first() or get_user_model().objects.create_user("bench", password="bench-password-1")
     from inflight.accounts.services import create_token
 
     client = Client()
