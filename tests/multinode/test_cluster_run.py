@@ -104,6 +104,17 @@ def run_processes(out: Path) -> list[str]:
     return found
 
 
+def role_environment(out: Path, role: str) -> dict[str, str]:
+    """The environment of the run's `python -m rl_core <role>` process, wherever it runs."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if str(out) in " ".join(cmdline) and role in cmdline and "rl_core.processes" not in cmdline:
+            return process.environ()
+    raise AssertionError(f"no {role} process of {out}")
+
+
 def test_placement_group_timeout_names_what_the_cluster_lacks(two_node_cluster: NetnsCluster, tiny_model: Path,
                                                                  tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -135,6 +146,12 @@ def test_lost_node_fails_the_run_within_30_s_then_resume(two_node_cluster: Netns
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.5)
         server_node = two_node_cluster.nodes[1]
+        # The roles hold their node's address and none of Ray's variables (its token above all).
+        server_env = role_environment(out, "serve")
+        assert server_env["INFLIGHT_ADVERTISED_ADDRESS"] == server_node.address
+        assert server_env["GLOO_SOCKET_IFNAME"] == INTERFACE
+        assert not [key for key in server_env if key.startswith("RAY_")], sorted(server_env)
+        assert "INFLIGHT_STREAM_REDIS_PASSWORD" in role_environment(out, "actor")
         killed_at = time.monotonic()
         server_node.kill_all()  # the machine of the inference server loses power
         output, _ = launcher.communicate(timeout=60)
