@@ -183,3 +183,26 @@ def test_lost_node_fails_the_run_within_30_s_then_resume(two_node_cluster: Netns
     train_steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
     assert train_steps == list(range(1, target + 1))  # the rewound steps were retrained once, nothing skipped
     assert (out / "checkpoints" / "latest").resolve().name == f"step_{target:06d}"
+
+
+def test_a_killed_launcher_takes_every_role_on_every_node_with_it(two_node_cluster: NetnsCluster, tiny_model: Path,
+                                                                    tmp_path: Path) -> None:
+    """SIGKILL leaves the launcher no chance to stop anything: Ray ends the actors its driver
+    owned, and each role dies with the actor that started it (PR_SET_PDEATHSIG)."""
+    out = tmp_path / "run"
+    config = cluster_config(tmp_path, two_node_cluster, tiny_model, **{"trainer.max_steps": 400})
+    launcher = launch(two_node_cluster, config, out)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "servers.json").exists():
+            assert launcher.poll() is None, launcher.communicate()[0]
+            assert time.monotonic() < deadline, "servers not ready within 300 s"
+            time.sleep(0.5)
+        assert {"serve", "trainer", "actor"} <= {line.split(" -m rl_core ")[1].split()[0] for line in run_processes(out) if " -m rl_core " in line}
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 30
+    while run_processes(out):
+        assert time.monotonic() < deadline, run_processes(out)
+        time.sleep(0.5)
