@@ -48,7 +48,7 @@ def test_nonfinite_loss_fires_once_per_episode(owner) -> None:
 
 
 def test_collapse_lag_entropy_and_stale_rules(owner) -> None:
-    run = make_run(owner, reward_window=2, reward_drop=0.3, entropy_min=0.1)
+    run = make_run(owner, reward_window=2, reward_drop=0.3, entropy_min=0.1, entropy_window=2)
     records = [{"step": s, "train/reward_mean": r, "train/entropy": 1.0, "policy_lag/max": 1, "train/dropped_stale": 0} for s, r in
                enumerate([0.2, 0.6, 0.8, 0.8, 0.7], start=1)]
     records += [{"step": 6, "train/reward_mean": 0.3, "train/entropy": 0.05, "policy_lag/max": 3, "train/dropped_stale": 2},

@@ -78,11 +78,15 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
             out.clear.add((rule, ""))
     entropy = record.get("train/entropy")
     if isinstance(entropy, (int, float)):
-        if entropy < cfg.entropy_min:
+        # A rolling mean: one step's value covers only that step's trained tokens and is noisy.
+        size = int(cfg.entropy_window)
+        mean, _ = _update_window(windows, "train/entropy", float(entropy), size)
+        if mean is not None and mean < cfg.entropy_min:
             out.firing[("entropy_collapse", "")] = Firing(
-                f"train/entropy {entropy:.4f} is below {cfg.entropy_min}", {"entropy": entropy, "threshold": cfg.entropy_min}
+                f"train/entropy: mean of the last {size} steps is {mean:.4f}, below {cfg.entropy_min}",
+                {"entropy": mean, "window": size, "threshold": cfg.entropy_min},
             )
-        else:
+        elif mean is not None:
             out.clear.add(("entropy_collapse", ""))
     lag = record.get("policy_lag/max")
     if isinstance(lag, (int, float)):
