@@ -415,7 +415,10 @@ class Launcher:
                 now = time.monotonic()
                 if now >= next_sample:
                     progress = read_progress(self.run_dir)
-                    sink.log(progress.version if progress else 0, sampler.sample())
+                    sample = sampler.sample()
+                    if self.host.remote:  # every node of a cluster run, not only the launcher's
+                        sample.update(self.host.node_metrics())  # type: ignore[attr-defined]
+                    sink.log(progress.version if progress else 0, sample)
                     next_sample = now + SYSTEM_METRICS_EVERY_S
                 wall = self.config.max_wall_time_s
                 if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):

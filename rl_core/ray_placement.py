@@ -112,6 +112,14 @@ class RoleProcess:
     def ping(self) -> bool:
         return True
 
+    def system_sample(self) -> dict[str, float]:
+        """This node's CPU, memory and GPU use (`system_metrics.SystemSampler`, kept between calls)."""
+        from rl_core.system_metrics import SystemSampler
+
+        if not hasattr(self, "_sampler"):
+            self._sampler = SystemSampler()
+        return self._sampler.sample()
+
     def signal(self, signum: int) -> None:
         if self.process is None or self.returncode is not None:
             return
@@ -301,6 +309,28 @@ class RayHost:
             if name not in answered:
                 lost.setdefault(self.address(name), []).append(name)
         return lost
+
+    def node_metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
+        """`system/node<k>/<metric>` for every node of the run (what `system/<metric>` is for the
+        launcher's machine), sampled by one role's actor per node; a node that does not answer in
+        `timeout_s` is left out of this sample."""
+        first_on_node: dict[int, str] = {}
+        for name, slot in self.slots.items():
+            if name in self.actors:
+                first_on_node.setdefault(slot.node, name)
+        refs = {node: self.actors[name].system_sample.remote() for node, name in first_on_node.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        metrics: dict[str, float] = {}
+        for node, ref in refs.items():
+            if ref not in ready:
+                continue
+            try:
+                sample = ray.get(ref, timeout=0)
+            except RayError:
+                continue
+            for key, value in sample.items():
+                metrics[f"system/node{node}/{key.removeprefix('system/')}"] = value
+        return metrics
 
     def dead_nodes(self) -> dict[str, list[str]]:
         """Node address -> roles on nodes the GCS has declared dead."""

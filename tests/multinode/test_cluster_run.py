@@ -82,6 +82,8 @@ def test_two_node_async_run_learns(two_node_cluster: NetnsCluster, tiny_model: P
     assert "password" not in (out / "config.yaml").read_text().lower()
 
     records = read_metrics(out / "metrics.jsonl")
+    keys = set().union(*records)
+    assert {"system/node0/cpu_util", "system/node1/cpu_util", "system/node1/mem_util"} <= keys  # every node's use
     versions = [r["weights/version"] for r in records if "weights/version" in r]
     assert versions and max(versions) == 25.0  # every step's weights reached the remote server
     heldout = [r["success/heldout"] for r in records if "success/heldout" in r]
