@@ -39,7 +39,8 @@ for _path in (REPO_ROOT / "platform", REPO_ROOT):
 # torch and Django are imported where used: the platform benches need no torch, the engine
 # benches no Django.
 from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
-from rl_core.processes import ServerProcess, free_port, start_server_process  # noqa: E402
+from rl_core.processes import free_port  # noqa: E402
+from tests.rl_core.server_process import ServerProcess, start_server_process  # noqa: E402  (the tests' server handle)
 
 if TYPE_CHECKING:
     import torch

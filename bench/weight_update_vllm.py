@@ -28,7 +28,8 @@ import torch
 
 from benchlib import bare_broadcast, build_model, updates_while_decoding  # first: it puts the checkout on sys.path
 
-from rl_core.vllm_engine import start_vllm_server, vllm_available, vllm_python  # noqa: E402
+from rl_core.vllm_engine import vllm_available, vllm_python  # noqa: E402
+from tests.rl_core.server_process import start_vllm_server  # noqa: E402
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES  # noqa: E402
 
 

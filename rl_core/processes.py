@@ -9,9 +9,9 @@
   rl_core.processes --parent PID [--ignore-sigint] -- COMMAND...`), which sets the signal
   and then execs COMMAND in the same process: the pid, the process group and the
   signal setting carry over to COMMAND.
-- `start_server_process`: an inference server command (reference or vLLM) started in its own
-  process group, waited for until it prints its ready line (`run_dir.parse_ready_line`);
-  `ServerProcess.stop` ends the whole group (vLLM's engine-core and worker children too).
+- `stop_process_groups`: SIGTERM, a grace period, then SIGKILL to process groups (each child
+  started with `start_new_session=True`, so one signal reaches its children too): the
+  platform's worker (a cancelled run, a dead worker's engine) and the demo's children.
 - `freeze_startup_objects` and `run_event_loop`: what a run's long-lived processes (server,
   trainer, actor) do once they are loaded, so that the interpreter costs less per step.
 
@@ -31,12 +31,9 @@ import gc
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Coroutine, Iterable, Protocol, TypeVar
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,64 +54,48 @@ def die_with_parent(command: list[str], *, ignore_sigint: bool = False, python: 
     return [*prefix, "--", *command]
 
 
-@dataclass
-class ServerProcess:
-    """A server started by `start_server_process`: its URL once ready, and every line it printed."""
+class GroupLeader(Protocol):
+    """A process started in its own session (`start_new_session=True`): its pid is its group's
+    id. `poll()` is None while it runs (subprocess.Popen, or a wrapper around a pid)."""
 
-    url: str
-    process: subprocess.Popen
-    output: list[str] = field(default_factory=list)
+    pid: int
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL the process group (a server's own children too)."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-        else:
-            try:  # the server is gone; its children must not outlive it
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    def poll(self) -> int | None: ...
 
 
-def start_server_process(command: list[str], timeout_s: float = 600.0, env: dict[str, str] | None = None, what: str = "server") -> ServerProcess:
-    """Start a server command in its own process group and wait for its ready line.
-    Raises RuntimeError with the end of its output if it exits or times out first."""
-    # Imported here: the die_with_parent trampoline imports this module before every exec.
-    from rl_core.run_dir import parse_ready_line
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):  # gone already, or not ours to signal
+        return False
 
-    full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env["PYTHONUNBUFFERED"] = "1"
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True)
-    handle = ServerProcess(url="", process=process)
-    ready: list[str] = []
 
-    def pump() -> None:
-        # Drain the pipe for the server's whole life so it never blocks on a full pipe.
-        assert process.stdout is not None
-        for line in process.stdout:
-            handle.output.append(line)
-            url = parse_ready_line(line)
-            if url is not None and not ready:
-                ready.append(url)
+def stop_process_groups(leaders: Iterable[GroupLeader], timeout_s: float, *, kill_wait_s: float = 10.0,
+                        poll_s: float = 0.1, kill_orphans: bool = False) -> list[int]:
+    """SIGTERM to the group of every leader still running, wait up to `timeout_s` (for all of
+    them together) until they exit, then SIGKILL the groups of those still running and wait up
+    to `kill_wait_s` more. Returns the pids that needed SIGKILL (the caller says so in its log).
 
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout_s
-    while not ready:
-        if process.poll() is not None or time.monotonic() > deadline:
-            handle.stop()
-            raise RuntimeError(f"{what} did not start (rc={process.poll()}):\n{''.join(handle.output)[-4000:]}")
-        time.sleep(0.05)
-    handle.url = ready[0]
-    return handle
+    `kill_orphans`: at the end, SIGKILL every leader's group even when the leader has exited,
+    so that children it left behind (a launcher's, a vLLM server's engine core) do not outlive
+    it. Only for leaders this process started: a foreign pid that has exited may be reused."""
+    leaders = list(leaders)
+    running = [leader for leader in leaders if leader.poll() is None]
+    needed_kill: list[int] = []
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_wait_s)):
+        if sig == signal.SIGKILL:
+            needed_kill = [leader.pid for leader in running]
+        running = [leader for leader in running if _signal_group(leader.pid, sig)]
+        deadline = time.monotonic() + wait_s
+        while (running := [leader for leader in running if leader.poll() is None]) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        if not running:
+            break
+    if kill_orphans:
+        for leader in leaders:
+            _signal_group(leader.pid, signal.SIGKILL)
+    return needed_kill
 
 
 def freeze_startup_objects() -> None:

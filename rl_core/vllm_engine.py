@@ -26,9 +26,10 @@ makes `.venv-vllm`; on GPU boxes the `[gpu]` extra may put it in the main one):
      `resume_generation()`.
    Unchanged, the trainer's `WeightBroadcaster` and every client talk to it as to a
    reference server.
-2. The launcher side (any venv, no vLLM import): `vllm_python()`, `vllm_available()`,
-   `server_command(run_args)` (a run's server reads config.yaml: `apply_run_config`) and
-   `start_vllm_server(...)`.
+2. The launcher side (any venv, no vLLM import): `vllm_python()`, `vllm_available()` and
+   `server_command(run_args)` (a run's server reads config.yaml: `apply_run_config`); the
+   launcher starts it like any server. Tests and benches start one by hand with
+   `tests/rl_core/server_process.start_vllm_server`.
 
 HistoSpec maps to vLLM's `suffix` speculative method (needs `arctic-inference`; the
 server refuses `--histospec` clearly when it is missing).
@@ -46,8 +47,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
-
-from rl_core.processes import ServerProcess, start_server_process
 
 if TYPE_CHECKING:
     from rl_core.config import RunConfig
@@ -115,19 +114,6 @@ def apply_run_config(args: argparse.Namespace, config: RunConfig, server_index: 
     args.prefix_caching = inference.prefix_caching
     args.histospec = config.accelerations.histospec.enabled
     args.max_draft_len = engine.max_draft_len
-
-
-# The handle `start_vllm_server` returns (one server process type for every engine).
-VllmServerHandle = ServerProcess
-
-
-def start_vllm_server(command: list[str], timeout_s: float = 600.0, env: dict[str, str] | None = None) -> ServerProcess:
-    """Start a vLLM server command (from `server_command` or by hand) in its own process
-    group and wait for its READY line."""
-    full_env = {**os.environ, **(env or {})}
-    # The vLLM venv finds rl_core from the checkout even without an editable install.
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
-    return start_server_process(command, timeout_s, full_env, what="vLLM server")
 
 
 # --- server side: runs in the vLLM venv ---------------------------------------------

@@ -17,9 +17,8 @@ A run the lost-run sweep already marked `lost` is settled the same way (lost →
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -29,6 +28,7 @@ from django.utils import timezone
 from inflight.runs import run_paths, services
 from inflight.runs.models import ACTIVE_STATUSES, ALLOWED_TRANSITIONS, Run, RunStatus
 from rl_core.run_dir import FINAL_STATES, read_status
+from rl_core.processes import stop_process_groups
 from rl_core.resume import read_resumes
 from workers.supervisor import RunSupervisor
 
@@ -44,20 +44,24 @@ def _engine_alive(pid: int, run_dir: Path) -> bool:
     return state != "Z" and str(run_dir) in cmdline
 
 
+@dataclass(frozen=True)
+class _OrphanEngine:
+    """A dead worker's engine (a process group leader this worker did not start): running while
+    its pid is alive and still names the run directory (the pid may have been reused)."""
+
+    pid: int
+    run_dir: Path
+
+    def poll(self) -> int | None:
+        return None if _engine_alive(self.pid, self.run_dir) else 0
+
+
 def _stop_engine(pid: int, run_dir: Path) -> None:
     if not _engine_alive(pid, run_dir):
         return
     logger.warning("run dir %s: engine pid %d outlived its worker; stopping it", run_dir, pid)
-    for sig, wait_s in ((signal.SIGTERM, settings.INFLIGHT_CANCEL_TIMEOUT_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not _engine_alive(pid, run_dir):
-                return
-            time.sleep(0.2)
+    if stop_process_groups([_OrphanEngine(pid, run_dir)], settings.INFLIGHT_CANCEL_TIMEOUT_S, kill_wait_s=5.0, poll_s=0.2):
+        logger.warning("run dir %s: engine pid %d still alive %.0fs after SIGTERM; SIGKILL", run_dir, pid, settings.INFLIGHT_CANCEL_TIMEOUT_S)
 
 
 def reconcile_run(run: Run, timeout_s: float = 60.0) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core.jsonl_tail import JsonlTail
-from rl_core.processes import die_with_parent
+from rl_core.processes import die_with_parent, stop_process_groups
 from rl_core.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
 from rl_core.run_dir import (  # no torch either: the run directory's layout and records
     EVALS_FILE,
@@ -338,13 +338,14 @@ class RunSupervisor:
             pass
 
     def cancel(self) -> None:
-        if self.cancel_sent_at is None:
-            logger.info("run dir %s: cancel requested, SIGTERM to group %d", self.run_dir, self.process.pid)
-            self.cancel_sent_at = time.monotonic()
-            self.signal_group(signal.SIGTERM)
-        elif time.monotonic() - self.cancel_sent_at > self.term_timeout_s:
+        """SIGTERM to the run's group (the launcher stops its children and writes `cancelled`),
+        SIGKILL after `term_timeout_s`. What the run writes meanwhile is delivered by the final
+        drain once it has exited."""
+        assert self.process is not None
+        logger.info("run dir %s: cancel requested, SIGTERM to group %d", self.run_dir, self.process.pid)
+        self.cancel_sent_at = time.monotonic()
+        if stop_process_groups([self.process], self.term_timeout_s):
             logger.warning("run dir %s: still alive %.0fs after SIGTERM; SIGKILL", self.run_dir, self.term_timeout_s)
-            self.signal_group(signal.SIGKILL)
 
     def _cancel_requested(self) -> bool:
         try:
@@ -367,8 +368,8 @@ class RunSupervisor:
             self.check_status()
             self.tick()
             now = time.monotonic()
-            if self.cancel_sent_at is not None or (now >= next_cancel_check and self._cancel_requested()):
-                self.cancel()
+            if self.cancel_sent_at is None and now >= next_cancel_check and self._cancel_requested():
+                self.cancel()  # returns once the run has exited
             if now >= next_cancel_check:
                 next_cancel_check = now + self.cancel_poll_s
             time.sleep(self.poll_s)

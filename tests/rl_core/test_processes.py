@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.jsonl_tail import JsonlTail
-from rl_core.processes import die_with_parent, free_port, run_event_loop
+from rl_core.processes import die_with_parent, free_port, run_event_loop, stop_process_groups
 
 
 def test_free_port_can_be_bound() -> None:
@@ -133,3 +133,45 @@ def test_strict_tail_refuses_a_bad_line_instead_of_skipping_it(tmp_path: Path) -
     with pytest.raises(ValueError, match=r"rollouts.jsonl line 1 \(byte 9\): not a JSON object"):
         tail.peek()
     assert tail.offset == 0 and tail.line_no == 0  # nothing was delivered
+
+
+def _group_with_a_child(ignore_sigterm: bool) -> tuple[subprocess.Popen, int]:
+    """A session leader that starts a sleeping child of its own; (leader, child pid)."""
+    code = (
+        "import signal, subprocess, sys, time;"
+        + ("signal.signal(signal.SIGTERM, signal.SIG_IGN);" if ignore_sigterm else "")
+        + "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']);"
+        "print(c.pid, flush=True); time.sleep(60)"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert leader.stdout is not None
+    return leader, int(leader.stdout.readline())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # dead, waiting for init to reap it
+
+
+def test_stop_process_groups_terms_then_kills_the_whole_group() -> None:
+    polite, polite_child = _group_with_a_child(ignore_sigterm=False)
+    stubborn, stubborn_child = _group_with_a_child(ignore_sigterm=True)
+    started = time.monotonic()
+    killed = stop_process_groups([polite, stubborn], timeout_s=1.0, kill_wait_s=5.0)
+    assert killed == [stubborn.pid]  # the polite leader left on SIGTERM, within the grace period
+    assert 1.0 <= time.monotonic() - started < 5.0
+    assert polite.poll() == -signal.SIGTERM and stubborn.poll() == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while not _gone(stubborn_child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(stubborn_child)  # SIGKILL went to the group, not only its leader
+    # The polite leader's child ignores SIGTERM and outlived it: only kill_orphans ends it.
+    assert not _gone(polite_child)
+    assert stop_process_groups([polite], timeout_s=1.0, kill_orphans=True) == []
+    deadline = time.monotonic() + 5
+    while not _gone(polite_child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(polite_child)

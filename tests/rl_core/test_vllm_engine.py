@@ -29,11 +29,11 @@ from rl_core.vllm_engine import (
     _versions_from_spans,
     engine_settings,
     require_token_versions,
-    start_vllm_server,
     vllm_available,
     vllm_python,
 )
 from rl_core.weight_sync import WeightBroadcaster, WeightSyncError
+from server_process import start_vllm_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
 
 pytestmark = pytest.mark.vllm
 MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]

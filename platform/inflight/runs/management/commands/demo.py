@@ -26,6 +26,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from inflight import devservices
+from rl_core.processes import stop_process_groups
 
 DEMO_USERNAME = "demo"
 
@@ -238,15 +239,7 @@ class Command(BaseCommand):
                     time.sleep(0.5)
             except Exception as exc:  # noqa: BLE001 - stopping must go on even if the database is away
                 self.stderr.write(f"could not cancel the demo's runs: {exc}")
-        for name, process in reversed(self.children):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for name, process in reversed(self.children):
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+        stop_process_groups([process for _, process in reversed(self.children)], timeout_s=30)
         if self.started_services:
             from django.db import connections
 
