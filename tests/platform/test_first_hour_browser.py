@@ -185,7 +185,7 @@ def test_run_list_is_a_triage_table_with_progress_latest_figures_sparklines_and_
     running = make_run(owner, "climbing", status="running", **{"trainer.max_steps": 200}, records=curve(
         60, reward__mean=lambda s: s / 60, success__heldout=lambda s: 0.2 + s / 200 if s % 5 == 0 else None,
         train__loss=lambda s: 1 / s))
-    done = make_run(owner, "finished", records=curve(
+    done = make_run(owner, "finished", **{"trainer.max_steps": 200}, records=curve(
         200, reward__mean=lambda s: 0.5, success__heldout=lambda s: 0.6 if s % 50 == 0 else None))
 
     page = signed_in_page(browser, daphne_server, "/")
