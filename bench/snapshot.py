@@ -12,7 +12,7 @@ side by side in this one run:
   endpoint   GET /runs/<id>/snapshot.json through Django (auth, query, JSON)
   catch-up   a second 1M-point run COPYed straight into the table (as ingest stored points
              before it folded them): its first snapshot folds all 1M points at once
-  naive      every point to Python (inflight.runs.selectors.metric_points_since) and
+  naive      every point to Python (inflight.runs.selectors.metric_points_page, unbounded) and
              downsampled there with the reference algorithm — what the SQL replaces
 
 Prints a table and `RESULT` lines; goal: snapshot_1m_ms <= 300 (now the cold figure: the worst
@@ -62,7 +62,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from tests.platform.downsample_oracle import snapshot_from_points  # the reference algorithm (tests side)
     from inflight.live.selectors import run_snapshot, run_snapshot_json
     from inflight.runs.models import MetricPoint, Run
-    from inflight.runs.selectors import metric_points_since
+    from inflight.runs.selectors import metric_points_page
     from inflight.runs.services import PointIn, flush_broadcasts, ingest_metrics
 
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
@@ -129,7 +129,7 @@ def run_bench(args: argparse.Namespace) -> int:
     }
 
     def naive() -> dict:
-        seq, points = metric_points_since(run, 0)
+        seq, points, _ = metric_points_page(run, 0, max_points=10**12)  # every point, one page
         return snapshot_from_points(points, seq=seq)
 
     naive_ms, naive_all, naive_snapshot = _timed(naive, args.naive_repeats)
@@ -153,7 +153,7 @@ def run_bench(args: argparse.Namespace) -> int:
     flush_broadcasts()
     live_snapshot = run_snapshot(run)
     live_ms = statistics.median(live_all)
-    _, all_points = metric_points_since(run, 0)
+    _, all_points, _ = metric_points_page(run, 0, max_points=10**12)
     live_same = {key: live_snapshot[key] for key in ("series", "shift", "max_step")} == {
         key: value for key, value in snapshot_from_points(all_points).items() if key in ("series", "shift", "max_step")
     }

@@ -12,13 +12,21 @@ import random
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.db import connection, transaction
 
 from downsample_oracle import DownsampleState, snapshot_from_points  # tests/platform is on sys.path
-from inflight.live.selectors import fold_new_batches, run_snapshot
+from inflight.live.folding import fold_pending_batches
+from inflight.live.selectors import run_snapshot
 from inflight.runs import services
 from inflight.runs.services import PointIn, run_group
 
 pytestmark = pytest.mark.django_db
+
+
+def fold_new_batches(run_id: int) -> int:
+    """Fold what is stored but not yet folded, as a worker may after ingest; the cursor's seq."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        return fold_pending_batches(cursor, run_id).seq
 
 
 def _batch(rng: random.Random, first_line: int, steps: range, names: tuple[str, ...]) -> list[PointIn]:

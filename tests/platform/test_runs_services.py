@@ -109,10 +109,10 @@ def test_ingest_is_idempotent_and_bumps_seq_only_for_new_points(owner) -> None:
     assert services.ingest_metrics(run.pk, _points(range(5, 15))) == 2  # overlapping batch
     assert MetricPoint.objects.filter(run=run).count() == 30
     assert Run.objects.get(pk=run.pk).metrics_seq == 2
-    seq, points = selectors.metric_points_since(run, since_seq=1)
-    assert seq == 2 and len(points) == 10 and {p[1] for p in points} == set(range(10, 15))
-    steps, values = selectors.metric_series(run, "loss")
-    assert steps == list(range(15)) and values == [float(i) for i in range(15)]
+    seq, points, truncated = selectors.metric_points_page(run, since_seq=1)
+    assert seq == 2 and not truncated and len(points) == 10 and {p[1] for p in points} == set(range(10, 15))
+    loss = MetricPoint.objects.filter(run=run, name="loss").order_by("step", "line").values_list("step", "value")
+    assert list(loss) == [(i, float(i)) for i in range(15)]
     nan = [PointIn(line=99, name="loss", step=99, t=1.0, value=float("nan"))]
     assert services.ingest_metrics(run.pk, nan) is None
     with pytest.raises(Run.DoesNotExist):
@@ -154,16 +154,16 @@ def test_leaderboard_uses_one_rule_for_best_and_last(owner, other_user, staff_us
         for step, mean in scores:
             services.ingest_eval(run.pk, {**EVAL_LINE, "benchmark": "aime24", "step": step, "mean_at_k": mean}, [])
     services.ingest_metrics(a.pk, [PointIn(i, "success/mean", i, 1.0, v) for i, v in enumerate([0.1, 0.7, 0.3])])
-    rows = selectors.leaderboard_rows(owner, "-aime24_best")
+    rows = selectors.leaderboard(owner, "-aime24_best")[0]
     assert [r["run_id"] for r in rows] == [a.pk, b.pk]
     assert rows[0]["aime24_best"] == 0.6 and rows[0]["aime24_last"] == 0.4
     assert rows[0]["success_best"] == 0.7 and rows[0]["success_last"] == 0.3
     assert rows[1]["math500_best"] is None
-    assert [r["run_id"] for r in selectors.leaderboard_rows(owner, "aime24_last")] == [a.pk, b.pk]
-    assert [r["run_id"] for r in selectors.leaderboard_rows(owner, "-aime24_last")] == [b.pk, a.pk]
-    assert len(selectors.leaderboard_rows(staff_user)) == 3
+    assert [r["run_id"] for r in selectors.leaderboard(owner, "aime24_last")[0]] == [a.pk, b.pk]
+    assert [r["run_id"] for r in selectors.leaderboard(owner, "-aime24_last")[0]] == [b.pk, a.pk]
+    assert len(selectors.leaderboard(staff_user)[0]) == 3
     with pytest.raises(ValueError, match="unknown sort key"):
-        selectors.leaderboard_rows(owner, "password")
+        selectors.leaderboard(owner, "password")
 
 
 def test_runs_of_silent_workers_become_lost(owner) -> None:

@@ -79,15 +79,6 @@ SELECT name, bucket, lo, hi, last[1]::bigint AS last_step, last[2] AS last_t, la
 """
 
 
-def fold_new_batches(run_id: int) -> int:
-    """Fold the batches stored but not yet folded into the run's buckets; returns the cursor seq.
-
-    Ingest folds its own batches, so this finds work only for runs stored before it did
-    (and costs one locked read otherwise)."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        return fold_pending_batches(cursor, run_id).seq
-
-
 def _read_snapshot_json(run_id: int, names: list[str] | None, min_shift: int) -> str | None:
     name_filter = "AND name = ANY(%(names)s)" if names is not None else ""
     # The stored grid needs no regrouping; a coarser one is asked for by the compare page only.

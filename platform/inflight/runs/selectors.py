@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, Max, QuerySet
+from django.db.models import Avg, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
@@ -48,31 +48,11 @@ def visible_run_or_404(user: AbstractBaseUser, run_id: int) -> Run:
     raise Http404(f"run {run_id} does not exist or is not yours")
 
 
-def metric_names(run: Run) -> list[str]:
-    return list(MetricPoint.objects.filter(run=run).values_list("name", flat=True).distinct().order_by("name"))
-
-
-def metric_points_since(
-    run: Run, since_seq: int = 0, names: Iterable[str] | None = None, limit: int | None = None
-) -> tuple[int, list[list[Any]]]:
-    """Points stored in batches after `since_seq`, as `[name, step, t, value]`, ordered by (seq, step).
-
-    Returns the run's current `metrics_seq` with them: a client that asks again with
-    `since_seq=<that>` gets exactly what arrived since, no gaps and no repeats."""
-    seq = Run.objects.filter(pk=run.pk).values_list("metrics_seq", flat=True).get()
-    points = MetricPoint.objects.filter(run=run, seq__gt=since_seq, seq__lte=seq)
-    if names is not None:
-        points = points.filter(name__in=list(names))
-    rows = points.order_by("seq", "line", "name").values_list("name", "step", "t", "value")
-    if limit is not None:
-        rows = rows[:limit]
-    return seq, [list(row) for row in rows]
-
-
 def metric_points_page(
     run: Run, since_seq: int, names: Iterable[str] | None = None, max_points: int = 50_000
 ) -> tuple[int, list[list[Any]], bool]:
-    """Like metric_points_since, but at most about `max_points`, cut at a batch boundary.
+    """Points stored in batches after `since_seq`, as `[name, step, t, value]`, ordered by (seq,
+    line), at most about `max_points`, cut at a batch boundary.
 
     Returns (cursor, points, truncated): asking again with `since_seq=cursor` continues exactly
     where this page ended. A single batch larger than `max_points` is returned whole (a cursor
@@ -91,14 +71,6 @@ def metric_points_page(
         kept = list(ordered.filter(seq=first_excluded).values_list("seq", "name", "step", "t", "value"))
         return first_excluded, [list(row[1:]) for row in kept], points.filter(seq__gt=first_excluded).exists()
     return kept[-1][0], [list(row[1:]) for row in kept], True
-
-
-def metric_series(run: Run, name: str) -> tuple[list[int], list[float]]:
-    """One metric's (steps, values), ordered by step (one value per logged line)."""
-    rows = MetricPoint.objects.filter(run=run, name=name).order_by("step", "line").values_list("step", "value")
-    steps = [row[0] for row in rows]
-    values = [row[1] for row in rows]
-    return steps, values
 
 
 def eval_scores(run: Run) -> QuerySet[EvalScore]:
@@ -156,12 +128,6 @@ def default_leaderboard_sort(rows: list[dict[str, Any]]) -> str:
     counts = {key: sum(row.get(key) is not None for row in rows) for key in DEFAULT_SORT_PREFERENCE}
     key = max(DEFAULT_SORT_PREFERENCE, key=lambda k: (counts[k], -DEFAULT_SORT_PREFERENCE.index(k)))
     return f"-{key}"
-
-
-def leaderboard_rows(user: AbstractBaseUser, sort: str | None = "-aime24_best", filters: RunFilters | None = None) -> list[dict[str, Any]]:
-    """One row per visible run; `leaderboard` documents the figures. `sort`: a key of
-    LEADERBOARD_SORT_KEYS, `-` for descending; None: `default_leaderboard_sort`."""
-    return leaderboard(user, sort, filters)[0]
 
 
 def leaderboard(user: AbstractBaseUser, sort: str | None = None, filters: RunFilters | None = None) -> tuple[list[dict[str, Any]], str]:
@@ -256,17 +222,4 @@ def workers_with_liveness(user: AbstractBaseUser | None = None) -> list[dict[str
         ]
         row["cluster_error"] = worker.cluster_error if full else ("the Ray cluster cannot be read" if worker.cluster_error else "")
         out.append(row)
-    return out
-
-
-def latest_metric_values(run: Run, names: Iterable[str]) -> dict[str, float]:
-    """Latest value of each named metric (for run cards)."""
-    out: dict[str, float] = {}
-    for name in names:
-        last = MetricPoint.objects.filter(run=run, name=name).aggregate(step=Max("step"))["step"]
-        if last is None:
-            continue
-        value = MetricPoint.objects.filter(run=run, name=name, step=last).order_by("-line").values_list("value", flat=True).first()
-        if value is not None:
-            out[name] = value
     return out
