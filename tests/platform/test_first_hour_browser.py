@@ -394,5 +394,6 @@ def test_heldout_evaluation_is_shown_exported_and_served_as_an_evaluation(daphne
     page.wait_for_selector("#sample-view:not(.hidden) .eval-sample")
     assert page.locator("#sample-view .eval-sample").count() == 2
     page.click("#sample-close")
+    page.wait_for_selector(".chart-card .main-svg")  # the screenshot shows the charts above it too
     card.scroll_into_view_if_needed()
     screenshot(page, "run_page_evaluations.png")
