@@ -53,7 +53,7 @@ def run_cli(config: str | Path, out: Path, overrides: list[str] | tuple[str, ...
     """The product's own run, as a user starts it: `python -m rl_core run CONFIG --out OUT --quiet
     --set ...` from the checkout; its metrics.jsonl records. A failed run ends the bench with its
     output's tail."""
-    from rl_core.metrics import read_metrics
+    from tests.metrics_file import read_metrics
 
     command = [sys.executable, "-m", "rl_core", "run", str(config), "--out", str(out), "--quiet"]
     for item in overrides:

@@ -41,7 +41,8 @@ from benchlib import REPO_ROOT, run_cli  # noqa: E402  (first: it puts the check
 
 from inflight.alerts.rules import Firing, check_line  # noqa: E402  (pure: no Django, no database)
 from rl_core.config import load_run_config  # noqa: E402
-from rl_core.metrics import NONFINITE_PREFIX, read_metrics  # noqa: E402
+from rl_core.metrics import NONFINITE_PREFIX  # noqa: E402
+from tests.metrics_file import read_metrics  # noqa: E402
 from rl_core.run_dir import EVALS_FILE, METRICS_FILE  # noqa: E402
 
 HELDOUT = "success/heldout"

@@ -39,7 +39,7 @@ from benchlib import REPO_ROOT, build_model, updates_while_decoding  # noqa: F40
 sys.path.insert(0, str(REPO_ROOT / "tests" / "multinode"))
 from netns_cluster import INTERFACE, NetnsCluster, netns_usable  # noqa: E402
 
-from rl_core.metrics import read_metrics  # noqa: E402
+from tests.metrics_file import read_metrics  # noqa: E402
 from tests.rl_core.server_process import start_server_process  # noqa: E402
 from rl_core.weight_sync import ADVERTISED_ADDRESS_ENV  # noqa: E402
 

@@ -116,17 +116,6 @@ class MultiSink:
             sink.close()
 
 
-def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    """All complete records of a metrics file (a torn last line is skipped)."""
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if not line.endswith("\n"):
-                break
-            records.append(json.loads(line))
-    return records
-
-
 # --- mirrors: W&B and TensorBoard copies of metrics.jsonl ---------------------------------
 #
 # metrics.jsonl stays the source of truth. A mirror is fed by the launcher, which tails that

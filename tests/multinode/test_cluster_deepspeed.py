@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from netns_cluster import INTERFACE, NetnsCluster
-from rl_core.metrics import read_metrics
+from tests.metrics_file import read_metrics
 
 pytestmark = [pytest.mark.slow]
 

@@ -16,7 +16,8 @@ import pytest
 
 from rl_core.actor import Actor
 from rl_core.config import RunConfig
-from rl_core.metrics import JsonlSink, read_metrics
+from rl_core.metrics import JsonlSink
+from tests.metrics_file import read_metrics
 from rl_core.stream import FileStreamReader, FileStreamWriter
 from rl_core.submission import PromptSource, TailRounds, TailWindow
 from rl_core.run_dir import TrainerProgress, parse_ready_line, write_progress

@@ -340,7 +340,7 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     from rl_core.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
     from rl_core.launcher import place_run, trainer_children
     from rl_core.processes import free_port
-    from rl_core.metrics import read_metrics
+    from tests.metrics_file import read_metrics
     from rl_core.stream import FileStreamWriter
     from rl_core.torch_backend import TorchBackend
     from rl_core.run_dir import SHARDS_FILE, latest_checkpoint

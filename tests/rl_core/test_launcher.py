@@ -19,7 +19,7 @@ import yaml
 
 from rl_core.config import RunConfig
 from rl_core.launcher import LaunchError, place_run, server_children, trainer_children
-from rl_core.metrics import read_metrics
+from tests.metrics_file import read_metrics
 
 
 def write_config(path: Path, model: Path, **overrides: object) -> Path:

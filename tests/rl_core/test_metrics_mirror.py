@@ -281,7 +281,7 @@ def test_a_run_mirrors_every_metrics_line_to_both(tiny_model: Path, tmp_path: Pa
 
     from test_launcher import write_config
 
-    from rl_core.metrics import read_metrics
+    from tests.metrics_file import read_metrics
 
     config = write_config(tmp_path / "config.yaml", tiny_model, monitoring={"mirror": {"sinks": ["wandb", "tensorboard"]}})
     out = tmp_path / "run"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl_core.metrics import read_metrics
+from tests.metrics_file import read_metrics
 from rl_core.stream import FileStreamReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -13,7 +13,8 @@ import torch
 
 from rl_core.config import RunConfig, config_to_yaml
 from rl_core.contracts import RolloutSample
-from rl_core.metrics import JsonlSink, read_metrics
+from rl_core.metrics import JsonlSink
+from tests.metrics_file import read_metrics
 from rl_core.stream import FileStreamWriter, open_reader
 from rl_core.torch_backend import TorchBackend, lr_multiplier
 from rl_core.run_dir import latest_checkpoint, read_progress
