@@ -129,7 +129,6 @@ class RunStatusRecord(BaseModel):
     error: str | None = None
     pid: int | None = None
     updated: float | None = None
-
     # What a `starting` run waits for, in words (a cluster run's placement group): the platform
     # shows it beside the status, so a run that waits for machines says so.
     detail: str | None = None
@@ -149,6 +148,7 @@ class ClusterRecord(BaseModel):
 
     placement_wait_s: float
     roles: list[ClusterRole]
+
 
 class TrainerProgress(BaseModel):
     """`trainer_progress.json`, published by trainer rank 0 after each step: the actor keeps
@@ -198,11 +198,11 @@ def read_status(run_dir: str | Path) -> RunStatusRecord | None:
     return _read_record(Path(run_dir) / STATUS_FILE, RunStatusRecord)
 
 
-def write_progress(run_dir: str | Path, progress: TrainerProgress) -> None:
 def read_cluster(run_dir: str | Path) -> ClusterRecord | None:
     return _read_record(Path(run_dir) / CLUSTER_FILE, ClusterRecord)
 
 
+def write_progress(run_dir: str | Path, progress: TrainerProgress) -> None:
     write_json_atomic(Path(run_dir) / PROGRESS_FILE, progress.model_dump(mode="json"))
 
 
