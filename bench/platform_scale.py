@@ -105,22 +105,32 @@ class Processes:
         return (self.folder / f"{name}.log").read_text(errors="replace")[-3000:]
 
 
+SERVICES_FOLDER: list[Path] = []  # where this bench's PostgreSQL and Redis keep their pid files
+
+
 def service_cpu_s() -> dict[str, float]:
-    """CPU seconds of PostgreSQL (all its backends) and Redis so far."""
+    """CPU seconds of this bench's PostgreSQL (the postmaster, its live backends and the ended
+    ones it reaped) and Redis so far."""
     import psutil
 
     totals = {"postgres": 0.0, "redis": 0.0}
-    for process in psutil.process_iter(["name", "cmdline", "cpu_times"]):
-        name = (process.info["name"] or "")
-        cmdline = " ".join(process.info["cmdline"] or [])
-        key = "postgres" if name.startswith("postgres") else "redis" if "redis-server" in name else None
-        if key is None or ("bench-platform-scale" not in cmdline and key == "redis"):
-            continue
-        times = process.info["cpu_times"]
-        if times is not None:
-            totals[key] += times.user + times.system
-            if key == "postgres" and process.ppid() > 1 and not psutil.Process(process.ppid()).name().startswith("postgres"):
-                totals[key] += times.children_user + times.children_system  # the postmaster: its ended backends
+    if not SERVICES_FOLDER:
+        return totals
+    folder = SERVICES_FOLDER[0]
+    try:
+        postmaster = psutil.Process(int((folder / "postgres" / "postmaster.pid").read_text().split()[0]))
+        times = postmaster.cpu_times()
+        totals["postgres"] = times.user + times.system + times.children_user + times.children_system
+        for child in postmaster.children():
+            try:
+                child_times = child.cpu_times()
+                totals["postgres"] += child_times.user + child_times.system
+            except psutil.NoSuchProcess:
+                pass
+        redis_times = psutil.Process(int((folder / "redis.pid").read_text().strip())).cpu_times()
+        totals["redis"] = redis_times.user + redis_times.system
+    except (OSError, ValueError, psutil.Error):
+        pass
     return totals
 
 
@@ -194,10 +204,16 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         runs = create_live_runs(user, args.live_runs, runs_root, label)
         stop_ingest, stop_clients = folder / "stop-ingest", folder / "stop-clients"
         progress_files = []
+        from inflight.runs.models import Run
+
         for k in range(args.ingest_procs):
             spec_path = folder / f"ingest-{k}.json"
             progress_files.append(folder / f"ingest-{k}.progress")
-            spec_path.write_text(json.dumps({"runs": runs[k::args.ingest_procs], "stop_file": str(stop_ingest), "progress_file": str(progress_files[-1])}))
+            # Each ingest process beats as the worker of its runs, so the web nodes' lost-run sweeper
+            # sees them alive (as a Celery worker's heartbeat thread does).
+            worker = {"name": f"bench-ingest-{label}-{k}@scale", "incarnation": secrets.token_hex(8)}
+            Run.objects.filter(pk__in=[run["id"] for run in runs[k::args.ingest_procs]]).update(worker_name=worker["name"], worker_incarnation=worker["incarnation"])
+            spec_path.write_text(json.dumps({"runs": runs[k::args.ingest_procs], "stop_file": str(stop_ingest), "progress_file": str(progress_files[-1]), "worker": worker}))
             processes.start(f"ingest-{label}-{k}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "ingest", str(spec_path)], {**os.environ, "PYTHONUNBUFFERED": "1"})
         # Clients spread round-robin over runs and nodes; each lists the other nodes to fall back on.
         clients = [{"client": c, "run_id": runs[c % len(runs)]["id"], "bases": bases[c % nodes:] + bases[:c % nodes]} for c in range(args.clients)]
@@ -309,6 +325,7 @@ def main() -> int:
     # A lab's many live runs belong to many people; here one user owns them all.
     os.environ.setdefault("INFLIGHT_MAX_ACTIVE_RUNS_PER_USER", "100000")
     if args.db_dir is None:
+        SERVICES_FOLDER.append(REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()))  # platform_services' folder
         with platform_services("platform-scale"):
             return run_bench(args)
     return run_bench_on_kept_services(args)
@@ -319,6 +336,7 @@ def run_bench_on_kept_services(args: argparse.Namespace) -> int:
     from inflight.devservices import start_services
 
     services_info = start_services(Path(args.db_dir), postgres_port=free_port(), redis_port=free_port())
+    SERVICES_FOLDER.append(Path(args.db_dir).resolve())
     os.environ.update(services_info.env())
     key_file = Path(args.db_dir) / "bench-secret-key"  # sessions made by an earlier invocation stay valid
     if not key_file.exists():

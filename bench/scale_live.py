@@ -160,6 +160,13 @@ class ReplayWriter:
 # --------------------------------------------------------------------------- ingest role
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """The bench reads the file while this process rewrites it: never a half-written one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def run_ingest(spec: dict[str, Any]) -> None:
     """Deliver every run of `spec["runs"]` through RunSupervisor.deliver() + PlatformReporter until
     `spec["stop_file"]` exists and everything written is delivered; progress (metrics lines
@@ -177,6 +184,14 @@ def run_ingest(spec: dict[str, Any]) -> None:
         RunSupervisor(run_dir=Path(run["run_dir"]), config_yaml=run["config_yaml"], command_prefix=[], reporter=PlatformReporter(run["id"]), cwd=REPO_ROOT)
         for run in spec["runs"]
     ]
+    from inflight.runs.services import record_heartbeat
+
+    def beat() -> None:
+        record_heartbeat(spec["worker"]["name"], hostname="127.0.0.1", queues=["cpu"], gpus=[], cpu_count=os.cpu_count() or 0,
+                         pid=os.getpid(), incarnation=spec["worker"]["incarnation"])
+
+    beat()
+    last_beat = time.monotonic()
     poll_s = settings.INFLIGHT_POLL_S
     stop_file = Path(spec["stop_file"])
     progress = Path(spec["progress_file"])
@@ -188,14 +203,17 @@ def run_ingest(spec: dict[str, Any]) -> None:
             all_delivered = supervisor.deliver() and all_delivered
             supervisor.tick()
         now = time.monotonic()
+        if now - last_beat >= settings.INFLIGHT_HEARTBEAT_INTERVAL_S:
+            beat()
+            last_beat = now
         if now - last_progress >= 1.0:
             delivered = sum(s.metrics_tail.line_no for s in supervisors)
-            progress.write_text(json.dumps({"delivered_lines": delivered, "loop_s": now - started}))
+            _write_atomically(progress, json.dumps({"delivered_lines": delivered, "loop_s": now - started}))
             last_progress = now
         if stop_file.exists() and all_delivered:
             break
         time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
-    progress.write_text(json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors), "loop_s": 0.0}))
+    _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors), "loop_s": 0.0}))
     from inflight.runs.services import flush_broadcasts
 
     flush_broadcasts(30)
