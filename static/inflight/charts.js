@@ -94,23 +94,17 @@
     return result;
   }
 
-  // Every chart card's drawing goes through Plotly.react (the run page's renderer and the compare
-  // page): fit it there, so a chart of metrics nobody grouped is fitted as well as a known one.
-  function installFitting(plotly) {
-    if (!plotly || plotly.__inflightFitted) return;
-    var react = plotly.react;
-    plotly.react = function (div, traces, layout, config) {
-      var card = div && div.closest ? div.closest(".chart-card") : null;
-      if (card && layout && layout.yaxis && Array.isArray(traces)) {
-        var fit = fitChart(layout, traces);
-        card.classList.toggle("chart-flat", fit.flat);
-        card.classList.toggle("chart-log", fit.log);
-      }
-      return react.apply(this, arguments);
-    };
-    plotly.__inflightFitted = true;
+  // Draw (or redraw) a chart card's plot, fitted to its data (fitChart): the run page and the
+  // compare page both draw through here.
+  function draw(plot, traces, layout) {
+    var fit = fitChart(layout, traces);
+    var card = plot.closest ? plot.closest(".chart-card") : null;
+    if (card) {
+      card.classList.toggle("chart-flat", fit.flat);
+      card.classList.toggle("chart-log", fit.log);
+    }
+    return Plotly.react(plot, traces, layout, CONFIG);
   }
-  installFitting(root.Plotly);
 
   // A chart card (title + plot div) appended to `container`; returns the plot div.
   function chartCard(container, id, title) {
@@ -146,6 +140,6 @@
 
   root.InflightCharts = {
     PALETTE: PALETTE, rgba: rgba, xValues: xValues, firstTime: firstTime, seriesTraces: seriesTraces,
-    layout: layout, CONFIG: CONFIG, chartCard: chartCard, bindControls: bindControls, axisTitle: axisTitle, fitChart: fitChart,
+    layout: layout, CONFIG: CONFIG, chartCard: chartCard, bindControls: bindControls, axisTitle: axisTitle, fitChart: fitChart, draw: draw,
   };
 })(window);

@@ -106,7 +106,7 @@
         }
         traces = traces.concat(C.seriesTraces("#" + run.id + " " + run.name, columns, controls.axis, controls.smoothing, C.PALETTE[r % C.PALETTE.length], ctx));
       });
-      Plotly.react(plot, traces, C.layout(controls.axis, ""), C.CONFIG);
+      C.draw(plot, traces, C.layout(controls.axis, ""));
     });
   }
 })();

@@ -244,7 +244,7 @@
       var chartLayout = C.layout(controls.axis, entry.group.y);
       // Alerts are marked where they fired (rollouts.js draws the marks).
       if (window.inflightAlertMarks) chartLayout.shapes = window.inflightAlertMarks(controls.axis, ctx);
-      Plotly.react(plot, entry.traces, chartLayout, C.CONFIG);
+      C.draw(plot, entry.traces, chartLayout);
     });
     var info = document.getElementById("points-info");
     info.dataset.buckets = String(buckets);
