@@ -22,7 +22,10 @@
 
   // ---- snapshot + pushes
 
+  var again = false; // a refetch asked for while one is in flight runs once it is done
+
   function refetch() {
+    if (loading) { again = true; return; }
     loading = true;
     return fetch(page.snapshot_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (response) {
@@ -36,6 +39,7 @@
         buffered = [];
         pending.forEach(applyPush);
         scheduleRender();
+        if (again) { again = false; refetch(); }
       })
       .catch(function (error) {
         loading = false;
@@ -280,6 +284,9 @@
   }
 
   window.inflightRunPage = { state: function () { return state; }, refetch: refetch, rerender: scheduleRender };
+  // The snapshot does not wait for the socket: a finished run's charts draw even if the socket
+  // never opens; every (re)connect fetches it again for what was missed meanwhile.
+  refetch();
   connect();
   schedulePanel(TERMINAL.indexOf(status) < 0 ? 5000 : 30000);
 })();
