@@ -39,8 +39,8 @@ from inflight.runs.models import (
     RunStatus,
     Worker,
 )
-from inflight.runs.selectors import can_manage_run
 from inflight.runs.safe_input import value_errors
+from inflight.runs.selectors import can_manage_run
 from inflight.task_queue import EXECUTE_RUN_TASK, app
 from rl_core.config import RunConfig, field_errors
 
