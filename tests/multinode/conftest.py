@@ -10,30 +10,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from netns_cluster import NetnsCluster, netns_usable  # noqa: E402
+from netns_cluster import NetnsCluster, ray_cluster_or_skip  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def two_node_cluster() -> Iterator[NetnsCluster]:
-    why = netns_usable()
-    if why is not None:
-        pytest.skip(why)
-    cluster = NetnsCluster.create(nodes=2)
-    try:
-        cluster.start_ray(cpus_per_node=3)
+    with ray_cluster_or_skip(nodes=2, cpus_per_node=3) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(scope="module")
 def three_node_cluster() -> Iterator[NetnsCluster]:
-    why = netns_usable()
-    if why is not None:
-        pytest.skip(why)
-    cluster = NetnsCluster.create(nodes=3)
-    try:
-        cluster.start_ray(cpus_per_node=2)
+    with ray_cluster_or_skip(nodes=3, cpus_per_node=2) as cluster:
         yield cluster
-    finally:
-        cluster.close()

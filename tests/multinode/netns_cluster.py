@@ -22,8 +22,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 RAY_GCS_PORT = 6380
 RAY_NODE_MANAGER_PORT = 6381
@@ -215,3 +217,38 @@ class NetnsCluster:
         if self.switch:
             subprocess.run(["ip", "netns", "del", self.switch], capture_output=True)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@contextmanager
+def ray_cluster_or_skip(nodes: int, cpus_per_node: int) -> Iterator[NetnsCluster]:
+    """A started Ray cluster of `nodes` namespaces for one test or module (pytest skips where
+    namespaces cannot be made); everything in it is killed and removed afterwards."""
+    import pytest
+
+    why = netns_usable()
+    if why is not None:
+        pytest.skip(why)
+    cluster = NetnsCluster.create(nodes=nodes)
+    try:
+        cluster.start_ray(cpus_per_node=cpus_per_node)
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def demo_on_cluster(model: Path, overrides: dict[str, object]) -> dict:
+    """The demo config (examples/tiny-cpu.yaml) as a cluster run on a netns cluster: the run's own
+    Redis stream, the namespaces' interface; `overrides` as `{"section.field": value}`."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
+    config["model"]["path"] = str(model)
+    config["stream"] = {"kind": "redis", "redis_embedded": True}
+    config["cluster"] = {"enabled": True, "nodes": 2, "placement_timeout_s": 60, "network_interface": INTERFACE}
+    for key, value in overrides.items():
+        section, _, field_name = key.partition(".")
+        if field_name:
+            config.setdefault(section, {})[field_name] = value
+        else:
+            config[section] = value
+    return config

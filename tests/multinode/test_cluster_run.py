@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from netns_cluster import INTERFACE, NetnsCluster
+from netns_cluster import INTERFACE, NetnsCluster, demo_on_cluster
 from tests.metrics_file import read_metrics
 
 pytestmark = [pytest.mark.slow]
@@ -23,18 +23,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def cluster_config(tmp_path: Path, cluster: NetnsCluster, model: Path, **overrides: object) -> Path:
-    """The demo (examples/tiny-cpu.yaml) shrunk to a test, on `cluster`."""
-    config = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
-    config.update(name="two-nodes", max_wall_time_s=300)
-    config["model"]["path"] = str(model)
-    config["trainer"].update(max_steps=25, checkpoint_every=10)
-    config["eval"].update(heldout_every_n_steps=5)
-    config["stream"] = {"kind": "redis", "redis_embedded": True}
-    config["cluster"] = {"enabled": True, "nodes": 2, "ray_address": cluster.address, "placement_timeout_s": 60,
-                         "network_interface": INTERFACE}
-    for key, value in overrides.items():
-        section, _, field = key.partition(".")
-        config.setdefault(section, {})[field] = value
+    """The demo shrunk to a test, on `cluster` (named by its address, as a launcher outside the platform would)."""
+    config = demo_on_cluster(model, {"name": "two-nodes", "max_wall_time_s": 300, "trainer.max_steps": 25,
+                                     "trainer.checkpoint_every": 10, "eval.heldout_every_n_steps": 5,
+                                     "cluster.ray_address": cluster.address, **overrides})
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

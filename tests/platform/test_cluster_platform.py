@@ -13,39 +13,22 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-import yaml
 from django.test import Client
 
 from inflight.runs.models import MetricPoint, Run, RunQueue, RunStatus, Worker
-from tests.multinode.netns_cluster import INTERFACE, NetnsCluster, netns_usable
+from tests.multinode.netns_cluster import NetnsCluster, demo_on_cluster, ray_cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 @pytest.fixture
 def cluster() -> Iterator[NetnsCluster]:
-    why = netns_usable()
-    if why is not None:
-        pytest.skip(why)
-    cluster = NetnsCluster.create(nodes=2)
-    try:
-        cluster.start_ray(cpus_per_node=3)
+    with ray_cluster_or_skip(nodes=2, cpus_per_node=3) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def cluster_run_config(model: Path, nodes: int) -> dict[str, Any]:
-    config = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
-    config.update(name="two-nodes-platform", max_wall_time_s=400)
-    config["model"]["path"] = str(model)
-    config["trainer"].update(max_steps=12, checkpoint_every=6)
-    config["eval"].update(heldout_every_n_steps=6)
-    config["stream"] = {"kind": "redis", "redis_embedded": True}
-    config["cluster"] = {"enabled": True, "nodes": nodes, "placement_timeout_s": 60, "network_interface": INTERFACE}
-    return config
+    return demo_on_cluster(model, {"name": "two-nodes-platform", "max_wall_time_s": 400, "trainer.max_steps": 12,
+                                   "trainer.checkpoint_every": 6, "eval.heldout_every_n_steps": 6, "cluster.nodes": nodes})
 
 
 def test_a_cluster_run_through_the_platform(cluster: NetnsCluster, start_worker, owner, owner_api, staff_user, tiny_model: Path,
