@@ -156,7 +156,10 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get(
     "DATABASE_URL", f"postgres://postgres@127.0.0.1:{EMBEDDED_POSTGRES_PORT}/inflight"
 )
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+# Persistent connections (health-checked before reuse): Daphne runs every database call of its
+# sockets and pages on one thread, and opening a PostgreSQL connection per call (a backend fork each)
+# held up 125 pages opening at once past Daphne's 5 s handshake limit (bench/platform_scale.py).
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("INFLIGHT_DB_CONN_MAX_AGE", "60")), conn_health_checks=True)}
 
 REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
 CHANNEL_LAYERS = {
