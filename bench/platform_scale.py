@@ -213,7 +213,8 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
             # sees them alive (as a Celery worker's heartbeat thread does).
             worker = {"name": f"bench-ingest-{label}-{k}@scale", "incarnation": secrets.token_hex(8)}
             Run.objects.filter(pk__in=[run["id"] for run in runs[k::args.ingest_procs]]).update(worker_name=worker["name"], worker_incarnation=worker["incarnation"])
-            spec_path.write_text(json.dumps({"runs": runs[k::args.ingest_procs], "stop_file": str(stop_ingest), "progress_file": str(progress_files[-1]), "worker": worker}))
+            spec_path.write_text(json.dumps({"runs": runs[k::args.ingest_procs], "stop_file": str(stop_ingest), "progress_file": str(progress_files[-1]), "worker": worker,
+                                             "threads": args.ingest_threads}))
             processes.start(f"ingest-{label}-{k}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "ingest", str(spec_path)], {**os.environ, "PYTHONUNBUFFERED": "1"})
         # Clients spread round-robin over runs and nodes; each lists the other nodes to fall back on.
         clients = [{"client": c, "run_id": runs[c % len(runs)]["id"], "bases": bases[c % nodes:] + bases[:c % nodes]} for c in range(args.clients)]
@@ -308,6 +309,7 @@ def main() -> int:
     parser.add_argument("--demo-run", default="/tmp/demo-rate", help="A real demo run directory (python -m rl_core run examples/tiny-cpu.yaml --out DIR): the writers replay it.")
     parser.add_argument("--duration-s", type=float, default=None, help="Replay only the demo run's first seconds (default: all of it).")
     parser.add_argument("--ingest-procs", type=int, default=2, help="Ingest processes (the runs are split among them).")
+    parser.add_argument("--ingest-threads", type=int, default=4, help="Polling threads per ingest process (a Celery worker's threads).")
     parser.add_argument("--no-rollouts", action="store_true", help="Leave the rollout stream out of the replay.")
     parser.add_argument("--stagger-s", type=float, default=2.0, help="Runs start spread over this many seconds.")
     parser.add_argument("--connect-spacing-s", type=float, default=0.01, help="Pause between opening two pages.")

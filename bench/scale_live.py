@@ -13,7 +13,8 @@ What is real and what is simulated:
   (its `deliver()`: the file tails, supersede checks, eval and rollout delivery) with the real
   `workers.tasks.PlatformReporter` (services.ingest_metrics → folding → broadcast to the Redis
   channel layer, alert rules, rollout ingest), polled every INFLIGHT_POLL_S (250 ms) as a
-  supervisor polls — one process drives many runs, where production has one Celery thread each;
+  supervisor polls — a few threads per process drive many runs each, where production has one
+  Celery thread per run;
 - clients are real WebSocket clients (tests/platform/run_page_client.py, on the `websockets`
   library) on Daphne, subscribed as the run page is: connect, fetch `snapshot.json`, apply `metrics.batch` pushes by seq (stale ignored, a gap
   refetches the snapshot), reconnect after a close (to the next web node, as a load balancer
@@ -190,30 +191,38 @@ def run_ingest(spec: dict[str, Any]) -> None:
         record_heartbeat(spec["worker"]["name"], hostname="127.0.0.1", queues=["cpu"], gpus=[], cpu_count=os.cpu_count() or 0,
                          pid=os.getpid(), incarnation=spec["worker"]["incarnation"])
 
-    beat()
-    last_beat = time.monotonic()
     poll_s = settings.INFLIGHT_POLL_S
     stop_file = Path(spec["stop_file"])
     progress = Path(spec["progress_file"])
-    last_progress = 0.0
-    while True:
-        started = time.monotonic()
-        all_delivered = True
-        for supervisor in supervisors:
-            all_delivered = supervisor.deliver() and all_delivered
-            supervisor.tick()
+
+    def poll_loop(mine: list[RunSupervisor]) -> None:
+        """One Celery worker thread's loop, over several runs: deliver, tick, sleep to the next poll."""
+        from django.db import connection
+
+        while True:
+            started = time.monotonic()
+            all_delivered = True
+            for supervisor in mine:
+                all_delivered = supervisor.deliver() and all_delivered
+                supervisor.tick()
+            if stop_file.exists() and all_delivered:
+                break
+            time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
+        connection.close()
+
+    # Threads as a Celery worker's (-P threads): their database round trips overlap.
+    threads = [threading.Thread(target=poll_loop, args=(supervisors[t::spec["threads"]],), daemon=True) for t in range(spec["threads"])]
+    for thread in threads:
+        thread.start()
+    last_beat = 0.0
+    while any(thread.is_alive() for thread in threads):
         now = time.monotonic()
         if now - last_beat >= settings.INFLIGHT_HEARTBEAT_INTERVAL_S:
             beat()
             last_beat = now
-        if now - last_progress >= 1.0:
-            delivered = sum(s.metrics_tail.line_no for s in supervisors)
-            _write_atomically(progress, json.dumps({"delivered_lines": delivered, "loop_s": now - started}))
-            last_progress = now
-        if stop_file.exists() and all_delivered:
-            break
-        time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
-    _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors), "loop_s": 0.0}))
+        _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
+        time.sleep(1.0)
+    _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
     from inflight.runs.services import flush_broadcasts
 
     flush_broadcasts(30)
