@@ -20,6 +20,7 @@ from inflight.runs import services
 from inflight.runs.models import Run, RunStatus
 from inflight.runs.services import PointIn
 from inflight.web.config_form import build_sections, iter_fields
+from inflight.web.views import MAX_COMPARED_RUNS
 from rl_core.config import RunConfig
 
 pytestmark = pytest.mark.django_db
@@ -212,7 +213,8 @@ def test_compare_shows_only_differing_config_fields(owner_client: Client, owner,
     assert "trainer.lr" in diff and "accelerations.histospec.enabled" in diff and "name" in diff
     assert "trainer.max_steps" not in diff and "sampling.temperature" not in diff
     assert owner_client.get(reverse("web:compare") + "?runs=x").status_code == 400
-    assert owner_client.get(reverse("web:compare") + "?runs=" + ",".join(str(i) for i in range(1, 11))).status_code == 400
+    too_many = ",".join(str(i) for i in range(1, MAX_COMPARED_RUNS + 2))
+    assert owner_client.get(reverse("web:compare") + "?runs=" + too_many).status_code == 400
     theirs = services.create_run(other_user, "t", {})
     assert owner_client.get(reverse("web:compare") + f"?runs={a.pk},{theirs.pk}").status_code == 404
     assert owner_client.get(reverse("web:compare")).status_code == 200  # the picker alone
