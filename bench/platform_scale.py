@@ -251,7 +251,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         processes.note_cpu()
         stop_ingest.write_text("stop")
         for k in range(args.ingest_procs):
-            processes.children[f"ingest-{label}-{k}"].wait(120)
+            processes.children[f"ingest-{label}-{k}"].wait(400)  # it ends once its last pushes are sent
         ingest_done = time.monotonic() - started
         time.sleep(args.settle_s)  # the last pushes reach the pages (pacing, reconnects)
         stop_clients.write_text("stop")

@@ -225,7 +225,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
     from inflight.runs.services import flush_broadcasts
 
-    flush_broadcasts(30)
+    flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first
 
 
 # --------------------------------------------------------------------------- clients role

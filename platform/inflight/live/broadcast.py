@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import logging
 import os
 import threading
@@ -25,37 +26,42 @@ def user_runs_group(user_id: int) -> str:
 
 
 class _Broadcaster:
-    """Channels sends from sync code: in order, on one event loop thread per process, and
+    """Channels sends from sync code: in order per group, on one event loop thread per process, and
     without making the caller wait for Redis.
 
     `async_to_sync(layer.group_send)` would run each send on a fresh event loop, and the Redis
     layer keeps its connections per loop, so every push would open a new connection (~7 ms vs
     <1 ms here). Ingest only queues its push (after its transaction committed) and returns: a
     2,000-point push costs a few ms of serialization and Redis round trips that need not delay
-    the next batch. One task sends the queue in order, so a client never sees batch 5 before
-    batch 4. If Redis stalls and more than `MAX_UNSENT` pushes wait, new ones are dropped
-    (logged): the database holds the data and a client that sees the seq gap refetches its
-    snapshot. Recreated after a fork (the loop thread does not survive it)."""
+    the next batch. Each group's pushes are sent in order (a client never sees batch 5 before
+    batch 4), one at a time; different groups' sends overlap, up to `MAX_IN_FLIGHT` at once: a
+    worker ingesting many runs sent everything one round trip after another, and at 200 live runs
+    its queue grew by the second (pushes a minute late, the last ones never sent before the process
+    ended; bench/platform_scale.py). If Redis stalls and more than `MAX_UNSENT` pushes wait, new
+    ones are dropped (logged): the database holds the data and a client that sees the seq gap
+    refetches its snapshot. Recreated after a fork (the loop thread does not survive it)."""
 
     MAX_UNSENT = 1000
+    MAX_IN_FLIGHT = 32
     SEND_TIMEOUT_S = 5.0
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
         self._pid = 0
         self._unsent = 0
+        # Loop-thread state: each group's waiting pushes, and the groups whose sender runs.
+        self._waiting: dict[str, collections.deque[dict[str, Any]]] = {}
+        self._slots: asyncio.Semaphore | None = None
 
-    def _started_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, dict[str, Any]]]]:
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
         # Called with the lock held.
-        if self._loop is None or self._queue is None or self._pid != os.getpid():
+        if self._loop is None or self._pid != os.getpid():
             loop = asyncio.new_event_loop()
-            queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-            self._loop, self._queue, self._pid, self._unsent = loop, queue, os.getpid(), 0
+            self._loop, self._pid, self._unsent, self._waiting = loop, os.getpid(), 0, {}
+            self._slots = None
             threading.Thread(target=loop.run_forever, name="inflight-broadcast", daemon=True).start()
-            asyncio.run_coroutine_threadsafe(self._send_in_order(queue), loop)
-        return self._loop, self._queue
+        return self._loop
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         """Queue one group_send; returns at once."""
@@ -63,23 +69,37 @@ class _Broadcaster:
             if self._unsent >= self.MAX_UNSENT:
                 logger.warning("%d pushes waiting for the channel layer; dropping %s to %s", self._unsent, message.get("type"), group)
                 return
-            loop, queue = self._started_loop()
+            loop = self._started_loop()
             self._unsent += 1
-        loop.call_soon_threadsafe(queue.put_nowait, (group, message))
+        loop.call_soon_threadsafe(self._enqueue, group, message)
 
-    async def _send_in_order(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
-        while True:
-            group, message = await queue.get()
-            try:
-                layer = get_channel_layer()
-                if layer is not None:
-                    await asyncio.wait_for(layer.group_send(group, message), self.SEND_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write
-                logger.warning("could not broadcast %s to %s", message.get("type"), group, exc_info=True)
-            finally:
-                with self._lock:
-                    self._unsent -= 1
-                    self._lock.notify_all()
+    def _enqueue(self, group: str, message: dict[str, Any]) -> None:
+        # On the loop thread: a group with pushes waiting already has its sender running.
+        waiting = self._waiting.get(group)
+        if waiting is not None:
+            waiting.append(message)
+            return
+        self._waiting[group] = collections.deque([message])
+        asyncio.ensure_future(self._send_group(group))
+
+    async def _send_group(self, group: str) -> None:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.MAX_IN_FLIGHT)
+        async with self._slots:
+            waiting = self._waiting[group]
+            while waiting:
+                message = waiting.popleft()
+                try:
+                    layer = get_channel_layer()
+                    if layer is not None:
+                        await asyncio.wait_for(layer.group_send(group, message), self.SEND_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write
+                    logger.warning("could not broadcast %s to %s", message.get("type"), group, exc_info=True)
+                finally:
+                    with self._lock:
+                        self._unsent -= 1
+                        self._lock.notify_all()
+            del self._waiting[group]
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every queued push was handed to the channel layer (or failed); False on timeout."""
