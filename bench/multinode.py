@@ -1,5 +1,6 @@
 """What crossing machines costs a run, on one machine: each "node" a network namespace of its
-own joined by veth pairs (tests/multinode/netns_cluster.py), so traffic between roles really
+own joined by a veth pair (tests/multinode/netns_cluster.py; `--bridge`: through the tests'
+bridge instead), so traffic between roles really
 crosses interfaces. The cores are the same two either way, so no speed-up can show here; the
 figures say what the crossing itself costs.
 
@@ -124,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--bridge", action="store_true", help="Join the nodes through a bridge (as the tests do), not a veth pair.")
     parser.add_argument("--pause-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -133,7 +135,9 @@ def main() -> None:
     why = netns_usable()
     if why is not None:
         raise SystemExit(f"bench/multinode.py: {why}")
-    cluster = NetnsCluster.create(nodes=2)
+    # A veth pair straight between the two nodes: the tests' bridge costs the host's bridge netfilter
+    # on every frame (RESULTS.md), which is this sandbox's, not a network's.
+    cluster = NetnsCluster.create(nodes=2, point_to_point=not args.bridge)
     try:
         with tempfile.TemporaryDirectory() as scratch_dir:
             scratch = Path(scratch_dir)

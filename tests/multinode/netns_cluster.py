@@ -101,11 +101,22 @@ class NetnsCluster:
     python: str = sys.executable
 
     @classmethod
-    def create(cls, nodes: int, subnet: int | None = None) -> NetnsCluster:
-        """The namespaces and their network only (no Ray yet)."""
+    def create(cls, nodes: int, subnet: int | None = None, point_to_point: bool = False) -> NetnsCluster:
+        """The namespaces and their network only (no Ray yet). `point_to_point` (2 nodes): one veth
+        pair straight between the two, no bridge; a bridge on a host with br_netfilter loaded runs
+        every frame through netfilter, which made the cross-node update pause ~2x (bench/RESULTS.md)."""
         tag = f"{os.getpid() % 100000}"
         subnet = subnet if subnet is not None else 100 + os.getpid() % 100
         cluster = cls(tag=tag, subnet=subnet)
+        if point_to_point:
+            if nodes != 2:
+                raise ValueError("point_to_point joins exactly 2 nodes")
+            try:
+                cluster._create_pair()
+            except Exception:
+                cluster.close()
+                raise
+            return cluster
         cluster.switch = f"inf-sw-{tag}"
         try:
             _ip("netns", "add", cluster.switch)
@@ -117,6 +128,20 @@ class NetnsCluster:
             cluster.close()
             raise
         return cluster
+
+    def _create_pair(self) -> None:
+        for index in range(2):
+            node = Node(index, f"inf-n{index}-{self.tag}", f"10.231.{self.subnet}.{index + 1}")
+            _ip("netns", "add", node.netns)
+            self.nodes.append(node)
+        first, second = self.nodes
+        _ip("link", "add", INTERFACE, "type", "veth", "peer", "name", "peer0", netns=first.netns)
+        _ip("link", "set", "peer0", "netns", second.netns, netns=first.netns)
+        _ip("link", "set", "peer0", "name", INTERFACE, netns=second.netns)
+        for node in self.nodes:
+            _ip("addr", "add", f"{node.address}/24", "dev", INTERFACE, netns=node.netns)
+            _ip("link", "set", INTERFACE, "up", netns=node.netns)
+            _ip("link", "set", "lo", "up", netns=node.netns)
 
     def add_node(self) -> Node:
         index = len(self.nodes)
