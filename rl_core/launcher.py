@@ -55,6 +55,7 @@ from rl_core.run_dir import (
     METRICS_FILE,
     REDIS_DIR,
     REDIS_LOG_FILE,
+    REDIS_PASSWORD_FILE,
     RunState,
     clear_previous_attempt,
     latest_checkpoint,
@@ -325,6 +326,10 @@ class Launcher:
         process, url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True,
                                           bind=self.host.advertised_address(), password=password)  # type: ignore[attr-defined]
         self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
+        # The platform's rollout viewer reads the stream on the unix socket, which asks for it too.
+        secret = os.open(self.run_dir / REDIS_DIR / REDIS_PASSWORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(secret, "w") as handle:
+            handle.write(password)
         self.config.stream.redis_url = url
         self.config.stream.redis_embedded = False
         (self.run_dir / CONFIG_FILE).write_text(config_to_yaml(self.config))

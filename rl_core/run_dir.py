@@ -46,6 +46,9 @@ LOGS_DIR = "logs"
 REDIS_DIR = "redis"  # the embedded Redis server's data, log and socket
 REDIS_SOCKET_FILE = "redis.sock"  # inside REDIS_DIR
 REDIS_LOG_FILE = "redis.log"  # inside REDIS_DIR
+# Inside REDIS_DIR, mode 0600: a cluster run's Redis password (its server asks for it on the unix
+# socket too), for the platform worker's rollout tail; the roles get it from their environment.
+REDIS_PASSWORD_FILE = "password"
 CLUSTER_FILE = "cluster.json"  # launcher of a cluster run → platform worker: `ClusterRecord` (which role runs where)
 TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-token logprobs at training time
 TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)

@@ -228,25 +228,29 @@ def start_redis_server(directory: str | Path, die_with_parent: bool = False, bin
     the server itself. Returns (process, url) once the server answers PING.
     `die_with_parent`: a launcher's child (`processes.die_with_parent`).
     `bind` (a cluster run): also listen on TCP at that address, on a free port, and require
-    `password`; the URL returned is then that TCP address, without the password."""
+    `password`; the URL returned is then that TCP address, without the password. A `password`
+    without `bind` (the worker restarting a cluster run's server for its final drain) guards the
+    unix socket alone."""
     directory = Path(directory).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     socket_path = directory / REDIS_SOCKET_FILE
     tcp: list[str] = ["--port", "0"]
     url = f"unix://{socket_path}"
     secret_file: str | None = None
-    if bind is not None:
-        if not password:
-            raise ValueError("a Redis listening on a network needs a password")
-        from rl_core.processes import free_port
-
-        port = free_port(bind)
+    if bind is not None and not password:
+        raise ValueError("a Redis listening on a network needs a password")
+    if password:
         # The password goes in a 0600 file read once at start-up, not on the command line
         # (any local user can read a process's arguments).
         fd, secret_file = tempfile.mkstemp(prefix="inflight-redis-", suffix=".conf")
         with os.fdopen(fd, "w") as handle:
             handle.write(f"requirepass {password}\n")
-        tcp = [secret_file, "--port", str(port), "--bind", bind, "--protected-mode", "yes"]
+        tcp = [secret_file, "--port", "0"]
+    if bind is not None:
+        from rl_core.processes import free_port
+
+        port = free_port(bind)
+        tcp = [secret_file or "", "--port", str(port), "--bind", bind, "--protected-mode", "yes"]
         url = f"redis://{bind}:{port}/0"
     command = [
         redis_server_binary(),

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from rl_core.config import StreamConfig  # no torch: the config's models only
 from rl_core.jsonl_tail import JsonlTail, parse_record
-from rl_core.run_dir import REDIS_DIR, ROLLOUTS_FILE, stream_redis_url
+from rl_core.run_dir import REDIS_DIR, REDIS_PASSWORD_FILE, ROLLOUTS_FILE, stream_redis_url
 from rl_core.stream import redis_stream_key
 
 logger = logging.getLogger(__name__)
@@ -43,12 +43,22 @@ class RedisStreamTail:
         self._client: Any = None
         self._unreachable = False
 
+    def password(self) -> str | None:
+        """A cluster run's server asks for its password on the unix socket too (run_dir.REDIS_PASSWORD_FILE)."""
+        if self.embedded_dir is None:
+            return None
+        try:
+            return (self.embedded_dir / REDIS_PASSWORD_FILE).read_text().strip() or None
+        except OSError:
+            return None
+
     def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], str, int]:
         import redis
 
         try:
             if self._client is None:
-                self._client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+                self._client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2,
+                                                    password=self.password())
             entries = self._client.xrange(self.key, min=_next_id(self.offset), max="+", count=max_lines)
         except (redis.RedisError, OSError) as exc:
             if not self._unreachable:

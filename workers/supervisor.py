@@ -398,7 +398,7 @@ class RunSupervisor:
         if not isinstance(tail, RedisStreamTail) or tail.embedded_dir is None or not tail.embedded_dir.is_dir():
             return None
         try:
-            process, _url = start_redis_server(tail.embedded_dir)
+            process, _url = start_redis_server(tail.embedded_dir, password=tail.password())
         except (RuntimeError, OSError) as exc:  # the viewer keeps what it has; the run's outcome does not depend on it
             logger.warning("could not restart the run's Redis to read its last rollouts: %s", exc)
             return None

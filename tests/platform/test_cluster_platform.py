@@ -72,6 +72,11 @@ def test_a_cluster_run_through_the_platform(cluster: NetnsCluster, start_worker,
     assert done.status_detail == ""
     steps = sorted(MetricPoint.objects.filter(run_id=run_id, name="train/loss").values_list("step", flat=True))
     assert steps == list(range(1, 13))
+    # The rollout viewer has the run's samples: the worker read them from the run's password-protected
+    # Redis (its unix socket asks for the password too), live and in the final drain.
+    from inflight.rollouts.models import StoredRollout
+
+    assert StoredRollout.objects.filter(run_id=run_id).exists()
     # The held-out evaluation ran on the remote server at the weights it had received by then.
     served = MetricPoint.objects.filter(run_id=run_id, name="success/heldout_version_max").values_list("value", flat=True)
     assert served and max(served) >= 6, list(served)

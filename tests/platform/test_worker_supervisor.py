@@ -174,3 +174,28 @@ def test_the_rollout_tail_reads_where_the_engine_writes(tmp_path: Path) -> None:
     assert isinstance(default, RedisStreamTail) and default.url == StreamConfig().redis_url
     for not_redis in ("", "name: x\n", "stream:\n  kind: file\n", "stream: [1]\n", "- a list\n", "stream:\n  kind: kafka\n"):
         assert isinstance(rollouts_tail(tmp_path, not_redis), FileStreamTail), not_redis
+
+
+def test_the_rollout_tail_reads_a_cluster_runs_password_protected_redis(tmp_path: Path) -> None:
+    """A cluster run's Redis asks for its password on the unix socket too: the worker's tail reads
+    it from redis/password (the launcher writes it, 0600); without it nothing can be read."""
+    import redis
+
+    from rl_core.run_dir import REDIS_DIR, REDIS_PASSWORD_FILE
+    from rl_core.stream import redis_stream_key, start_redis_server
+    from workers.stream_tail import RedisStreamTail
+
+    run_dir = tmp_path / "run"
+    process, url = start_redis_server(run_dir / REDIS_DIR, password="s3cret-pw")
+    try:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(url).ping()
+        redis.Redis.from_url(url, password="s3cret-pw").xadd(redis_stream_key(run_dir), {"json": json.dumps({"sample_id": "a"})})
+        blind = RedisStreamTail(url, redis_stream_key(run_dir), embedded_dir=run_dir / REDIS_DIR)
+        assert blind.peek()[0] == []  # no password file yet: the server refuses, nothing is read
+        (run_dir / REDIS_DIR / REDIS_PASSWORD_FILE).write_text("s3cret-pw")
+        tail = RedisStreamTail(url, redis_stream_key(run_dir), embedded_dir=run_dir / REDIS_DIR)
+        assert [record["sample_id"] for _, record in tail.peek()[0]] == ["a"]
+    finally:
+        process.terminate()
+        process.wait(10)
