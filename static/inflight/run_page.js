@@ -116,6 +116,9 @@
       var notices = document.querySelector("main > .messages");
       if (notices) notices.remove();
       schedulePanel(0);
+      // The end is pushed after the run's last lines were stored: a page that missed a push on the
+      // way (the channel layer drops what waits too long under load) ends complete all the same.
+      if (finished && state !== null) refetch();
     }
   }
 
