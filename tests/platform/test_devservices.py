@@ -92,7 +92,7 @@ def _settings_in_subprocess(env: dict[str, str], expression: str) -> object:
 
 
 def test_settings_import_without_services_and_read_the_environment() -> None:
-    defaults = _settings_in_subprocess({}, "[s.DATABASES['default']['PORT'], s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], s.DEBUG, str(s.INFLIGHT_RUNS_DIR)]")
+    defaults = _settings_in_subprocess({}, "[s.DATABASES['default']['PORT'], [h['address'] for h in s.CHANNEL_LAYERS['default']['CONFIG']['hosts']], s.DEBUG, str(s.INFLIGHT_RUNS_DIR)]")
     assert defaults[0] == 55432 and defaults[1] == ["redis://127.0.0.1:56379/0"] and defaults[2] is False  # DEBUG off unless set
     assert defaults[3] == str(REPO_ROOT / "var" / "runs")
     env = {
@@ -103,7 +103,7 @@ def test_settings_import_without_services_and_read_the_environment() -> None:
         "ALLOWED_HOSTS": "a.example,b.example",
         "INFLIGHT_RUNS_DIR": "/data/runs",
     }
-    values = _settings_in_subprocess(env, "[s.DATABASES['default']['HOST'], s.DATABASES['default']['NAME'], s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], s.CELERY_BROKER_URL, s.DEBUG, s.ALLOWED_HOSTS, str(s.INFLIGHT_RUNS_DIR)]")
+    values = _settings_in_subprocess(env, "[s.DATABASES['default']['HOST'], s.DATABASES['default']['NAME'], [h['address'] for h in s.CHANNEL_LAYERS['default']['CONFIG']['hosts']], s.CELERY_BROKER_URL, s.DEBUG, s.ALLOWED_HOSTS, str(s.INFLIGHT_RUNS_DIR)]")
     assert values == ["db.example", "prod", ["redis://cache:6379/2"], "redis://cache:6379/2", False, ["a.example", "b.example"], "/data/runs"]
 
 

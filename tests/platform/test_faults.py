@@ -124,7 +124,8 @@ def test_restarted_worker_reconciles_its_dead_predecessors_run(start_worker, eng
     # long before the 30 s threshold.
     lost = wait(lambda: (r := Run.objects.get(pk=run.pk)).is_terminal and r, timeout=20, message="reconciled")
     assert lost.status == RunStatus.LOST and "died" in lost.error, lost.error
-    assert "reconciled" in restarted.log()
+    # The worker says so once the run's end is recorded: a moment after the status the wait saw.
+    wait(lambda: "reconciled" in restarted.log(), timeout=10, message="the reconcile's log line")
     assert api_points(owner_api, run) == file_points(run) > 0
     assert owner_api.post(f"/api/runs/{run.pk}/cancel/").json()["status"] == RunStatus.CANCELLED
 
