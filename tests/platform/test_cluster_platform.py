@@ -17,8 +17,11 @@ from django.test import Client
 
 from inflight.runs.models import MetricPoint, Run, RunQueue, RunStatus, Worker
 from tests.multinode.netns_cluster import NetnsCluster, demo_on_cluster, ray_cluster_or_skip
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 @pytest.fixture
 def cluster() -> Iterator[NetnsCluster]:
@@ -32,7 +35,7 @@ def cluster_run_config(model: Path, nodes: int) -> dict[str, Any]:
 
 
 def test_a_cluster_run_through_the_platform(cluster: NetnsCluster, start_worker, owner, owner_api, staff_user, tiny_model: Path,
-                                            wait: Callable[..., Any]) -> None:
+                                            wait: Callable[..., Any], daphne_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     env = cluster.env()
     worker = start_worker("cluster", extra_env={
         "INFLIGHT_RL_COMMAND": f"ip netns exec {cluster.head.netns} {sys.executable} -m rl_core",
@@ -86,3 +89,24 @@ def test_a_cluster_run_through_the_platform(cluster: NetnsCluster, start_worker,
     assert 'id="cluster-roles-table"' in html, html[:2000]
     assert f'data-role="server0"><td class="mono">server0</td><td class="num">1</td><td class="mono">{cluster.nodes[1].address}' in html
     assert f'data-role="trainer"><td class="mono">trainer</td><td class="num">0</td><td class="mono">{cluster.head.address}' in html
+
+    # 5. As a person sees them, in Chromium: the Workers page (staff) and the run's page.
+    from playwright.sync_api import sync_playwright
+
+    from tests.platform.test_run_actions_browser import sign_in
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # the ORM above ran in this thread; Playwright keeps a loop here
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 1100})
+            sign_in(page, daphne_server, "staff", "staff-password-1", "/workers/")
+            assert page.locator("table.ray-nodes tbody tr[data-node-alive='1']").count() == 2
+            page.screenshot(path=str(SCREENSHOTS / "workers_cluster.png"), full_page=True)
+            page.goto(f"{daphne_server}/runs/{run_id}/")
+            assert page.locator("#cluster-roles-table tbody tr").count() >= 3  # server0, trainer, actor
+            page.wait_for_selector(".chart-card .main-svg")  # its metrics, as for any run
+            page.screenshot(path=str(SCREENSHOTS / "run_page_cluster.png"), full_page=False)
+        finally:
+            browser.close()
