@@ -94,3 +94,24 @@ def layout_summary(slots: list[RoleSlot], addresses: dict[int, str] | None = Non
         names = ", ".join(slot.name for slot in slots if slot.node == node)
         lines.append(f"node {node}{where}: {names}")
     return "\n".join(lines)
+
+
+# A cluster's GPUs are counted by Ray on each node, not here: only the request's shape is checked.
+CLUSTER_GPU_CEILING = 4096
+
+
+def plan_cluster_run(config: RunConfig) -> tuple[Placement, list[RoleSlot]]:
+    """A cluster run's processes (the single-node placement, its GPU count unbounded) and the node
+    of each, refused with a ClusterError naming the fields when it could not run on any cluster.
+    The launcher and the platform's submit check (`inflight.runs.run_limits`) both ask here."""
+    from dataclasses import replace
+
+    from rl_core.placement import PlacementError, check_placement
+
+    try:
+        placement = replace(check_placement(config, CLUSTER_GPU_CEILING), unused_gpus=())
+    except PlacementError as exc:
+        raise ClusterError(f"placement: {exc}") from exc
+    slots = role_slots(config, placement)
+    check_cluster_request(config, slots)
+    return placement, slots

@@ -74,7 +74,6 @@ FINAL_EVAL_TIMEOUT_S = 1800.0  # the actor's final evaluation after the trainer 
 STOP_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 SYSTEM_METRICS_EVERY_S = 5.0
 NODE_CHECK_EVERY_S = 1.0  # a cluster run asks Ray which nodes are alive this often
-CLUSTER_GPU_CEILING = 4096  # a cluster's GPUs are counted by Ray, not here: only the request's shape is checked
 CONSOLE_LOG_EVERY_S = 5.0  # progress lines when the console is not a terminal
 
 
@@ -537,25 +536,17 @@ def lost_nodes_message(lost: dict[str, list[str]], why: str) -> str:
 
 
 def place_cluster_run(config: RunConfig) -> tuple[Placement, Any]:
-    """A cluster run's processes and their nodes (`cluster_layout`), checked before Ray is
-    contacted. Ray assigns each process its GPUs on its node (CUDA_VISIBLE_DEVICES), so the
-    single-node GPU placement only checks the shape of the request here."""
-    from dataclasses import replace
-
-    from rl_core.cluster_layout import check_cluster_request, role_slots
+    """A cluster run's processes and their nodes (`cluster_layout.plan_cluster_run`), checked
+    before Ray is contacted; the devices are made plain `cuda` (Ray gives each its GPUs)."""
+    from rl_core.cluster_layout import plan_cluster_run
 
     try:
-        placement = replace(check_placement(config, CLUSTER_GPU_CEILING), unused_gpus=())
-    except PlacementError as exc:
-        raise LaunchError(f"placement: {exc}") from exc
+        placement, slots = plan_cluster_run(config)
+    except ClusterError as exc:
+        raise LaunchError(str(exc)) from exc
     for section in (config.inference, config.trainer):
         if section.device.startswith("cuda"):
             section.device = "cuda"
-    slots = role_slots(config, placement)
-    try:
-        check_cluster_request(config, slots)
-    except ClusterError as exc:
-        raise LaunchError(str(exc)) from exc
     return placement, slots
 
 

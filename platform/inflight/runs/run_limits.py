@@ -71,17 +71,15 @@ def cluster_inventory() -> list[dict[str, Any]] | None:
 def cluster_errors(config: RunConfig) -> list[tuple[str, str]]:
     """(field, message) for a cluster request the reporting cluster cannot hold: more nodes than
     are alive, or a node's bundle (its processes' CPUs and GPUs) larger than every free node."""
-    from rl_core.cluster_layout import ClusterError, check_cluster_request, node_bundles, role_slots
+    from rl_core.cluster_layout import ClusterError, node_bundles, plan_cluster_run
 
     if config.cluster.ray_address != "auto":
         # The `cluster` workers join their own cluster (RAY_ADDRESS and its token are theirs): a run
         # naming another address would have a worker's token sent wherever its owner points it.
         return [("cluster.ray_address", "runs submitted to the platform use the cluster of its `cluster` workers: leave it 'auto'")]
     try:
-        placement = check_placement(config, 4096)  # GPUs are counted per node below, not on one machine
-        slots = role_slots(config, placement)
-        check_cluster_request(config, slots)
-    except (PlacementError, ClusterError) as exc:
+        _placement, slots = plan_cluster_run(config)
+    except ClusterError as exc:
         return [("cluster.nodes", str(exc))]
     nodes = cluster_inventory()
     if nodes is None:
