@@ -11,13 +11,11 @@ one run after the other, seeds 0..N-1) and, for each run directory:
   are re-stated here over the same files: `eval_drop` (each evals.jsonl line against the best
   earlier step of its benchmark, as `services.evaluate_eval`) and `stalled` (a gap of `stall_s`
   or more between metrics lines, what `services.check_stalled` sees on its polls).
-  tests/platform/test_demo_alerts.py feeds a recorded demo run through the real services on a
-  real database;
+  tests/platform/test_demo_alerts.py checks the entropy rule itself on the real services;
 - reads the held-out curve (`success/heldout` by step) and its final value over its best.
 
     .venv/bin/python bench/demo_health.py [--runs 2] [--parallel] [--config examples/tiny-cpu.yaml] [--set k=v ...]
     .venv/bin/python bench/demo_health.py --replay DIR [DIR ...]     # existing run directories
-    .venv/bin/python bench/demo_health.py --record DIR               # DIR -> the test's fixture
 
 Judge learning by step, not seconds: on a shared machine the wall clock says little. Ends with
 `RESULT demo_alerts_fired <n>` (all runs together), `RESULT demo_final_over_best_heldout <ratio>`
@@ -41,7 +39,6 @@ from benchlib import REPO_ROOT, run_cli  # noqa: E402  (first: it puts the check
 
 from inflight.alerts.rules import Firing, check_line  # noqa: E402  (pure: no Django, no database)
 from rl_core.config import load_run_config  # noqa: E402
-from rl_core.metrics import NONFINITE_PREFIX  # noqa: E402
 from tests.metrics_file import read_metrics  # noqa: E402
 from rl_core.run_dir import EVALS_FILE, METRICS_FILE  # noqa: E402
 
@@ -187,28 +184,6 @@ def report(runs: list[RunHealth]) -> None:
     print(f"RESULT demo_steps_to_plus20_heldout {statistics.median(to_gain) if to_gain else 'never'}")
 
 
-# The metrics fields the alert rules read (rules.py); the test's recording keeps only these.
-RULE_FIELDS = ("train/loss", "train/grad_norm", "train/reward_mean", HELDOUT, "train/entropy", "policy_lag/max", "train/dropped_stale")
-EVAL_FIELDS = ("t", "step", "benchmark", "k", "mean_at_k", "pass_at_k", "stderr", "num_problems", "num_samples", "policy_versions")
-RECORDING_DIR = REPO_ROOT / "tests" / "platform" / "fixtures" / "demo_run"
-
-
-def record(run_dir: Path, target: Path = RECORDING_DIR) -> None:
-    """Write tests/platform/test_demo_alerts.py's recording of the run in `run_dir`: its config
-    and what the alert rules read of its metrics.jsonl and evals.jsonl."""
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(run_dir / "config.yaml", target / "config.yaml")
-    kept = []
-    for line in read_metrics(run_dir / METRICS_FILE):
-        fields = {key: value for key, value in line.items() if key in RULE_FIELDS or key.startswith(NONFINITE_PREFIX)}
-        if fields:
-            kept.append({"t": line.get("t"), "step": line.get("step"), **fields})
-    (target / METRICS_FILE).write_text("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in kept))
-    evals = [{key: line[key] for key in EVAL_FIELDS if key in line} for line in read_evals(run_dir)]
-    (target / EVALS_FILE).write_text("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in evals))
-    print(f"recorded {run_dir} -> {target} ({len(kept)} metrics lines, {len(evals)} evaluations)")
-
-
 def run_seeds(args: argparse.Namespace) -> list[RunHealth]:
     """The demo once per seed, one after the other, or all at once with --parallel (each run's
     steps then take longer, which changes nothing judged by step)."""
@@ -242,11 +217,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="Extra --set k=v for every run.")
     parser.add_argument("--out-root", default=str(REPO_ROOT / "var" / "bench-demo-health"))
     parser.add_argument("--replay", nargs="+", default=None, help="Measure these run directories instead of running.")
-    parser.add_argument("--record", default=None, help="Write this run directory as the alert test's recording.")
     args = parser.parse_args()
-    if args.record:
-        record(Path(args.record))
-        return
     if args.replay:
         report([measure(Path(path)) for path in args.replay])
         return
