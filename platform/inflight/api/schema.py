@@ -148,10 +148,9 @@ class EvalDetail(Eval):
     problems: list[EvalProblem]
 
 
-class Leaderboard(Schema):
+class Leaderboard(Page):
     sort: str
-    rows: list[dict[str, Any]] = Field(description="One row per visible run: its best/last scores per column.")
-    count: int
+    rows: list[dict[str, Any]] = Field(description="One row per listed run on this page: its best/last scores per column, sorted over every page.")
 
 
 class Workers(Schema):
@@ -335,8 +334,12 @@ def get_eval(request: HttpRequest, eval_id: int) -> Any:
     return _declared(request)
 
 
-@api.get("/leaderboard/", response={200: Leaderboard, **ERRORS}, tags=["evaluations"], summary="Best and last scores of every visible run")
-def get_leaderboard(request: HttpRequest, filters: Query[RunFilters], sort: str | None = Query(None, description="A leaderboard column (`runs.selectors.LEADERBOARD_SORT_KEYS`), `-` for descending; none: the first of held-out success, MATH-500, AIME 2024, training-batch success that every listed run has (`sort` in the answer says which).")) -> Any:
+@api.get("/leaderboard/", response={200: Leaderboard, **ERRORS}, tags=["evaluations"], summary="Best and last scores of every visible run, paged")
+def get_leaderboard(
+    request: HttpRequest, filters: Query[RunFilters],
+    sort: str | None = Query(None, description="A leaderboard column (`runs.selectors.LEADERBOARD_SORT_KEYS`), `-` for descending; none: the first of held-out success, MATH-500, AIME 2024, training-batch success that every listed run has (`sort` in the answer says which)."),
+    limit: int = Query(200, ge=1, le=1000, description="Rows per page."), offset: int = Query(0, ge=0, description="Rows skipped (follow `next`)."),
+) -> Any:
     return _declared(request)
 
 

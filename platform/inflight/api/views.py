@@ -10,7 +10,8 @@
     GET  /api/runs/<id>/metrics/     [?names=a,b]                                → downsampled snapshot
     GET  /api/runs/<id>/evals/                                                   → {"evals": [...], "count"}
     GET  /api/evals/<id>/                                                        → eval + per-problem results
-    GET  /api/leaderboard/           ?sort=-aime24_best[&status=&tag=&q=&owner=&archived=] → {"rows": [...], "count"}
+    GET  /api/leaderboard/           ?sort=-aime24_best[&status=&tag=&q=&owner=&archived=][&limit=&offset=]
+                                     → {"rows": [...], "sort", "count", "limit", "offset", "next", "previous"}
     GET  /api/workers/                                                           → {"workers": [...], "count"}
 
 Other users' runs answer 404 (their existence is not revealed); staff see and cancel all.
@@ -22,7 +23,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from inflight.api.auth import api_view, int_param
+from inflight.api.auth import api_view, int_param, page_links
 from inflight.api.errors import ApiError
 from inflight.live.selectors import run_snapshot
 from inflight.runs import selectors, services
@@ -30,6 +31,8 @@ from inflight.runs.models import EvalScore, Run
 from inflight.runs.run_filters import BadFilter, RunFilters
 
 MAX_RAW_POINTS = 50_000
+# Leaderboard rows per API answer when no `limit` is given (at most selectors.MAX_LEADERBOARD_PAGE).
+LEADERBOARD_API_PAGE = 200
 # The fields of one raw metric point, in the order of the rows `metric_points_page` returns.
 METRIC_POINT_FIELDS = ("name", "step", "t", "value")
 METRIC_POINT_FORMATS = ("rows", "records")
@@ -143,12 +146,15 @@ def leaderboard(request: HttpRequest) -> Any:
         filters = RunFilters.from_query(request.GET, sort=False)
     except BadFilter as exc:
         raise ApiError(400, str(exc)) from exc
+    limit = int_param(request, "limit", default=LEADERBOARD_API_PAGE, minimum=1, maximum=selectors.MAX_LEADERBOARD_PAGE)
+    offset = int_param(request, "offset", default=0)
     try:
         # No `sort`: a figure every listed run has (selectors.default_leaderboard_sort).
-        rows, sort = selectors.leaderboard(request.user, request.GET.get("sort") or None, filters)
+        page = selectors.leaderboard_page(request.user, request.GET.get("sort") or None, filters, offset=offset, limit=limit)
     except ValueError as exc:
         raise ApiError(400, f"sort: {exc}") from exc
-    return {"sort": sort, "rows": rows, "count": len(rows)}
+    # `count` is every listed run; `next`/`previous` page through them in the same order.
+    return {"sort": page.sort, "rows": page.rows, **page_links(request, page.count, offset, limit)}
 
 
 @api_view("GET")

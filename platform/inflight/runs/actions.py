@@ -219,6 +219,7 @@ def supersede_rewound_history(run_id: int, step: int, metrics_lines: int, resume
     Idempotent. Returns how many points went."""
     from inflight.live.folding import fold_pending_batches
     from inflight.live.models import SnapshotBucket, SnapshotCursor
+    from inflight.runs.summaries import drop_summary
 
     with transaction.atomic():
         Run.objects.select_for_update().filter(pk=run_id).first()
@@ -226,6 +227,7 @@ def supersede_rewound_history(run_id: int, step: int, metrics_lines: int, resume
         EvalScore.objects.filter(run_id=run_id, step__gt=step, t__lt=resumed_t).delete()
         if deleted:
             SnapshotBucket.objects.filter(run_id=run_id).delete()
+            drop_summary(run_id)  # the leaderboard's figures of this run are computed again
             SnapshotCursor.objects.filter(run_id=run_id).update(seq=0, shift=0, max_step=None)
             Run.objects.filter(pk=run_id).update(metrics_seq=F("metrics_seq") + 1)
             with connection.cursor() as cursor:

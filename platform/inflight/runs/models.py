@@ -215,3 +215,32 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RunSummary(models.Model):
+    """A run's leaderboard figures, one row per run, so that a leaderboard of thousands of runs
+    reads one row each instead of every point and evaluation (`inflight.runs.summaries`).
+
+    Kept fresh at read time, not by ingest: `metrics_seq` is the Run.metrics_seq it was computed
+    at (points of later batches are folded in incrementally), `evals_count` / `evals_max_t` the
+    benchmark evaluations it saw (any change: those figures are read again; they are few)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="summary")
+    metrics_seq = models.BigIntegerField(default=0)
+    evals_count = models.IntegerField(default=0)
+    evals_max_t = models.FloatField(null=True, blank=True)
+    heldout_best = models.FloatField(null=True, blank=True)
+    heldout_last = models.FloatField(null=True, blank=True)
+    aime24_best = models.FloatField(null=True, blank=True)
+    aime24_last = models.FloatField(null=True, blank=True)
+    math500_best = models.FloatField(null=True, blank=True)
+    math500_last = models.FloatField(null=True, blank=True)
+    success_best = models.FloatField(null=True, blank=True)
+    success_last = models.FloatField(null=True, blank=True)
+    success_recent = models.FloatField(null=True, blank=True)
+    throughput = models.FloatField(null=True, blank=True)
+    throughput_sum = models.FloatField(default=0.0)
+    throughput_count = models.BigIntegerField(default=0)
+    # The latest line of each of the last steps per series, [[step, line, value], ...] by step
+    # descending: what an incremental update needs for `*_last` and the recent mean exactly.
+    recent = models.JSONField(default=dict, blank=True)

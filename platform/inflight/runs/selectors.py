@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, QuerySet
+from django.db.models import Count, F, FloatField, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Collate
 from django.http import Http404
 from django.utils import timezone
 
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, Worker
 from inflight.runs.run_filters import RunFilters, filter_runs
+from inflight.runs.summaries import (  # noqa: F401 (the leaderboard's names, read from here too)
+    HELDOUT_METRIC, LEADERBOARD_BENCHMARKS, RECENT_TRAIN_STEPS, SUCCESS_METRIC, SUMMARY_FIGURES, THROUGHPUT_METRIC, refresh_summaries,
+)
 
 
 # The access rule of runs, in its two forms: a run's owner and staff may see and manage it
@@ -88,12 +94,6 @@ def eval_problem_results(score: EvalScore) -> QuerySet[EvalProblemResult]:
 
 # ---------------------------------------------------------------- leaderboard
 
-LEADERBOARD_BENCHMARKS = ("aime24", "math500")
-HELDOUT_METRIC = "success/heldout"  # the actor's held-out evaluation (also evals.jsonl's "heldout")
-SUCCESS_METRIC = "success/mean"  # the training batch of each step: noisy, and on problems being trained on
-THROUGHPUT_METRIC = "rollout/tokens_per_s"
-# The training-batch figure the leaderboard shows: the mean of the last steps, not one batch.
-RECENT_TRAIN_STEPS = 10
 LEADERBOARD_SORT_KEYS = (
     "heldout_last", "heldout_best", "aime24_best", "aime24_last", "math500_best", "math500_last",
     "success_recent", "success_best", "success_last", "throughput", "wall_time_s", "created_at", "name",
@@ -101,70 +101,84 @@ LEADERBOARD_SORT_KEYS = (
 # What the leaderboard sorts by when asked for nothing: the first of these that every listed run
 # has (held-out before benchmarks before the training batch), else the one most runs have.
 DEFAULT_SORT_PREFERENCE = ("heldout_last", "math500_last", "aime24_last", "success_recent", "throughput", "created_at")
+# Rows of one leaderboard page when the caller names no limit, and the most it may ask for.
+LEADERBOARD_PAGE = 50
+MAX_LEADERBOARD_PAGE = 1000
+# Seconds spent running, as Run.wall_time_s computes it, for sorting in the database.
+_WALL_TIME_SQL = (
+    f"CASE WHEN {Run._meta.db_table}.started_at IS NULL THEN NULLIF({Run._meta.db_table}.earlier_attempts_s, 0) "
+    f"ELSE {Run._meta.db_table}.earlier_attempts_s + EXTRACT(EPOCH FROM COALESCE({Run._meta.db_table}.finished_at, NOW()) - {Run._meta.db_table}.started_at) END"
+)
 
 
-def _best_and_last(pairs: list[tuple[int, float]]) -> tuple[float | None, float | None]:
-    """The same rule for every run and figure: best = highest value over all steps,
-    last = value at the highest step (latest line wins within a step)."""
-    if not pairs:
-        return None, None
-    return max(value for _, value in pairs), pairs[-1][1]
+def _sort_expression(key: str) -> Any:
+    if key in SUMMARY_FIGURES:
+        return F(f"summary__{key}")
+    if key == "wall_time_s":
+        return RawSQL(_WALL_TIME_SQL, [], output_field=FloatField())
+    if key == "name":
+        return Collate(F("name"), "C")  # code point order, as Python sorts strings
+    return F(key)
 
 
-def _recent_mean(pairs: list[tuple[int, float]], steps: int = RECENT_TRAIN_STEPS) -> float | None:
-    """Mean of the values at the last `steps` distinct steps (the latest line of each step)."""
-    by_step: dict[int, float] = {}
-    for step, value in pairs:
-        by_step[step] = value
-    recent = [by_step[step] for step in sorted(by_step)[-steps:]]
-    return sum(recent) / len(recent) if recent else None
-
-
-def default_leaderboard_sort(rows: list[dict[str, Any]]) -> str:
-    """`-key` for the first of DEFAULT_SORT_PREFERENCE that every row has; with none shared by all,
-    the one the most rows have (ties: the preference order)."""
-    if not rows:
+def _pick_default_sort(counts: dict[str, int], total: int) -> str:
+    """`-key` for the first of DEFAULT_SORT_PREFERENCE that all `total` runs have; with none
+    shared by all, the one the most runs have (ties: the preference order)."""
+    if not total:
         return f"-{DEFAULT_SORT_PREFERENCE[0]}"
-    counts = {key: sum(row.get(key) is not None for row in rows) for key in DEFAULT_SORT_PREFERENCE}
     key = max(DEFAULT_SORT_PREFERENCE, key=lambda k: (counts[k], -DEFAULT_SORT_PREFERENCE.index(k)))
     return f"-{key}"
 
 
-def leaderboard(user: AbstractBaseUser, sort: str | None = None, filters: RunFilters | None = None) -> tuple[list[dict[str, Any]], str]:
-    """(rows, the sort applied). One row per visible run: held-out success (the actor's held-out
-    evaluation, mean@k) best/last, best/last mean@k on AIME 2024 and MATH-500, training-batch
-    success (mean of the last RECENT_TRAIN_STEPS steps; best and last single batch too), mean
-    throughput and wall time. Runs missing the sorted figure sort last either way. `filters`
-    are the run list's (status, tag, name, owner, archived: `RunFilters.from_query(query,
-    sort=False)`), applied in the database before any score is read; None: every visible run."""
+def default_leaderboard_sort(rows: list[dict[str, Any]]) -> str:
+    """The default sort of these rows (`_pick_default_sort` over them)."""
+    counts = {key: sum(row.get(key) is not None for row in rows) for key in DEFAULT_SORT_PREFERENCE}
+    return _pick_default_sort(counts, len(rows))
+
+
+@dataclass
+class LeaderboardPage:
+    rows: list[dict[str, Any]]
+    sort: str
+    count: int  # runs on every page together
+    offset: int
+    limit: int
+    present: dict[str, int]  # per sort key: how many of the listed runs have a figure
+
+
+def leaderboard_page(
+    user: AbstractBaseUser, sort: str | None = None, filters: RunFilters | None = None, offset: int = 0, limit: int = LEADERBOARD_PAGE,
+) -> LeaderboardPage:
+    """One page of the leaderboard, sorted in the database over every listed run. A row per
+    visible run: held-out success (the actor's held-out evaluation, mean@k) best/last, best/last
+    mean@k on AIME 2024 and MATH-500, training-batch success (mean of the last
+    RECENT_TRAIN_STEPS steps; best and last single batch too), mean throughput and wall time,
+    read from the runs' summaries (`inflight.runs.summaries`, brought up to date first). Runs
+    missing the sorted figure sort last either way; ties keep the run list's order (newest
+    first). `filters` are the run list's (status, tag, name, owner, archived:
+    `RunFilters.from_query(query, sort=False)`); None: every visible run."""
     if sort is not None and sort.lstrip("-") not in LEADERBOARD_SORT_KEYS:
         raise ValueError(f"unknown sort key {sort.lstrip('-')!r}; use one of {', '.join(LEADERBOARD_SORT_KEYS)}")
+    limit = max(1, min(limit, MAX_LEADERBOARD_PAGE))
+    offset = max(0, offset)
     visible = runs_visible_to(user)
-    runs = list(filter_runs(visible, filters, user) if filters is not None else visible)
-    run_ids = [run.pk for run in runs]
-    evals: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    for run_id, bench, step, mean in (
-        EvalScore.objects.filter(run_id__in=run_ids, benchmark__in=LEADERBOARD_BENCHMARKS)
-        .order_by("run_id", "benchmark", "step")
-        .values_list("run_id", "benchmark", "step", "mean_at_k")
-    ):
-        evals.setdefault((run_id, bench), []).append((step, mean))
-    series: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    for run_id, name, step, value in (
-        MetricPoint.objects.filter(run_id__in=run_ids, name__in=[SUCCESS_METRIC, HELDOUT_METRIC])
-        .order_by("run_id", "name", "step", "line")
-        .values_list("run_id", "name", "step", "value")
-    ):
-        series.setdefault((run_id, name), []).append((step, value))
-    throughput = dict(
-        MetricPoint.objects.filter(run_id__in=run_ids, name=THROUGHPUT_METRIC)
-        .values("run_id")
-        .annotate(mean=Avg("value"))
-        .values_list("run_id", "mean")
+    runs = filter_runs(visible, filters, user) if filters is not None else visible
+    refresh_summaries(runs)
+    counted = {key: Count(_sort_expression(key)) for key in LEADERBOARD_SORT_KEYS if key not in ("created_at", "name")}
+    present = runs.order_by().aggregate(_total=Count("pk"), **counted)
+    total = present.pop("_total")
+    present.update(created_at=total, name=total)
+    sort = sort if sort is not None else _pick_default_sort(present, total)
+    key, descending = sort.lstrip("-"), sort.startswith("-")
+    expression = _sort_expression(key)
+    ordered = runs.select_related("summary").order_by(
+        expression.desc(nulls_last=True) if descending else expression.asc(nulls_last=True),
+        F("created_at").desc(nulls_last=True), "-id",
     )
     rows = []
-    for run in runs:
-        row: dict[str, Any] = {
+    for run in ordered[offset:offset + limit]:
+        summary = run.summary
+        rows.append({
             "run_id": run.pk,
             "name": run.name,
             "owner": run.owner.get_username(),
@@ -172,21 +186,16 @@ def leaderboard(user: AbstractBaseUser, sort: str | None = None, filters: RunFil
             "mode": run.config.get("mode"),
             "created_at": run.created_at,
             "wall_time_s": run.wall_time_s,
-            "throughput": throughput.get(run.pk),
-        }
-        row["heldout_best"], row["heldout_last"] = _best_and_last(series.get((run.pk, HELDOUT_METRIC), []))
-        for bench in LEADERBOARD_BENCHMARKS:
-            row[f"{bench}_best"], row[f"{bench}_last"] = _best_and_last(evals.get((run.pk, bench), []))
-        train = series.get((run.pk, SUCCESS_METRIC), [])
-        row["success_best"], row["success_last"] = _best_and_last(train)
-        row["success_recent"] = _recent_mean(train)
-        rows.append(row)
-    sort = sort if sort is not None else default_leaderboard_sort(rows)
-    key, descending = sort.lstrip("-"), sort.startswith("-")
-    present = [row for row in rows if row[key] is not None]
-    absent = [row for row in rows if row[key] is None]
-    present.sort(key=lambda row: row[key], reverse=descending)
-    return present + absent, sort
+            "throughput": summary.throughput,
+            **{figure: getattr(summary, figure) for figure in SUMMARY_FIGURES if figure != "throughput"},
+        })
+    return LeaderboardPage(rows, sort, total, offset, limit, present)
+
+
+def leaderboard(user: AbstractBaseUser, sort: str | None = None, filters: RunFilters | None = None) -> tuple[list[dict[str, Any]], str]:
+    """(rows, the sort applied) of the first MAX_LEADERBOARD_PAGE rows (`leaderboard_page`)."""
+    page = leaderboard_page(user, sort, filters, limit=MAX_LEADERBOARD_PAGE)
+    return page.rows, page.sort
 
 
 # ---------------------------------------------------------------- workers

@@ -21,7 +21,7 @@ from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
 from inflight.runs.models import Run
 from inflight.runs.run_filters import BadFilter, RunFilters, all_tags, filter_runs
-from inflight.runs.selectors import leaderboard as leaderboard_table, runs_visible_to, visible_run_or_404
+from inflight.runs.selectors import leaderboard_page, runs_visible_to, visible_run_or_404
 from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
 from inflight.web import views as base_views
 from inflight.web.config_form import config_from_post, form_values, changed_fields, parse_yaml_config, resolved_values
@@ -47,6 +47,36 @@ def _sort_links(filters: RunFilters, columns: list[tuple[str, str]]) -> list[dic
     return out
 
 
+# Rows of one page of the run list and of the leaderboard: what a page renders (sparklines,
+# progress bars) stays bounded however many runs there are (bench/platform_scale.py, 2,000 runs).
+RUNS_PER_PAGE = 50
+
+
+def _page_of(request: HttpRequest, count: int, per_page: int = RUNS_PER_PAGE) -> dict[str, Any]:
+    """The page asked for (`?page=N`, 1-based; out of range: the nearest one) of `count` rows:
+    its number, offset, and what the pager shows."""
+    pages = max(1, -(-count // per_page))
+    raw = request.GET.get("page", "")
+    number = int(raw) if raw.isdigit() and len(raw) < 10 else 1
+    number = min(max(number, 1), pages)
+    offset = (number - 1) * per_page
+    return {"number": number, "pages": pages, "offset": offset, "limit": per_page, "count": count,
+            "first": offset + 1 if count else 0, "last": min(count, offset + per_page)}
+
+
+def _pager_links(page: dict[str, Any], query: str) -> dict[str, Any]:
+    """Links to the pages beside this one, keeping the rest of the query (filters, sort)."""
+    def link(number: int) -> str:
+        return f"?{query}&page={number}" if query else f"?page={number}"
+
+    page = dict(page)
+    page["previous"] = link(page["number"] - 1) if page["number"] > 1 else None
+    page["next"] = link(page["number"] + 1) if page["number"] < page["pages"] else None
+    page["first_link"] = link(1) if page["number"] > 2 else None
+    page["last_link"] = link(page["pages"]) if page["number"] < page["pages"] - 1 else None
+    return page
+
+
 @login_required
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
@@ -54,8 +84,11 @@ def run_list(request: HttpRequest) -> HttpResponse:
     if isinstance(filters, HttpResponse):
         return filters
     visible = runs_visible_to(request.user)
-    runs = list(filter_runs(visible, filters, request.user)[:200])
+    listed = filter_runs(visible, filters, request.user)
+    page = _page_of(request, listed.count())
+    runs = list(listed[page["offset"]:page["offset"] + page["limit"]])
     columns = [c for c in LIST_COLUMNS if c[0] != "owner" or request.user.is_staff]
+    # The sort links start again at page 1; the pager keeps the sort.
     return render(request, "inflight/run_list.html", {
         "runs": runs, "triage": triage(runs), "triage_metrics": TRIAGE_METRICS,
         "pickable": [{"key": key, "label": label, "default": default} for key, (label, default) in LIST_PICKABLE_COLUMNS.items()
@@ -63,7 +96,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "hidden_by_default": [key for key, (_, default) in LIST_PICKABLE_COLUMNS.items() if not default],
         "filters": filters, "columns": _sort_links(filters, columns), "tags": all_tags(visible),
         "statuses": Run._meta.get_field("status").choices, "any_runs": runs or visible.exists(),
-        "filter_query": filters.query_string(),
+        "filter_query": filters.query_string(), "page": _pager_links(page, filters.query_string()),
     })
 
 
@@ -296,27 +329,35 @@ def compare(request: HttpRequest) -> HttpResponse:
 @require_GET
 def leaderboard(request: HttpRequest) -> HttpResponse:
     """The leaderboard of the runs that pass the run list's filters (`sort` stays the
-    leaderboard's own column)."""
+    leaderboard's own column), a page of RUNS_PER_PAGE rows at a time, sorted over all of them."""
     try:
         filters = RunFilters.from_query(request.GET, sort=False)
     except BadFilter as exc:
         return base_views._error_page(request, 400, str(exc))
+    raw = request.GET.get("page", "")
+    number = int(raw) if raw.isdigit() and len(raw) < 10 else 1
     try:
         # No `sort`: a figure every listed run has (runs.selectors.default_leaderboard_sort).
-        rows, sort = leaderboard_table(request.user, request.GET.get("sort") or None, filters)
+        table = leaderboard_page(request.user, request.GET.get("sort") or None, filters, offset=(max(number, 1) - 1) * RUNS_PER_PAGE, limit=RUNS_PER_PAGE)
     except ValueError as exc:
         return base_views._error_page(request, 400, f"sort: {exc}")
+    page = _page_of(request, table.count)
+    if page["offset"] != table.offset:  # past the last page: show the last one
+        table = leaderboard_page(request.user, table.sort, filters, offset=page["offset"], limit=RUNS_PER_PAGE)
+    sort = table.sort
     key = sort.lstrip("-")
-    # A column no listed run has a figure in is left out (a run without AIME says nothing there),
-    # unless it is the one sorted by.
+    # A column no listed run (on any page) has a figure in is left out (a run without AIME says
+    # nothing there), unless it is the one sorted by.
     columns = [
         {"key": column, "label": label, "title": title, "shown_as": shown_as, "active": column == key, "descending": sort.startswith("-"),
          "next": (column if sort.startswith("-") else f"-{column}") if column == key else (column if column == "wall_time_s" else f"-{column}")}
         for column, label, title, shown_as in base_views.LEADERBOARD_COLUMNS
-        if column == key or any(row.get(column) is not None for row in rows)
+        if column == key or table.present.get(column)
     ]
+    query = filters.query_string()
+    pager_query = f"sort={sort}&{query}" if query else f"sort={sort}"
     return render(request, "inflight/leaderboard.html", {
-        "rows": rows, "columns": columns, "sort": sort, "filters": filters, "filter_query": filters.query_string(),
+        "rows": table.rows, "columns": columns, "sort": sort, "filters": filters, "filter_query": query,
         "tags": all_tags(runs_visible_to(request.user)), "statuses": Run._meta.get_field("status").choices,
+        "page": _pager_links(page, pager_query),
     })
-
