@@ -17,33 +17,36 @@
   var wanted = page.metrics && page.metrics.length ? page.metrics : null;
   var DEFAULTS = ["success/mean", "reward/mean", "success/heldout", "rollout/tokens_per_s", "policy_lag/max"];
 
-  Promise.all(page.runs.map(function (run) {
-    return fetch(run.snapshot_url, { credentials: "same-origin" }).then(function (r) {
-      if (!r.ok) throw new Error("run " + run.id + ": HTTP " + r.status);
-      return r.json();
+  // Only the charted metrics are fetched (`?names=`): the picker lists every metric the runs
+  // logged (page.metric_names), and picking one not loaded yet fetches the charted set again.
+  var loaded = new Set();
+  function snapshotUrl(run, names) {
+    return run.snapshot_url + (names ? "?names=" + encodeURIComponent(names.join(",")) : "");
+  }
+  var generation = 0;
+  function load(names) {
+    var mine = ++generation;
+    return Promise.all(page.runs.map(function (run) {
+      return fetch(snapshotUrl(run, names), { credentials: "same-origin" }).then(function (r) {
+        if (!r.ok) throw new Error("run " + run.id + ": HTTP " + r.status);
+        return r.json();
+      });
+    })).then(function (snapshots) {
+      if (mine !== generation) return;  // a later pick's fetch supersedes this one
+      states = snapshots.map(function (s) { return D.State.fromSnapshot(s); });
+      var shared = Math.max.apply(null, states.map(function (s) { return s.shift; }));
+      states.forEach(function (s) { s.coarsenTo(shared); });
+      loaded = new Set(names || []);
+      if (!names) states.forEach(function (s) { s.series.forEach(function (_, name) { loaded.add(name); }); });
     });
-  })).then(function (snapshots) {
-    states = snapshots.map(function (s) { return D.State.fromSnapshot(s); });
-    var shared = Math.max.apply(null, states.map(function (s) { return s.shift; }));
-    states.forEach(function (s) { s.coarsenTo(shared); });
-    var names = new Set();
-    states.forEach(function (s) { s.series.forEach(function (_, name) { names.add(name); }); });
-    var sorted = Array.from(names).sort();
-    select.size = Math.min(8, Math.max(3, sorted.length));
-    sorted.forEach(function (name) {
-      var option = document.createElement("option");
-      option.value = name; option.textContent = name;
-      option.selected = (wanted || DEFAULTS).indexOf(name) >= 0;
-      select.appendChild(option);
-    });
-    if (!select.selectedOptions.length && sorted.length) select.options[0].selected = true;
-    select.addEventListener("change", function () { render(); showMatches(); });
-    bindSearch(sorted.length);
-    render();
-  }).catch(function (error) {
+  }
+  function chosenNames() {
+    return Array.from(select.selectedOptions).map(function (o) { return o.value; });
+  }
+  function showError(error) {
     chartsEl.innerHTML = '<p class="error-text"></p>';
     chartsEl.firstChild.textContent = String(error);
-  });
+  }
 
   // The metric list can be long (40+ names): a search box narrows it; chosen metrics stay
   // listed (and charted) whatever the search, so narrowing never unselects anything.
@@ -68,7 +71,7 @@
       if (event.key !== "Enter") return;
       event.preventDefault();
       var first = Array.from(select.options).filter(function (o) { return !o.hidden && !o.selected; })[0];
-      if (first) { first.selected = true; render(); showMatches(); }
+      if (first) { first.selected = true; select.dispatchEvent(new Event("change")); }
     });
     if (total) showMatches();
   }
@@ -109,4 +112,25 @@
       C.draw(plot, traces, C.layout(controls.axis, ""));
     });
   }
+  // Run once the whole script is read: the search box and its helpers above are set by then.
+  function start() {
+    var names = page.metric_names || [];
+    select.size = Math.min(8, Math.max(3, names.length));
+    names.forEach(function (name) {
+      var option = document.createElement("option");
+      option.value = name; option.textContent = name;
+      option.selected = (wanted || DEFAULTS).indexOf(name) >= 0;
+      select.appendChild(option);
+    });
+    if (!select.selectedOptions.length && names.length) select.options[0].selected = true;
+    select.addEventListener("change", function () {
+      var missing = chosenNames().filter(function (name) { return !loaded.has(name); });
+      showMatches();
+      if (!missing.length) { render(); return; }
+      load(chosenNames()).then(render).catch(showError);
+    });
+    bindSearch(names.length);
+    load(chosenNames()).then(render).catch(showError);
+  }
+  start();
 })();

@@ -141,3 +141,14 @@ def test_the_run_list_is_paged_and_its_links_keep_filters_and_sort(owner, owner_
     page = owner_web.get(reverse("web:run_list") + "?tag=sweep&sort=-name&page=x").content.decode()
     assert [int(i) for i in re.findall(r'<tr data-run-id="(\d+)"', page)] == [run.pk for run in reversed(runs) if run.tags]
     assert 'id="pager"' not in page
+
+
+def test_tag_suggestions_are_every_tag_of_the_visible_runs(owner, other_user) -> None:
+    from inflight.runs.run_filters import all_tags
+
+    Run.objects.bulk_create([
+        Run(owner=owner, name="a", config={}, tags=["b-tag", "a-tag"]), Run(owner=owner, name="b", config={}, tags=["a-tag"]),
+        Run(owner=owner, name="c", config={}), Run(owner=other_user, name="d", config={}, tags=["theirs"]),
+    ])
+    assert all_tags(selectors.runs_visible_to(owner)) == ["a-tag", "b-tag"]
+    assert all_tags(Run.objects.none()) == []

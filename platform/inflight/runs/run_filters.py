@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import EmptyResultSet
+from django.db import connection
 from django.db.models import F, QuerySet
 
 from inflight.runs.models import Run, RunStatus
@@ -88,9 +90,21 @@ def filter_runs(runs: QuerySet[Run], filters: RunFilters, user: AbstractBaseUser
     return runs.order_by(order, "-id")
 
 
+MAX_TAG_SUGGESTIONS = 1000
+
+
 def all_tags(runs: QuerySet[Run]) -> list[str]:
-    """Every tag used on `runs` (for the filter's suggestions)."""
-    seen: set[str] = set()
-    for tags in runs.values_list("tags", flat=True)[:2000]:
-        seen.update(tag for tag in tags or [] if isinstance(tag, str))
-    return sorted(seen)
+    """Every tag used on `runs` (for the filter's suggestions), at most MAX_TAG_SUGGESTIONS.
+    Gathered in PostgreSQL: decoding every run's tag list in Python cost ~10 ms per page at
+    2,000 runs (bench/platform_scale.py)."""
+    try:
+        ids_sql, params = runs.order_by().values("pk").query.sql_with_params()
+    except EmptyResultSet:  # Run.objects.none(): an anonymous user's runs
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT DISTINCT tag #>> '{{}}' FROM {Run._meta.db_table} r, jsonb_array_elements(CASE WHEN jsonb_typeof(r.tags) = 'array' THEN r.tags ELSE '[]' END) t(tag) "
+            f"WHERE r.id IN ({ids_sql}) AND jsonb_typeof(tag) = 'string' LIMIT %s",
+            [*params, MAX_TAG_SUGGESTIONS],
+        )
+        return sorted(tag for (tag,) in cursor.fetchall())
