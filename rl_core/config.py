@@ -173,6 +173,11 @@ class InferenceConfig(_Section):
     gpu_memory_utilization: float = Field(
         0.8, gt=0, le=1, description="vLLM: fraction of GPU memory a server may take."
     )
+    weight_sync_streams: int | None = Field(
+        None, ge=1, le=8,
+        description="Process groups (TCP connections with gloo) the trainer's weight broadcast spreads its buckets over. "
+        "Unset: 2 with gloo (one connection is bound by one core's packet work), 1 with NCCL.",
+    )
 
 
 class ActorConfig(_Section):

@@ -32,7 +32,7 @@ from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
 from rl_core.processes import freeze_startup_objects, run_event_loop
 from rl_core.run_dir import ready_line
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightReceiver
+from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, MAX_STREAMS, WeightReceiver
 
 
 class _Body(BaseModel):
@@ -72,6 +72,7 @@ class InitProcessGroupRequest(_Body):
     world_size: int = Field(ge=2, description="Trainer + all servers.")
     backend: Literal["gloo", "nccl"] = Field("gloo", description="gloo on CPU, nccl on GPU.")
     group_name: str = Field("inflight-weights", description="Label of the group.")
+    streams: int = Field(1, ge=1, le=MAX_STREAMS, description="Process groups the buckets are spread over (bucket k on k % streams).")
 
 
 class WeightUpdateRequest(_Body):
@@ -236,7 +237,8 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
             return body
         try:
             await asyncio.to_thread(
-                receiver.init_process_group, body.master_address, body.master_port, body.rank, body.world_size, body.backend
+                receiver.init_process_group, body.master_address, body.master_port, body.rank, body.world_size, body.backend,
+                streams=body.streams,
             )
         except ValueError as exc:
             return error_response(400, str(exc))

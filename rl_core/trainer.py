@@ -488,7 +488,7 @@ def main(argv: list[str]) -> int:
     if servers and ranks.rank == 0:
         from rl_core.weight_sync import WeightBroadcaster
 
-        broadcaster = WeightBroadcaster(servers, backend=args.weight_sync_backend)
+        broadcaster = WeightBroadcaster(servers, backend=args.weight_sync_backend, streams=config.inference.weight_sync_streams)
         broadcaster.connect()
     trainer = Trainer(config, run_dir, backend, reader, sink, broadcaster, ranks)
     if checkpoint is not None:

@@ -284,14 +284,15 @@ class VllmWeightReceiver:
         self.group: dict[str, Any] | None = None  # the init info, once joined
         self._lock = threading.Lock()
 
-    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str,
+                           timeout_s: float = 300.0, streams: int = 1) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         from rl_core.weight_sync import check_join
 
         check_join(rank, world_size, backend, on_cuda=self.device_type == "cuda", ranks=self.engine.weight_sync_ranks, what="a vLLM server")
         info = {"master_address": master_address, "master_port": master_port, "rank_offset": rank, "world_size": world_size,
-                "timeout_s": timeout_s, "backend": backend}
+                "timeout_s": timeout_s, "backend": backend, "streams": streams}
         with self._lock:
             try:
                 self.engine.run(self.engine.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)))

@@ -57,6 +57,8 @@ class InflightInitInfo(base.WeightTransferInitInfo):
     # The trainer's choice (gloo also works with CUDA tensors, nccl needs them); empty =
     # the engine's default for its registered name.
     backend: str = ""
+    # Process groups the buckets are spread over (weight_sync.SyncGroup), the trainer's choice.
+    streams: int = 1
 
     def __post_init__(self) -> None:
         if self.backend not in ("", "gloo", "nccl"):
@@ -148,7 +150,8 @@ class InflightWeightTransferEngine(base.WeightTransferEngine):
         if rank >= int(init_info.world_size):
             raise ValueError(f"worker rank {rank} does not fit world_size {init_info.world_size}")
         self.group = create_group(
-            init_info.backend or self.torch_backend, init_info.master_address, int(init_info.master_port), rank, int(init_info.world_size), float(init_info.timeout_s)
+            init_info.backend or self.torch_backend, init_info.master_address, int(init_info.master_port), rank, int(init_info.world_size), float(init_info.timeout_s),
+            int(init_info.streams),
         )
 
     def start_weight_update(self) -> None:

@@ -95,16 +95,25 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTE
 
 @dataclass
 class SyncGroup:
-    """The process group and the TCPStore it rendezvoused through (kept alive together)."""
+    """The process group(s) of one weight group and the TCPStore they rendezvoused through
+    (kept alive together). `groups` are the group's *streams*: bucket k goes over stream
+    k % len(groups), so several buckets are on the wire at once. Each gloo group is its own set
+    of TCP connections; one connection is bound by one core's packet work, so across a network
+    interface a second stream moves the same bytes faster (bench/multinode.py). Stream 0 also
+    carries the go/no-go handshake."""
 
-    group: dist.ProcessGroup
+    groups: list[dist.ProcessGroup]
     store: dist.TCPStore
+
+    @property
+    def streams(self) -> int:
+        return len(self.groups)
 
     def agree(self, refuse: bool, device: torch.device) -> Any:
         """Start the go/no-go handshake of an update: every rank adds 1 if it refuses.
         Returns (work, flag); after `work.wait()`, `flag.item() > 0` means someone refused."""
         flag = torch.tensor([1 if refuse else 0], dtype=torch.int32, device=device)
-        return self.group.allreduce([flag]), flag
+        return self.groups[0].allreduce([flag]), flag
 
     def handshake(self, refuse: bool, device: torch.device) -> int:
         """A receiver's vote in the go/no-go handshake, waited for: how many ranks refused
@@ -113,38 +122,58 @@ class SyncGroup:
         work.wait()
         return int(flag.item())
 
-    def broadcast(self, tensor: torch.Tensor) -> Any:
-        """Start a broadcast from rank 0; returns the collective's work handle."""
+    def broadcast(self, tensor: torch.Tensor, number: int = 0) -> Any:
+        """Start the broadcast of bucket `number` from rank 0 on its stream; returns the
+        collective's work handle. Every rank sends bucket k on the same stream, in the same order."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        return self.group.broadcast([tensor], options)
+        return self.groups[number % len(self.groups)].broadcast([tensor], options)
 
     def shutdown(self) -> None:
         """Release the backend's resources now (a process group has no close of its own
         everywhere; an older torch without `shutdown` frees it with the object)."""
-        shutdown = getattr(self.group, "shutdown", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except RuntimeError:
-                pass
+        for group in self.groups:
+            shutdown = getattr(group, "shutdown", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except RuntimeError:
+                    pass
+
+
+MAX_STREAMS = 8
+
+
+def default_streams(backend: str) -> int:
+    """Streams of a weight group when the run config leaves it unset: two TCP connections for
+    gloo (RESULTS.md: the broadcast across a veth 1.35x faster, on loopback 1.3x), one for NCCL
+    (its communicator already spreads a collective over several channels and sockets)."""
+    return 2 if backend == "gloo" else 1
 
 
 def create_group(
-    backend: str, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float = 300.0
+    backend: str, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float = 300.0,
+    streams: int = 1,
 ) -> SyncGroup:
-    """A process group of its own on a TCPStore hosted by rank 0 (the trainer)."""
+    """A weight group of its own on a TCPStore hosted by rank 0 (the trainer): `streams`
+    process groups of `backend`, each rendezvousing under its own prefix of the one store."""
+    if not 1 <= streams <= MAX_STREAMS:
+        raise ValueError(f"streams must be 1..{MAX_STREAMS}, got {streams}")
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
-    if backend == "gloo":
-        group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    elif backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        group = dist.ProcessGroupNCCL(store, rank, world_size, options)
-    else:
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    return SyncGroup(group, store)
+    groups: list[dist.ProcessGroup] = []
+    for stream in range(streams):
+        # Stream 0 keeps the bare store: a group of one stream rendezvouses exactly as before.
+        stream_store = store if stream == 0 else dist.PrefixStore(f"stream{stream}", store)
+        if backend == "gloo":
+            groups.append(dist.ProcessGroupGloo(stream_store, rank, world_size, timeout))
+        elif backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            groups.append(dist.ProcessGroupNCCL(stream_store, rank, world_size, options))
+        else:
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    return SyncGroup(groups, store)
 
 
 # ------------------------------------------------------------------ trainer side
@@ -155,7 +184,8 @@ class WeightSyncEndpoint(Protocol):
 
     name: str
 
-    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str) -> None: ...
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str,
+                           streams: int = 1) -> None: ...
 
     def request_weight_update(self, version: int, params: list[ParamSpec], bucket_bytes: int) -> dict[str, Any]:
         """Blocks until the server has received and swapped in the weights."""
@@ -190,11 +220,12 @@ class HttpWeightSyncEndpoint:
             raise WeightSyncError(f"server {self.name}/health unreachable: {exc!r}") from exc
         return max(1, int(health.get("weight_sync_ranks", 1)))
 
-    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str) -> None:
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str,
+                           streams: int = 1) -> None:
         self._post(
             "/init_process_group",
             {"master_address": master_address, "master_port": master_port, "rank": rank,
-             "world_size": world_size, "backend": backend, "group_name": group_name},
+             "world_size": world_size, "backend": backend, "group_name": group_name, "streams": streams},
         )
 
     def request_weight_update(self, version: int, params: list[ParamSpec], bucket_bytes: int) -> dict[str, Any]:
@@ -243,6 +274,7 @@ class WeightBroadcaster:
         endpoints: list[WeightSyncEndpoint] | None = None,
         timeout_s: float = 300.0,
         device: str | torch.device | None = None,
+        streams: int | None = None,
     ) -> None:
         self.endpoints: list[WeightSyncEndpoint] = list(endpoints or []) + [HttpWeightSyncEndpoint(url) for url in server_urls or []]
         if not self.endpoints:
@@ -254,6 +286,9 @@ class WeightBroadcaster:
         self.master_port = master_port
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
+        self.streams = streams or default_streams(backend)
+        if not 1 <= self.streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be 1..{MAX_STREAMS}, got {self.streams}")
         # Where buckets are assembled: gloo moves host memory, so CPU (a CUDA trainer's
         # tensors are copied out bucket by bucket); nccl sends them from where they are.
         if device is None and backend == "gloo":
@@ -271,13 +306,13 @@ class WeightBroadcaster:
         names = [endpoint.name for endpoint in self.endpoints]
         calls = [
             (endpoint.name, lambda endpoint=endpoint, rank=rank: endpoint.init_process_group(
-                self.master_address, port, rank, world_size, self.backend, "inflight-weights"))
+                self.master_address, port, rank, world_size, self.backend, "inflight-weights", self.streams))
             for rank, endpoint in zip(first_ranks, self.endpoints)
         ]
         threads, _, errors = _run_all(calls)
         # Rendezvous in a thread of its own: it blocks until every server has joined, and a
         # server that refused must surface as its error now, not as a store timeout later.
-        own = _run_all([("trainer", lambda: create_group(self.backend, self.master_address, port, 0, world_size, self.timeout_s))])
+        own = _run_all([("trainer", lambda: create_group(self.backend, self.master_address, port, 0, world_size, self.timeout_s, self.streams))])
         deadline = time.monotonic() + self.timeout_s
         while own[0][0].is_alive():
             _raise_first(names, errors)
@@ -315,17 +350,17 @@ class WeightBroadcaster:
             _raise_first(names, errors)
             raise WeightSyncError(f"{int(refusals.item())} server(s) refused the update to version {version}")
         broadcast_started = time.perf_counter()
-        in_flight: tuple[Any, torch.Tensor] | None = None
-        for bucket in plan_buckets(specs, self.bucket_bytes):
-            # Assemble the next bucket while the previous one is on the wire.
+        in_flight: list[tuple[Any, torch.Tensor]] = []  # (work, flat): `flat` kept alive until sent
+        for number, bucket in enumerate(plan_buckets(specs, self.bucket_bytes)):
+            # Assemble the next bucket while the previous ones are on the wire, one per stream.
             flat = torch.cat([items[index][1].reshape(-1) for index, _, _ in bucket.members])
             if self.device is not None:
                 flat = flat.to(self.device)
-            if in_flight is not None:
-                self._wait(in_flight[0], names, errors)
-            in_flight = (self.group.broadcast(flat), flat)  # keep `flat` alive until sent
-        if in_flight is not None:
-            self._wait(in_flight[0], names, errors)
+            while len(in_flight) >= self.group.streams:
+                self._wait(in_flight.pop(0)[0], names, errors)
+            in_flight.append((self.group.broadcast(flat, number), flat))
+        for work, _ in in_flight:
+            self._wait(work, names, errors)
         broadcast_s = time.perf_counter() - broadcast_started
         for thread in threads:
             thread.join(self.timeout_s)
@@ -393,27 +428,29 @@ def receive_buckets(
     deliver: Callable[[int, Bucket, torch.Tensor], None],
     overlap: bool = True,
 ) -> None:
-    """Receive every bucket of an agreed update, in `plan_buckets` order. `into(number,
-    bucket)` is the flat tensor bucket `number` lands in; `deliver(number, bucket, flat)`
-    runs once it has arrived. With `overlap`, bucket k is delivered after bucket k+1's
-    receive was posted, so copying k out overlaps k+1 on the wire (`into` must then not
-    hand out the buffer of the bucket still being delivered)."""
-    pending: tuple[Any, int, Bucket, torch.Tensor] | None = None
+    """Receive every bucket of an agreed update, in `plan_buckets` order, bucket k on stream
+    k % streams. `into(number, bucket)` is the flat tensor bucket `number` lands in;
+    `deliver(number, bucket, flat)` runs once it has arrived. With `overlap`, a bucket is
+    delivered once the receives of the `group.streams` buckets after it were posted, so
+    copying it out overlaps them on the wire: `into` must then hand out a buffer that is not
+    one of the last `group.streams` buckets' (`group.streams + 1` buffers in turn are enough)."""
+    pending: list[tuple[Any, int, Bucket, torch.Tensor]] = []
     with torch.no_grad():
         for number, bucket in enumerate(plan_buckets(specs, bucket_bytes)):
             flat = into(number, bucket)
-            work = group.broadcast(flat)
+            work = group.broadcast(flat, number)
             if not overlap:
                 work.wait()
                 deliver(number, bucket, flat)
                 continue
-            if pending is not None:
-                pending[0].wait()
-                deliver(*pending[1:])
-            pending = (work, number, bucket, flat)
-        if pending is not None:
-            pending[0].wait()
-            deliver(*pending[1:])
+            pending.append((work, number, bucket, flat))
+            if len(pending) > group.streams:
+                done = pending.pop(0)
+                done[0].wait()
+                deliver(*done[1:])
+        for done in pending:
+            done[0].wait()
+            deliver(*done[1:])
 
 
 class PauseHandle(Protocol):
@@ -450,11 +487,18 @@ class WeightReceiver:
         self.group: SyncGroup | None = None
         self.wire_device = torch.device("cpu")
         self._lock = threading.Lock()
+        # Staging buffers kept from one update to the next (same model, same buckets): fresh ones
+        # would be page-faulted in again inside every pause.
+        self._staging: dict[tuple[str, int], list[torch.Tensor]] = {}
 
-    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0) -> None:
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str,
+                           timeout_s: float = 300.0, streams: int = 1) -> None:
         check_join(rank, world_size, backend, on_cuda=self.engine.device.type == "cuda")
         with self._lock:
-            self.group = create_group(backend, master_address, master_port, rank, world_size, timeout_s)
+            group = create_group(backend, master_address, master_port, rank, world_size, timeout_s, streams)
+            if self.group is not None:  # a trainer that joins again (restarted) replaces its old group
+                self.group.shutdown()
+            self.group, self._staging = group, {}
             # gloo moves host memory: a CUDA engine receives into CPU staging and copies up.
             self.wire_device = torch.device("cpu") if backend == "gloo" else self.engine.device
 
@@ -477,8 +521,8 @@ class WeightReceiver:
         targets = [self.engine.tensor_by_name(spec.name) for spec in specs]
         buckets = plan_buckets(specs, bucket_bytes)
         # A bucket that is one whole contiguous tensor of the same dtype is received in place;
-        # the others land in one of two staging buffers per dtype (sized for the largest
-        # bucket), so bucket k is copied into the model while bucket k+1 is being received.
+        # the others land in one of streams + 1 staging buffers per dtype (sized for the largest
+        # bucket), so bucket k is copied into the model while the next ones are being received.
         direct = [
             targets[b.members[0][0]] if len(b.members) == 1 and targets[b.members[0][0]].is_contiguous()
             and dtype_name(targets[b.members[0][0]].dtype) == b.dtype and targets[b.members[0][0]].device == self.wire_device
@@ -489,14 +533,12 @@ class WeightReceiver:
         for bucket, in_place in zip(buckets, direct):
             if in_place is None:
                 largest[bucket.dtype] = max(largest.get(bucket.dtype, 0), bucket.numel)
-        staging = {
-            dtype: [torch.empty(numel, dtype=torch_dtype(dtype), device=self.wire_device) for _ in range(2)]
-            for dtype, numel in largest.items()
-        }
+        staging = {dtype: self._staging_buffers(dtype, numel) for dtype, numel in largest.items()}
 
         def into(number: int, bucket: Bucket) -> torch.Tensor:
             in_place = direct[number]
-            return in_place.data.view(-1) if in_place is not None else staging[bucket.dtype][number % 2][: bucket.numel]
+            buffers = staging.get(bucket.dtype, [])
+            return in_place.data.view(-1) if in_place is not None else buffers[number % len(buffers)][: bucket.numel]
 
         def copy_out(number: int, bucket: Bucket, flat: torch.Tensor) -> None:
             if direct[number] is not None:
@@ -508,3 +550,13 @@ class WeightReceiver:
             receive_buckets(self.group, specs, bucket_bytes, into, copy_out)
             self.engine.set_version(version)
         return self.engine.record_update(pause.pause_s)
+
+    def _staging_buffers(self, dtype: str, numel: int) -> list[torch.Tensor]:
+        """`streams + 1` buffers of `numel` elements of `dtype`, the previous update's if they fit."""
+        assert self.group is not None
+        buffers = self._staging.get((dtype, numel))
+        if buffers is None:
+            self._staging = {key: value for key, value in self._staging.items() if key[0] != dtype}
+            buffers = [torch.empty(numel, dtype=torch_dtype(dtype), device=self.wire_device) for _ in range(self.group.streams + 1)]
+            self._staging[(dtype, numel)] = buffers
+        return buffers

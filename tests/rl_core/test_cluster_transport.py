@@ -52,9 +52,10 @@ class SilentServer:
         self.group: Any = None
         self.release = threading.Event()
 
-    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str) -> None:
+    def init_process_group(self, master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str,
+                           streams: int = 1) -> None:
         def join() -> None:
-            self.group = create_group(backend, master_address, master_port, rank, world_size, timeout_s=60)
+            self.group = create_group(backend, master_address, master_port, rank, world_size, timeout_s=60, streams=streams)
 
         threading.Thread(target=join, daemon=True).start()
 

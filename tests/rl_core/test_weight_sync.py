@@ -64,35 +64,49 @@ def test_join_and_update_checks_shared_by_every_receiver() -> None:
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_receive_buckets_delivers_every_bucket_in_order(overlap: bool) -> None:
-    """A real gloo pair in one process: rank 0 broadcasts the buckets as the trainer does,
-    rank 1 receives them through the shared helper, pipelined (reference server) or not (vLLM)."""
+@pytest.mark.parametrize("streams", [1, 2, 3])
+def test_receive_buckets_delivers_every_bucket_in_order(overlap: bool, streams: int) -> None:
+    """A real gloo pair in one process: rank 0 broadcasts the buckets as the trainer does (bucket
+    k on stream k % streams, up to `streams` in flight), rank 1 receives them through the shared
+    helper, pipelined into `streams + 1` rotating buffers (reference server) or not (vLLM)."""
     import threading
 
-    specs = [ParamSpec("a", "float32", (4,)), ParamSpec("b", "float32", (3,)), ParamSpec("c", "float64", (2,))]
-    values = [torch.arange(4.0), torch.arange(3.0) + 10, torch.arange(2.0, dtype=torch.float64) + 20]
+    specs = [ParamSpec(f"p{i}", "float32" if i != 4 else "float64", (4,)) for i in range(7)]
+    values = [torch.arange(4.0, dtype=torch.float32 if i != 4 else torch.float64) + 10 * i for i in range(7)]
     port = free_port()
     sender: dict = {}
-    thread = threading.Thread(target=lambda: sender.update(group=create_group("gloo", "127.0.0.1", port, 0, 2, 60)))
+    thread = threading.Thread(target=lambda: sender.update(group=create_group("gloo", "127.0.0.1", port, 0, 2, 60, streams)))
     thread.start()
-    receiver = create_group("gloo", "127.0.0.1", port, 1, 2, 60)
+    receiver = create_group("gloo", "127.0.0.1", port, 1, 2, 60, streams)
     thread.join()
+    assert receiver.streams == sender["group"].streams == streams
 
     def send() -> None:
-        for bucket in plan_buckets(specs, bucket_bytes=16):
-            sender["group"].broadcast(torch.cat([values[index] for index, _, _ in bucket.members])).wait()
+        works = []
+        for number, bucket in enumerate(plan_buckets(specs, bucket_bytes=16)):
+            works.append(sender["group"].broadcast(torch.cat([values[index] for index, _, _ in bucket.members]), number))
+        for work in works:
+            work.wait()
 
     thread = threading.Thread(target=send)
     thread.start()
+    buffers = {dtype: [torch.empty(4, dtype=dtype) for _ in range(streams + 1)] for dtype in (torch.float32, torch.float64)}
     delivered: list[tuple[int, list[float]]] = []
     receive_buckets(
-        receiver, specs, 16, lambda number, bucket: torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype)),
+        receiver, specs, 16, lambda number, bucket: buffers[getattr(torch, bucket.dtype)][number % (streams + 1)][: bucket.numel],
         lambda number, bucket, flat: delivered.append((number, flat.tolist())), overlap=overlap,
     )
     thread.join()
     receiver.shutdown()
     sender["group"].shutdown()
-    assert delivered == [(0, [0.0, 1.0, 2.0, 3.0]), (1, [10.0, 11.0, 12.0]), (2, [20.0, 21.0])]
+    assert delivered == [(i, values[i].tolist()) for i in range(7)]
+
+
+def test_a_group_refuses_an_impossible_stream_count() -> None:
+    with pytest.raises(ValueError, match="streams must be 1..8"):
+        create_group("gloo", "127.0.0.1", free_port(), 0, 2, 60, streams=0)
+    with pytest.raises(ValueError, match="streams must be 1..8"):
+        WeightBroadcaster(["http://127.0.0.1:1"], streams=9)
 
 
 def test_param_spec_rejects_malformed_entries() -> None:
