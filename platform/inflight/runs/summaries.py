@@ -108,28 +108,30 @@ def _refresh_batch(stale: list[tuple[int, int, int | None]]) -> None:
     table = MetricPoint._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
         if bounds:
-            window = (f"FROM {table} p JOIN unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS b(run_id, lo, hi) "
-                      f"ON p.run_id = b.run_id AND p.seq > b.lo AND p.seq <= b.hi WHERE p.name = ANY(%s)")
-            arrays = [[b[0] for b in bounds], [b[1] for b in bounds], [b[2] for b in bounds]]
-            cursor.execute(f"SELECT p.run_id, p.name, max(p.value), sum(p.value), count(*) {window} GROUP BY 1, 2",
-                           [*arrays, [HELDOUT_METRIC, SUCCESS_METRIC, THROUGHPUT_METRIC]])
-            for run_id, name, best, total, count in cursor.fetchall():
+            # The new points are read once (a materialised CTE; at a first read that is every
+            # point of the three series) and give two kinds of rows: per series its max, sum
+            # and count ('a'), and the latest line of each of its last steps ('r').
+            cursor.execute(
+                f"WITH p AS MATERIALIZED (SELECT p.run_id, p.name, p.step, p.line, p.value FROM {table} p "
+                f"JOIN unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS b(run_id, lo, hi) "
+                f"ON p.run_id = b.run_id AND p.seq > b.lo AND p.seq <= b.hi WHERE p.name = ANY(%s)) "
+                f"SELECT 'a', run_id, name, max(value), sum(value), count(*), NULL::bigint, NULL::bigint FROM p GROUP BY run_id, name "
+                f"UNION ALL "
+                f"SELECT 'r', run_id, name, value, NULL, NULL, step, line FROM (SELECT *, row_number() OVER (PARTITION BY run_id, name ORDER BY step DESC) AS k "
+                f"FROM (SELECT DISTINCT ON (run_id, name, step) * FROM p WHERE name <> %s ORDER BY run_id, name, step, line DESC) latest) ranked WHERE k <= %s",
+                [[b[0] for b in bounds], [b[1] for b in bounds], [b[2] for b in bounds],
+                 [HELDOUT_METRIC, SUCCESS_METRIC, THROUGHPUT_METRIC], THROUGHPUT_METRIC, RECENT_TRAIN_STEPS],
+            )
+            for kind, run_id, name, value, total, count, step, line in cursor.fetchall():
                 state = states[run_id]
-                if name == THROUGHPUT_METRIC:
+                if kind == "r":
+                    new_recent.setdefault((run_id, name), []).append((step, line, value))
+                elif name == THROUGHPUT_METRIC:
                     state["throughput_sum"] += total
                     state["throughput_count"] += count
                 else:
                     key = "heldout_best" if name == HELDOUT_METRIC else "success_best"
-                    state[key] = _max(state[key], best)
-            # The latest line of each step, the last RECENT_TRAIN_STEPS steps per series.
-            cursor.execute(
-                f"SELECT run_id, name, step, line, value FROM (SELECT *, row_number() OVER (PARTITION BY run_id, name ORDER BY step DESC) AS k "
-                f"FROM (SELECT DISTINCT ON (p.run_id, p.name, p.step) p.run_id, p.name, p.step, p.line, p.value {window} "
-                f"ORDER BY p.run_id, p.name, p.step, p.line DESC) latest) ranked WHERE k <= %s",
-                [*arrays, [HELDOUT_METRIC, SUCCESS_METRIC], RECENT_TRAIN_STEPS],
-            )
-            for run_id, name, step, line, value in cursor.fetchall():
-                new_recent.setdefault((run_id, name), []).append((step, line, value))
+                    state[key] = _max(state[key], value)
         # Benchmark evaluations: few per run, read again whole for every run in the batch.
         evals: dict[int, dict[str, Any]] = {}
         cursor.execute(
