@@ -257,6 +257,9 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         stop_clients.write_text("stop")
         processes.children[f"clients-{label}"].wait(300)
         cpu_after = {**{name: processes.cpu_s.get(name, processes.cpu_of(name)) for name in processes.children}, **service_cpu_s()}
+        final_progress = [json.loads(p.read_text()) for p in progress_files if p.exists()]
+        ingest_delays = [ms for progress in final_progress for ms in progress.get("ingest_delays_ms", [])]
+        unsent_max = max([progress.get("unsent_max", 0) for progress in final_progress], default=0)
         records = json.loads(result_file.read_text())
         from inflight.runs.services import finish_run
 
@@ -270,6 +273,13 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
     keys = ("shift", "max_step", "series")
     complete = [r for r in records if r["final"] is not None and {k: r["final"][k] for k in keys} == {k: expected[r["run_id"]][k] for k in keys}]
     latencies = [ms for r in records for ms in r["latencies_ms"]]
+    # Push latency p95 per 10 s of the replay (by when the line was written): steady or in bursts.
+    by_window: dict[int, list[float]] = {}
+    first_t = min((t for r in records for t in r.get("written_at", [])), default=0.0)
+    for r in records:
+        for t, ms in zip(r.get("written_at", []), r["latencies_ms"]):
+            by_window.setdefault(int((t - first_t) // 10), []).append(ms)
+    latency_timeline = [(10 * w, percentile(values, 95)) for w, values in sorted(by_window.items())]
     killed_clients = [r for r, c in zip(records, clients) if nodes > 1 and c["bases"][0] == bases[-1]]
     return {
         "label": label, "nodes": nodes, "runs": len(runs), "clients": len(records), "wall_s": wall,
@@ -281,6 +291,8 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "errors": [e for r in records for e in r["errors"]][:5],
         "backlog": backlog, "cpu": {name: cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after},
         "lines_written": writer.written_lines(),
+        "latency_timeline": latency_timeline,
+        "ingest_p50": percentile(ingest_delays, 50), "ingest_p95": percentile(ingest_delays, 95), "unsent_max": unsent_max,
     }
 
 
@@ -293,6 +305,9 @@ def report_live(result: dict[str, Any]) -> None:
           f"reconnects {result['reconnects']}" + (f", node killed at {result['killed_at_s']:.0f} s: {result['killed_complete']}/{result['killed_clients']} of its clients complete" if result["killed_at_s"] else ""))
     if result["errors"]:
         print(f"[{label}] client errors (first 5): {result['errors']}")
+    print(f"[{label}] of which ingest (line written -> stored and committed) p50/p95 {result['ingest_p50']:.0f}/{result['ingest_p95']:.0f} ms; "
+          f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
+    print(f"[{label}] push latency p95 per 10 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]
     print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
     wall = max(result["wall_s"], 1e-9)

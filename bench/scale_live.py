@@ -181,10 +181,23 @@ def run_ingest(spec: dict[str, Any]) -> None:
     from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 
+    from inflight.live import broadcast
+
+    # Where a push's time goes: a line's stored-and-committed delay (from its `t`, the moment the
+    # writer wrote it) is measured here; the rest of the push latency is the broadcast and the web node.
+    ingest_delays_ms: list[float] = []
+
+    class TimedReporter(PlatformReporter):
+        def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+            super().metrics(records)
+            now = time.time()
+            ingest_delays_ms.extend((now - float(record.get("t", now))) * 1000.0 for _, record in records)
+
     supervisors = [
-        RunSupervisor(run_dir=Path(run["run_dir"]), config_yaml=run["config_yaml"], command_prefix=[], reporter=PlatformReporter(run["id"]), cwd=REPO_ROOT)
+        RunSupervisor(run_dir=Path(run["run_dir"]), config_yaml=run["config_yaml"], command_prefix=[], reporter=TimedReporter(run["id"]), cwd=REPO_ROOT)
         for run in spec["runs"]
     ]
+    unsent_max = 0
     from inflight.runs.services import record_heartbeat
 
     def beat() -> None:
@@ -220,9 +233,11 @@ def run_ingest(spec: dict[str, Any]) -> None:
         if now - last_beat >= settings.INFLIGHT_HEARTBEAT_INTERVAL_S:
             beat()
             last_beat = now
+        unsent_max = max(unsent_max, broadcast._broadcaster._unsent)  # pushes queued for the channel layer
         _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
         time.sleep(1.0)
-    _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
+    _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
+                                            "ingest_delays_ms": ingest_delays_ms, "unsent_max": unsent_max}))
     from inflight.runs.services import flush_broadcasts
 
     flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first

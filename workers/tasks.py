@@ -33,6 +33,10 @@ class PlatformReporter:
         self.stalled = False
         self._stall_s: float | None = None
         self.is_running = False
+        # Per-run state kept between polls, so a poll with nothing to change costs no database
+        # round trip (read on first use; see alert_services.AlertState, RolloutIngestState).
+        self._alert_state: Any = None
+        self._rollout_state: Any = None
 
     def _call(self, function, *args: Any) -> Any:
         try:
@@ -50,12 +54,17 @@ class PlatformReporter:
                 logger.error("run %s metrics.jsonl line %d skipped: %s", self.run_id, line_no, exc)
         if points:
             self._call(services.ingest_metrics, self.run_id, points)
-        self._alerts(alert_services.evaluate_metric_lines, self.run_id, records)
+        self._alerts(self._evaluate_metric_lines, records)
         self.last_metrics_at = time.monotonic()
         self.last_step = max([self.last_step or 0, *(int(r.get("step", 0) or 0) for _, r in records)])
         if self.stalled:
             self.stalled = False
             self._alerts(alert_services.check_stalled, self.run_id, 0.0, self.last_step)
+
+    def _evaluate_metric_lines(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        if self._alert_state is None:
+            self._alert_state = alert_services.load_alert_state(self.run_id)
+        alert_services.evaluate_metric_lines(self.run_id, records, self._alert_state)
 
     def _alerts(self, function, *args: Any) -> None:
         """Alert rules run after the data is stored. A database error is raised (the batch is
@@ -69,11 +78,14 @@ class PlatformReporter:
             logger.exception("run %s: alert evaluation failed", self.run_id)
 
     def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        from inflight.rollouts.services import ingest_rollouts
+        from inflight.rollouts.services import RolloutIngestState, ingest_rollouts
         from inflight.rollouts.tokens import decoder_for_model
 
-        model_path = str(((self._config() or {}).get("model") or {}).get("path") or "")
-        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path))
+        config = self._config() or {}
+        model_path = str((config.get("model") or {}).get("path") or "")
+        if self._rollout_state is None:
+            self._rollout_state = RolloutIngestState.from_config(config)
+        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path), self._rollout_state)
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         from inflight.rollouts.services import attach_train_logprobs

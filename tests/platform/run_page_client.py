@@ -25,6 +25,7 @@ class ClientRecord:
     client: int
     run_id: int
     latencies_ms: list[float] = field(default_factory=list)
+    written_at: list[float] = field(default_factory=list)  # the line's `t` of each latency: when in the run it was slow
     pushes: int = 0
     gaps: int = 0  # a push left a batch out (the page refetched)
     duplicates_or_out_of_order: int = 0  # a push on one connection not after the previous one
@@ -119,4 +120,5 @@ def _apply(record: ClientRecord, state: DownsampleState, message: dict[str, Any]
     if outcome == "applied":
         for t in {point[2] for point in message["points"]}:
             record.latencies_ms.append((received_at - float(t)) * 1000.0)
+            record.written_at.append(float(t))
     return outcome

@@ -8,10 +8,12 @@ without new metrics. Pushes to the run's group after commit:
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
 from django.conf import settings
 from django.db import transaction
@@ -77,27 +79,101 @@ def _store(run: Run, rule: str, key: str, step: int | None, firing: Firing) -> A
     return alert
 
 
-def evaluate_metric_lines(run_id: int, records: Sequence[tuple[int, dict[str, Any]]]) -> list[Alert]:
-    """Evaluate metrics.jsonl lines (line number, record) not evaluated before, in order."""
+def evaluate_metric_lines(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], state: AlertState | None = None) -> list[Alert]:
+    """Evaluate metrics.jsonl lines (line number, record) not evaluated before, in order.
+
+    `state`: the run's rule state kept by its supervisor between batches (`load_alert_state`).
+    With it, lines that start and end no episode touch no table (the common case: at 200 live
+    runs, reading the cursor, episodes and run for every line was a quarter of ingest time,
+    bench/platform_scale.py); the cursor is written with every episode change and at least every
+    `AlertState.SAVE_EVERY_S`. Without it, the state is read and written back (one transaction)."""
     if not records:
         return []
-    with transaction.atomic():
-        run = Run.objects.only("id", "owner_id", "name", "config").get(pk=run_id)
-        cfg, max_lag = _settings(run.config)
-        if not cfg.enabled:
-            return []
-        AlertCursor.objects.get_or_create(run_id=run_id)
-        cursor = AlertCursor.objects.select_for_update().get(run_id=run_id)
-        # Read once under the cursor lock: a run's episodes are written only by its own supervisor.
-        active = set(AlertEpisode.objects.filter(run_id=run_id, active=True).values_list("rule", "key"))
-        fired: list[Alert] = []
-        for line, record in sorted(records, key=lambda item: item[0]):
-            if line < cursor.next_line:
-                continue  # a re-sent line: already evaluated
-            verdicts = check_line(record, cfg, max_lag, cursor.windows)
-            fired += _apply(run, verdicts, _step(record), active)
-            cursor.next_line = line + 1
-        cursor.save()
+    if state is None:
+        with transaction.atomic():
+            state = load_alert_state(run_id, lock=True)
+            fired = _evaluate(state, records, force_save=True)
+        return fired
+    return _evaluate(state, records)
+
+
+@dataclass
+class AlertState:
+    """One run's alert rule state as its supervisor holds it between batches: the config's
+    thresholds, the cursor (`next_line`, `windows`: what `AlertCursor` stores) and the run's active
+    episodes. Only this supervisor writes them while the run runs (one supervisor per run), so
+    memory stays equal to the database once each change is written; after a worker restart the
+    lines after the stored cursor are evaluated again from the stored windows, which yields the
+    same verdicts (no episode changed after a stored cursor), so no alert fires twice."""
+
+    SAVE_EVERY_S: ClassVar[float] = 30.0
+
+    run_id: int
+    enabled: bool
+    cfg: AlertsConfig
+    max_lag: int
+    next_line: int
+    windows: dict[str, Any]
+    active: set[tuple[str, str]]
+    saved_line: int
+    saved_at: float = field(default_factory=time.monotonic)
+
+
+def load_alert_state(run_id: int, *, lock: bool = False) -> AlertState:
+    """Read a run's rule state (creating its cursor); `lock`: hold the cursor row until commit."""
+    config = Run.objects.filter(pk=run_id).values_list("config", flat=True).first()
+    if config is None:
+        raise Run.DoesNotExist(f"run {run_id} does not exist")
+    cfg, max_lag = _settings(config)
+    if not cfg.enabled:  # nothing is evaluated, so nothing is stored
+        return AlertState(run_id, False, cfg, max_lag, 0, {}, set(), 0)
+    AlertCursor.objects.get_or_create(run_id=run_id)
+    cursors = AlertCursor.objects.select_for_update() if lock else AlertCursor.objects
+    cursor = cursors.get(run_id=run_id)
+    active = set(AlertEpisode.objects.filter(run_id=run_id, active=True).values_list("rule", "key"))
+    return AlertState(run_id, cfg.enabled, cfg, max_lag, cursor.next_line, cursor.windows, active, cursor.next_line)
+
+
+def _evaluate(state: AlertState, records: Sequence[tuple[int, dict[str, Any]]], force_save: bool = False) -> list[Alert]:
+    """Evaluate on copies; write the episodes and cursor only when an episode starts or ends (or
+    the cursor is due), and take the copies into `state` only once that write succeeded (a
+    database error leaves `state` as it was: the supervisor re-sends the batch)."""
+    if not state.enabled:
+        return []
+    windows = copy.deepcopy(state.windows)
+    next_line = state.next_line
+    simulated = set(state.active)
+    evaluated: list[tuple[Verdicts, int | None]] = []
+    changes = False
+    for line, record in sorted(records, key=lambda item: item[0]):
+        if line < next_line:
+            continue  # a re-sent line: already evaluated
+        verdicts = check_line(record, state.cfg, state.max_lag, windows)
+        evaluated.append((verdicts, _step(record)))
+        next_line = line + 1
+        for pair in verdicts.firing:
+            if pair not in simulated:
+                simulated.add(pair)
+                changes = True
+        for pair in verdicts.clear:
+            if pair not in verdicts.firing and pair in simulated:
+                simulated.discard(pair)
+                changes = True
+    due = next_line != state.saved_line and time.monotonic() - state.saved_at >= state.SAVE_EVERY_S
+    fired: list[Alert] = []
+    if changes or due or (force_save and next_line != state.saved_line):
+        with transaction.atomic(savepoint=not force_save):  # force_save: inside evaluate_metric_lines' own transaction
+            active = set(state.active)
+            if changes:
+                run = Run.objects.only("id", "owner_id", "name").get(pk=state.run_id)
+                for verdicts, step in evaluated:
+                    fired += _apply(run, verdicts, step, active)
+            AlertCursor.objects.filter(run_id=state.run_id).update(next_line=next_line, windows=windows)
+        state.active = active
+        state.saved_line, state.saved_at = next_line, time.monotonic()
+    else:
+        state.active = simulated
+    state.windows, state.next_line = windows, next_line
     return fired
 
 

@@ -1,0 +1,207 @@
+"""What one supervisor poll costs the database (issue 24: 200 live runs on one 2-core machine).
+
+At the demo's rate a run writes about one metrics line a second and a rollout group twice a
+second, so ingest pays per written line, not per poll: every statement a line costs is paid
+200 times a second. These tests bound the statements of the worker's real path
+(`RunSupervisor.deliver()` with `PlatformReporter`) — a metrics line that fires no alert is
+stored and folded and nothing else, a rollout batch the store does not keep and an empty poll
+touch no table — and check that keeping the alert and rollout state in the supervisor changes
+no outcome: alerts fire once per episode across a worker restart, and a database error leaves
+the state as it was (the batch is re-sent). Statements are counted at psycopg (ingest_metrics
+bypasses Django's cursors), not timed; the time is bench/platform_scale.py's."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import psycopg
+import pytest
+from django.db import OperationalError
+
+from inflight.alerts import services as alerts
+from inflight.alerts.models import Alert, AlertCursor
+from inflight.rollouts.models import RolloutStore, StoredRollout
+from inflight.rollouts.services import RolloutIngestState, ingest_rollouts
+from inflight.rollouts.tokens import decoder_for_model
+from inflight.runs.models import MetricPoint, Run
+
+pytestmark = pytest.mark.django_db
+
+DECODER = decoder_for_model("var/models/tiny")
+
+
+@contextlib.contextmanager
+def statements() -> Iterator[list[str]]:
+    """SQL statements sent through psycopg meanwhile (savepoints left out: they are the test
+    transaction's nesting, which a worker outside a test does not have)."""
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        text = query if isinstance(query, str) else getattr(query, "as_string", lambda _: str(query))(None)
+        if not text.lstrip().upper().startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")):
+            sent.append(text)
+        return execute(self, query, *args, **kwargs)
+
+    psycopg.Cursor.execute = counting  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+
+
+def make_run(owner: Any, **alert_settings: Any) -> Run:
+    config = {
+        "trainer": {"samples_per_step": 4},
+        "model": {"path": "var/models/tiny"},
+        "actor": {"max_lag": 2},
+        "monitoring": {"rollouts": {"keep_every_n_steps": 5}, "alerts": alert_settings},
+    }
+    return Run.objects.create(owner=owner, name="polled", config=config, status="running")
+
+
+def rollout(line: int) -> dict[str, Any]:
+    return {
+        "sample_id": f"s{line}", "group_id": f"g{line // 2}", "prompt_id": "p", "prompt_token_ids": [40, 41],
+        "completion_token_ids": [50, 51, 52], "behaviour_logprobs": [-0.5] * 3, "token_versions": [0] * 3,
+        "reward": 1.0, "success": True, "advantage": 0.5, "finish_reason": "stop", "metadata": {},
+    }
+
+
+def append(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write("".join(json.dumps(record) + "\n" for record in records))
+
+
+def test_a_poll_costs_the_database_only_what_its_lines_need(owner: Any, tmp_path: Path) -> None:
+    from workers.supervisor import METRICS_FILE, ROLLOUTS_FILE, RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner)
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    metrics, stream = tmp_path / METRICS_FILE, tmp_path / ROLLOUTS_FILE
+    # The first poll reads what the supervisor keeps (config, alert cursor, rollout store).
+    append(metrics, [{"t": 1.0, "step": 0, "train/loss": 1.0, "train/reward_mean": 0.5}])
+    append(stream, [rollout(line) for line in range(4)])  # step 1
+    assert supervisor.deliver() is True
+
+    # A quiet metrics line: stored and folded (seq bump, cursor lock, insert + fold), nothing else.
+    append(metrics, [{"t": 2.0, "step": 1, "train/loss": 0.9, "train/reward_mean": 0.5}])
+    with statements() as sent:
+        assert supervisor.deliver() is True
+    assert len(sent) <= 3, sent
+    assert not [s for s in sent if "alert" in s.lower()], sent
+    assert MetricPoint.objects.filter(run=run, line=1).count() == 2
+
+    # Rollouts of steps off the store's grid (every 5th step): no statement at all.
+    append(stream, [rollout(line) for line in range(4, 16)])  # steps 2-4
+    with statements() as sent:
+        assert supervisor.deliver() is True
+    assert sent == []
+    assert supervisor.rollouts_tail.line_no == 16
+
+    # Step 5 is on the grid: stored, and the store learns the lines seen meanwhile.
+    append(stream, [rollout(line) for line in range(16, 20)])
+    with statements() as sent:
+        assert supervisor.deliver() is True
+    assert 0 < len(sent) <= 5, sent
+    assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == [16, 17, 18, 19]
+    store = RolloutStore.objects.get(run=run)
+    assert store.lines_seen == 20 and store.stored == 4
+
+    # Nothing new: nothing sent.
+    with statements() as sent:
+        assert supervisor.deliver() is True
+        supervisor.tick()
+    assert sent == []
+
+
+def test_the_kept_alert_state_fires_once_per_episode_and_survives_a_restart(owner: Any) -> None:
+    def line(n: int, **values: float) -> tuple[int, dict[str, Any]]:
+        return n, {"t": 1.0 + n, "step": n, "train/loss": 1.0, **values}
+
+    quiet = [line(n) for n in range(3)]
+    bad = [line(3, **{"nonfinite/train/loss": 1.0}), line(4, **{"nonfinite/train/loss": 1.0})]
+    recovered = [line(n) for n in range(5, 8)]
+    bad_again = [line(8, **{"nonfinite/train/loss": 1.0})]
+    run = make_run(owner)
+    state = alerts.load_alert_state(run.pk)
+
+    with statements() as sent:
+        assert alerts.evaluate_metric_lines(run.pk, quiet, state) == []
+    assert sent == []  # nothing starts or ends: no table touched
+    fired = alerts.evaluate_metric_lines(run.pk, bad, state)
+    assert [(a.rule, a.step) for a in fired] == [("nonfinite", 3)]
+    assert AlertCursor.objects.get(run=run).next_line == 5  # written with the episode
+    assert alerts.evaluate_metric_lines(run.pk, recovered, state) == []  # the episode ends
+    assert AlertCursor.objects.get(run=run).next_line == 8
+
+    # A restarted worker reads the state back and gets every line again: nothing fires twice,
+    # and the episode that ended can start again.
+    restarted = alerts.load_alert_state(run.pk)
+    assert alerts.evaluate_metric_lines(run.pk, quiet + bad + recovered, restarted) == []
+    assert [(a.rule, a.step) for a in alerts.evaluate_metric_lines(run.pk, bad_again, restarted)] == [("nonfinite", 8)]
+    assert list(Alert.objects.filter(run=run).order_by("id").values_list("step", flat=True)) == [3, 8]
+
+    # The same lines without a kept state (read and written per call) fire the same alerts.
+    other = make_run(owner)
+    for batch in (quiet, bad, recovered, bad_again):
+        alerts.evaluate_metric_lines(other.pk, batch)
+    assert list(Alert.objects.filter(run=other).order_by("id").values_list("step", flat=True)) == [3, 8]
+
+
+def test_windows_kept_in_memory_match_the_stored_ones(owner: Any) -> None:
+    """The collapse rules' rolling windows live in the supervisor between writes; a worker that
+    restarts from the stored cursor reaches the same windows as one that never stopped."""
+    run = make_run(owner, reward_window=3, reward_drop=0.3)
+    records = [(n, {"t": 1.0 + n, "step": n, "train/reward_mean": value}) for n, value in enumerate([0.9, 0.9, 0.9, 0.8, 0.8])]
+    state = alerts.load_alert_state(run.pk)
+    assert alerts.evaluate_metric_lines(run.pk, records, state) == []
+    restarted = alerts.load_alert_state(run.pk)
+    assert restarted.next_line == 0  # nothing changed: the cursor was not written yet
+    assert alerts.evaluate_metric_lines(run.pk, records, restarted) == []
+    assert restarted.windows == state.windows and restarted.next_line == state.next_line == 5
+    collapse = [(5, {"t": 6.0, "step": 5, "train/reward_mean": 0.1}), (6, {"t": 7.0, "step": 6, "train/reward_mean": 0.1})]
+    assert [a.rule for a in alerts.evaluate_metric_lines(run.pk, collapse, state)] == ["reward_collapse"]
+    assert AlertCursor.objects.get(run=run).windows == state.windows
+
+
+def test_a_database_error_leaves_the_alert_state_as_it_was(owner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(owner)
+    state = alerts.load_alert_state(run.pk)
+    bad = [(0, {"t": 1.0, "step": 0, "nonfinite/train/grad_norm": 1.0, "train/grad_norm": 0.0})]
+
+    def refuse(*args: Any, **kwargs: Any) -> int:
+        raise OperationalError("database away")
+
+    monkeypatch.setattr(type(AlertCursor.objects.filter(run_id=run.pk)), "update", refuse)
+    with pytest.raises(OperationalError):
+        alerts.evaluate_metric_lines(run.pk, bad, state)
+    monkeypatch.undo()
+    assert state.next_line == 0 and state.active == set()  # the supervisor sends the batch again
+    assert [a.rule for a in alerts.evaluate_metric_lines(run.pk, bad, state)] == ["nonfinite"]
+    assert state.active == {("nonfinite", "")} and state.next_line == 1
+
+
+def test_rollout_batches_off_the_grid_wait_for_the_next_write_to_count_their_lines(owner: Any) -> None:
+    run = make_run(owner)  # 4 samples per step, every 5th step kept
+    state = RolloutIngestState.for_run(run.pk)
+    assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(4)], DECODER, state) == 0  # reads the store
+    assert state.stride == 5
+    with statements() as sent:
+        assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(4, 12)], DECODER, state) == 0
+    assert sent == [] and state.lines_seen == 12
+    assert RolloutStore.objects.get(run=run).lines_seen == 4
+    state.written_at -= RolloutIngestState.LINES_SEEN_EVERY_S  # a while later: the count is written
+    assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(12, 16)], DECODER, state) == 0
+    assert RolloutStore.objects.get(run=run).lines_seen == 16
+    assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(16, 20)], DECODER, state) == 4
+    store = RolloutStore.objects.get(run=run)
+    assert (store.lines_seen, store.stored, store.stride) == (20, 4, 5)
+    # Re-sent after an outage (a fresh state, as a restarted worker's): nothing twice.
+    assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(0, 20)], DECODER) == 0
+    assert StoredRollout.objects.filter(run=run).count() == 4
