@@ -152,3 +152,18 @@ def test_tag_suggestions_are_every_tag_of_the_visible_runs(owner, other_user) ->
     ])
     assert all_tags(selectors.runs_visible_to(owner)) == ["a-tag", "b-tag"]
     assert all_tags(Run.objects.none()) == []
+
+
+def test_a_run_deleted_while_its_summary_is_computed_is_left_out(owner, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inflight.runs import summaries
+
+    kept, gone = services.create_run(owner, "kept", {}), services.create_run(owner, "gone", {})
+    real = summaries._refresh_batch
+
+    def delete_then_refresh(stale):  # the delete lands between reading the runs and writing their rows
+        Run.objects.filter(pk=gone.pk).delete()
+        real(stale)
+
+    monkeypatch.setattr(summaries, "_refresh_batch", delete_then_refresh)
+    assert refresh_summaries(Run.objects.filter(owner=owner)) == 2
+    assert list(RunSummary.objects.values_list("run_id", flat=True)) == [kept.pk]

@@ -225,7 +225,9 @@ class RunSummary(models.Model):
     at (points of later batches are folded in incrementally), `evals_count` / `evals_max_t` the
     benchmark evaluations it saw (any change: those figures are read again; they are few)."""
 
-    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="summary")
+    # No database-level foreign key: a summary written by a read racing with the run's delete
+    # must not make that delete (or the read) fail at commit; deletes cascade through the ORM.
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="summary", db_constraint=False)
     metrics_seq = models.BigIntegerField(default=0)
     evals_count = models.IntegerField(default=0)
     evals_max_t = models.FloatField(null=True, blank=True)

@@ -168,6 +168,10 @@ def _refresh_batch(stale: list[tuple[int, int, int | None]]) -> None:
         # Upsert: two requests refreshing the same run write the same figures (or one a later
         # seq's); each row is always one consistent (figures, seq) pair.
         RunSummary.objects.bulk_create(summaries, update_conflicts=True, unique_fields=["run"], update_fields=fields)
+        # A run deleted since it was read leaves no summary behind (one whose delete is still
+        # uncommitted may: a stray row that no leaderboard reads, runs are listed from runs).
+        cursor.execute(f"DELETE FROM {RunSummary._meta.db_table} s WHERE s.run_id = ANY(%s) "
+                       f"AND NOT EXISTS (SELECT 1 FROM {Run._meta.db_table} r WHERE r.id = s.run_id)", [ids])
 
 
 def drop_summary(run_id: int) -> None:
