@@ -36,6 +36,7 @@ RECENT_TRAIN_STEPS = 10
 # Runs summarised per round of queries (bounds the arrays sent and the rows read at once).
 BATCH_RUNS = 500
 
+SERIES = (HELDOUT_METRIC, SUCCESS_METRIC, THROUGHPUT_METRIC)
 SUMMARY_FIGURES = (
     "heldout_best", "heldout_last", "aime24_best", "aime24_last", "math500_best", "math500_last",
     "success_best", "success_last", "success_recent", "throughput",
@@ -108,19 +109,27 @@ def _refresh_batch(stale: list[tuple[int, int, int | None]]) -> None:
     table = MetricPoint._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
         if bounds:
-            # The new points are read once (a materialised CTE; at a first read that is every
-            # point of the three series) and give two kinds of rows: per series its max, sum
-            # and count ('a'), and the latest line of each of its last steps ('r').
+            # The new points are read once (a materialised CTE) and give two kinds of rows: per
+            # series its max, sum and count ('a'), and the latest line of each of its last steps ('r').
+            # Two reads of the points: a run summarised from scratch reads its three series through
+            # the (run, name, step) index; a run caught up from its summary's seq reads only the
+            # later batches through the (run, seq) index ("OFFSET 0" keeps the name test out of
+            # that scan, or the planner reads every point of the three series again).
+            full = [b for b in bounds if b[1] == 0]
+            later = [b for b in bounds if b[1] > 0]
             cursor.execute(
-                f"WITH p AS MATERIALIZED (SELECT p.run_id, p.name, p.step, p.line, p.value FROM {table} p "
-                f"JOIN unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS b(run_id, lo, hi) "
-                f"ON p.run_id = b.run_id AND p.seq > b.lo AND p.seq <= b.hi WHERE p.name = ANY(%s)) "
+                f"WITH p AS MATERIALIZED ("
+                f"SELECT p.run_id, p.name, p.step, p.line, p.value FROM {table} p JOIN unnest(%s::bigint[], %s::bigint[]) AS b(run_id, hi) "
+                f"ON p.run_id = b.run_id AND p.seq <= b.hi WHERE p.name = ANY(%s) "
+                f"UNION ALL SELECT n.run_id, n.name, n.step, n.line, n.value FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS b(run_id, lo, hi) "
+                f"CROSS JOIN LATERAL (SELECT p.run_id, p.name, p.step, p.line, p.value FROM {table} p "
+                f"WHERE p.run_id = b.run_id AND p.seq > b.lo AND p.seq <= b.hi OFFSET 0) n WHERE n.name = ANY(%s)) "
                 f"SELECT 'a', run_id, name, max(value), sum(value), count(*), NULL::bigint, NULL::bigint FROM p GROUP BY run_id, name "
                 f"UNION ALL "
                 f"SELECT 'r', run_id, name, value, NULL, NULL, step, line FROM (SELECT *, row_number() OVER (PARTITION BY run_id, name ORDER BY step DESC) AS k "
                 f"FROM (SELECT DISTINCT ON (run_id, name, step) * FROM p WHERE name <> %s ORDER BY run_id, name, step, line DESC) latest) ranked WHERE k <= %s",
-                [[b[0] for b in bounds], [b[1] for b in bounds], [b[2] for b in bounds],
-                 [HELDOUT_METRIC, SUCCESS_METRIC, THROUGHPUT_METRIC], THROUGHPUT_METRIC, RECENT_TRAIN_STEPS],
+                [[b[0] for b in full], [b[2] for b in full], list(SERIES),
+                 [b[0] for b in later], [b[1] for b in later], [b[2] for b in later], list(SERIES), THROUGHPUT_METRIC, RECENT_TRAIN_STEPS],
             )
             for kind, run_id, name, value, total, count, step, line in cursor.fetchall():
                 state = states[run_id]
