@@ -16,9 +16,7 @@ from django.utils import timezone
 
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, Worker
 from inflight.runs.run_filters import RunFilters, filter_runs
-from inflight.runs.summaries import (  # noqa: F401 (the leaderboard's names, read from here too)
-    HELDOUT_METRIC, LEADERBOARD_BENCHMARKS, RECENT_TRAIN_STEPS, SUCCESS_METRIC, SUMMARY_FIGURES, THROUGHPUT_METRIC, refresh_summaries,
-)
+from inflight.runs.summaries import SUMMARY_FIGURES, refresh_summaries
 
 
 # The access rule of runs, in its two forms: a run's owner and staff may see and manage it
