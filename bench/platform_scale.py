@@ -221,7 +221,8 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         client_spec = folder / "clients.json"
         ready_file, result_file = folder / "clients-ready", folder / "clients-result.json"
         client_spec.write_text(json.dumps({"clients": clients, "cookie": cookie, "stop_file": str(stop_clients), "ready_file": str(ready_file),
-                                           "result_file": str(result_file), "connect_spacing_s": args.connect_spacing_s}))
+                                           "result_file": str(result_file), "connect_spacing_s": args.connect_spacing_s,
+                                           "panel_poll_s": args.panel_poll_s}))
         processes.start(f"clients-{label}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "clients", str(client_spec)], {**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 600
         while not ready_file.exists():
@@ -292,6 +293,8 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "backlog": backlog, "cpu": {name: cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after},
         "lines_written": writer.written_lines(),
         "latency_timeline": latency_timeline,
+        "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
+        "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "ingest_p50": percentile(ingest_delays, 50), "ingest_p95": percentile(ingest_delays, 95), "unsent_max": unsent_max,
     }
 
@@ -307,6 +310,8 @@ def report_live(result: dict[str, Any]) -> None:
         print(f"[{label}] client errors (first 5): {result['errors']}")
     print(f"[{label}] of which ingest (line written -> stored and committed) p50/p95 {result['ingest_p50']:.0f}/{result['ingest_p95']:.0f} ms; "
           f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
+    if result["panel_requests"] or result["panel_errors"]:
+        print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
     print(f"[{label}] push latency p95 per 10 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]
     print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
@@ -328,6 +333,7 @@ def main() -> int:
     parser.add_argument("--no-rollouts", action="store_true", help="Leave the rollout stream out of the replay.")
     parser.add_argument("--stagger-s", type=float, default=2.0, help="Runs start spread over this many seconds.")
     parser.add_argument("--connect-spacing-s", type=float, default=0.01, help="Pause between opening two pages.")
+    parser.add_argument("--panel-poll-s", type=float, default=5.0, help="Each page refreshes its actions panel (panel.json) this often while the run is active, as run_page.js does; 0: never.")
     parser.add_argument("--settle-s", type=float, default=5.0, help="Wait after ingest caught up before reading the pages.")
     parser.add_argument("--drain-timeout-s", type=float, default=300.0, help="Give up on ingest catching up this long after the replay ended.")
     parser.add_argument("--skip-live", action="store_true", help="Only the finished-runs part.")

@@ -259,7 +259,8 @@ async def _run_clients(spec: dict[str, Any]) -> list[ClientRecord]:
     http_clients = {base: httpx.AsyncClient(cookies={"sessionid": spec["cookie"]}, timeout=120, limits=limits) for base in bases}
     tasks = []
     for record, client in zip(records, spec["clients"]):
-        tasks.append(asyncio.ensure_future(run_page_client(record, client["bases"], spec["cookie"], stop, http_clients)))
+        tasks.append(asyncio.ensure_future(run_page_client(record, client["bases"], spec["cookie"], stop, http_clients,
+                                                                 panel_poll_s=spec.get("panel_poll_s", 0.0))))
         await asyncio.sleep(spec.get("connect_spacing_s", 0.01))  # pages are opened over a few seconds, not in one instant
     Path(spec["ready_file"]).write_text("ready")
     while not stop_file.exists():

@@ -162,15 +162,24 @@ DATABASE_URL = os.environ.get(
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("INFLIGHT_DB_CONN_MAX_AGE", "60")), conn_health_checks=True)}
 
 REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
-CHANNEL_LAYERS = {
-    "default": {
+# Live pushes go through Redis pub/sub: a push is one PUBLISH per run group, and each web node
+# receives it once (on one subscribed connection) and hands it to its pages in memory. The list
+# layer (channels_redis.core, INFLIGHT_CHANNEL_LAYER=redis) costs each web node four Redis round
+# trips per page per push, one after another: at 100 live runs x 250 pages on a busy 2-core machine
+# its queue backed up for seconds whenever the runs' kept rollouts arrived (push p95 2.7 s vs 0.3 s
+# here, bench/platform_scale.py), and at 200 runs its 30 s expiry dropped pushes. Pub/sub keeps
+# nothing for a page that is not connected: the page refetches its snapshot on (re)connecting and
+# on any seq gap, so nothing is lost to it either way.
+_REDIS_HOST = {"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": {"hosts": [_REDIS_HOST]}}}
+if os.environ.get("INFLIGHT_CHANNEL_LAYER", "pubsub") == "redis":
+    CHANNEL_LAYERS["default"] = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # socket_timeout above channels_redis's 5 s blocking read (BZPOPMIN): redis-py 8's default
         # is also 5 s, so an idle page's consumer timed out reading just as Redis answered "nothing
         # yet", crashed and dropped the socket with 1011 (bench/platform_scale.py found it).
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}], "capacity": 1000, "expiry": 30},
+        "CONFIG": {"hosts": [_REDIS_HOST], "capacity": 1000, "expiry": 30},
     }
-}
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or None

@@ -34,6 +34,8 @@ class ClientRecord:
     errors: list[str] = field(default_factory=list)
     final: dict[str, Any] | None = None
     seq: int = 0  # the batches the page holds (1..seq), kept up to date
+    panel_ms: list[float] = field(default_factory=list)  # panel.json answers (`panel_poll_s`), how long each took
+    panel_errors: int = 0
 
 
 async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
@@ -42,13 +44,42 @@ async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
     return response.json()
 
 
-async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, stop: asyncio.Event, http_clients: dict[str, Any]) -> None:
+TERMINAL = ("succeeded", "failed", "cancelled", "lost")
+
+
+async def _poll_panel(record: ClientRecord, current_base: list[str], stop: asyncio.Event, http_clients: dict[str, Any], every_s: float) -> None:
+    """As run_page.js: `runs/<id>/panel.json` 5 s after the page opens and 5 s after each answer
+    while the run is active (30 s once it ended), from the node the page is on."""
+    delay = every_s
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return
+        except asyncio.TimeoutError:
+            pass
+        base = current_base[0]
+        started = time.monotonic()
+        try:
+            response = await http_clients[base].get(f"{base}/runs/{record.run_id}/panel.json", headers={"Accept": "application/json"})
+            response.raise_for_status()
+            record.panel_ms.append((time.monotonic() - started) * 1000.0)
+            delay = every_s if response.json().get("status") not in TERMINAL else 30.0
+        except Exception:  # noqa: BLE001 - as the page: the next refresh tries again
+            record.panel_errors += 1
+
+
+async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, stop: asyncio.Event, http_clients: dict[str, Any],
+                          panel_poll_s: float = 0.0) -> None:
+    """`panel_poll_s` > 0: also refresh the actions panel as the page does (run_page.js, every 5 s)."""
     import websockets
 
     state: DownsampleState | None = None
     node = 0
+    current_base = [bases[0]]
+    panel = asyncio.ensure_future(_poll_panel(record, current_base, stop, http_clients, panel_poll_s)) if panel_poll_s > 0 else None
     while not stop.is_set():
         base = bases[node % len(bases)]
+        current_base[0] = base
         ws_url = base.replace("http://", "ws://") + f"/ws/runs/{record.run_id}/"
         last_seq_on_connection: int | None = None
         try:
@@ -111,6 +142,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
             break
         node += 1  # the next node, as a load balancer sends a client whose node went away
         await asyncio.sleep(1.0 + random.random() * 0.5)
+    if panel is not None:
+        await panel
     record.final = state.to_snapshot() if state is not None else None
 
 

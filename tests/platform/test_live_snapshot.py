@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
@@ -19,6 +18,7 @@ from inflight.live.folding import fold_pending_batches
 from inflight.live.selectors import run_snapshot
 from inflight.runs import services
 from inflight.runs.services import PointIn, run_group
+from layer_loop import LayerLoop  # tests/platform is on sys.path
 
 pytestmark = pytest.mark.django_db
 
@@ -64,8 +64,9 @@ def test_snapshot_plus_pushed_batches_equals_a_fresh_snapshot(owner, django_capt
     run = services.create_run(owner, "r", {})
     names = ("reward/mean", "policy_lag/max", "spec/accept_rate")
     layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(run_group(run.pk), channel)
+    layer_loop = LayerLoop()  # the pub/sub layer's subscriptions live on one loop
+    channel = layer_loop.run(layer.new_channel())
+    layer_loop.run(layer.group_add(run_group(run.pk), channel))
 
     services.ingest_metrics(run.pk, _batch(rng, 0, range(0, 300), names))
     page = DownsampleState.from_snapshot(run_snapshot(run))  # what the browser loaded
@@ -84,7 +85,8 @@ def test_snapshot_plus_pushed_batches_equals_a_fresh_snapshot(owner, django_capt
         # One event loop for all receives: channels_redis keeps per-loop receive state.
         return [await layer.receive(channel) for _ in range(count)]
 
-    messages = async_to_sync(receive)(4)
+    messages = layer_loop.run(receive(4))
+    layer_loop.close()
     assert [message["type"] for message in messages] == ["metrics.batch"] * 4
     outcomes = [page.apply_batch(message) for message in messages]
     assert outcomes == ["applied"] * 4

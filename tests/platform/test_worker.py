@@ -14,11 +14,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from inflight.runs import services
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus
+from layer_loop import LayerLoop  # tests/platform is on sys.path
 
 @pytest.fixture
 def worker(start_worker, engine_command):
@@ -51,9 +51,10 @@ def final(run: Run, wait, timeout: float = 90) -> Run:
 
 def test_run_succeeds_with_all_metrics_evals_and_live_pushes(worker, owner, wait) -> None:
     layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
+    layer_loop = LayerLoop()  # the pub/sub layer's subscriptions live on one loop
+    channel = layer_loop.run(layer.new_channel())
     run = run_with(owner, "succeed", steps=40)
-    async_to_sync(layer.group_add)(f"run-{run.pk}", channel)
+    layer_loop.run(layer.group_add(f"run-{run.pk}", channel))
     done = final(run, wait)
     assert done.status == RunStatus.SUCCEEDED, (done.error, worker.log()[-3000:])
     assert done.worker_name == worker.name and done.started_at and done.finished_at
@@ -65,9 +66,10 @@ def test_run_succeeds_with_all_metrics_evals_and_live_pushes(worker, owner, wait
     messages = []
     while True:
         try:
-            messages.append(async_to_sync(_receive)(layer, channel))
+            messages.append(layer_loop.run(_receive(layer, channel)))
         except TimeoutError:
             break
+    layer_loop.close()
     batches = [m for m in messages if m["type"] == "metrics.batch"]
     statuses = [m["status"] for m in messages if m["type"] == "run.status"]
     assert sum(len(b["points"]) for b in batches) == 80  # 40 lines x 2 metrics, each pushed once
