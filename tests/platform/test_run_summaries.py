@@ -167,3 +167,28 @@ def test_a_run_deleted_while_its_summary_is_computed_is_left_out(owner, monkeypa
     monkeypatch.setattr(summaries, "_refresh_batch", delete_then_refresh)
     assert refresh_summaries(Run.objects.filter(owner=owner)) == 2
     assert list(RunSummary.objects.values_list("run_id", flat=True)) == [kept.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_readers_at_once_compute_the_summaries_once(owner) -> None:
+    import threading
+
+    from django.db import connection
+
+    _many_runs(owner, 6)
+    start, written = threading.Barrier(2), []
+
+    def read() -> None:
+        try:
+            start.wait()
+            written.append(refresh_summaries(Run.objects.all()))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(written) == [0, 6]  # the second waited for the first, then found them done
+    assert RunSummary.objects.count() == 6

@@ -35,6 +35,8 @@ THROUGHPUT_METRIC = "rollout/tokens_per_s"
 RECENT_TRAIN_STEPS = 10
 # Runs summarised per round of queries (bounds the arrays sent and the rows read at once).
 BATCH_RUNS = 500
+# pg_advisory_xact_lock key of the refresh (any constant no other lock of the platform uses).
+REFRESH_LOCK = 0x52756E53756D  # "RunSum"
 
 SERIES = (HELDOUT_METRIC, SUCCESS_METRIC, THROUGHPUT_METRIC)
 SUMMARY_FIGURES = (
@@ -63,9 +65,17 @@ def _stale(runs: QuerySet[Run]) -> list[tuple[int, int, int | None]]:
 
 def refresh_summaries(runs: QuerySet[Run]) -> int:
     """Bring the summaries of `runs` up to date; returns how many were written."""
-    stale = _stale(runs)
-    for first in range(0, len(stale), BATCH_RUNS):
-        _refresh_batch(stale[first:first + BATCH_RUNS])
+    if not _stale(runs):
+        return 0
+    # One refresh at a time: a second reader waits, then finds the work done (two first reads of
+    # thousands of runs would each compute them all), and a summary never goes back to an older
+    # seq written late by a slower reader.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [REFRESH_LOCK])
+        stale = _stale(runs)
+        for first in range(0, len(stale), BATCH_RUNS):
+            _refresh_batch(stale[first:first + BATCH_RUNS])
     return len(stale)
 
 
