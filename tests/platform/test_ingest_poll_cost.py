@@ -205,3 +205,26 @@ def test_rollout_batches_off_the_grid_wait_for_the_next_write_to_count_their_lin
     # Re-sent after an outage (a fresh state, as a restarted worker's): nothing twice.
     assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(0, 20)], DECODER) == 0
     assert StoredRollout.objects.filter(run=run).count() == 4
+
+
+def test_kept_rows_are_stored_whole_and_pushed_with_their_ids(owner: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:
+    """Rows go in with server-side binding (not bulk_create): every column as the model reads
+    it, and the live push names the stored rows' ids."""
+    from inflight.rollouts import services as rollout_services
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(rollout_services, "_group_send", lambda group, message: sent.append((group, message)))
+    run = make_run(owner)
+    records = [(line, rollout(line)) for line in range(16, 20)]  # step 5
+    records[1][1]["metadata"] = {"train_logprobs": [-0.25, -0.5, -0.75], "extracted": 42}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert ingest_rollouts(run.pk, records, DECODER) == 4
+    [(group, message)] = sent
+    stored = {row.pk: row for row in StoredRollout.objects.filter(run=run)}
+    assert group == f"run-{run.pk}" and sorted(row["id"] for row in message["rows"]) == sorted(stored)
+    assert all(stored[row["id"]].line == row["line"] for row in message["rows"])
+    row = StoredRollout.objects.get(run=run, line=17)
+    assert (row.step, row.seq, row.token_ids, row.versions, row.logprobs) == (5, 1, [50, 51, 52], [0, 0, 0], [-0.5] * 3)
+    assert row.tokens == DECODER.pieces([50, 51, 52]) and row.completion_text == DECODER.text([50, 51, 52], skip_special=True)
+    assert row.train_logprobs == [-0.25, -0.5, -0.75] and row.extracted == "42" and row.correct is True and row.length == 3
+    assert StoredRollout.objects.get(run=run, line=16).train_logprobs is None

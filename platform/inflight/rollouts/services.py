@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+import psycopg
 from django.db import connection, transaction
 
 from inflight.live.broadcast import _group_send, run_group
@@ -46,7 +47,17 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\ufffd")
 
 
-def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], decoder: TokenDecoder, now: float) -> StoredRollout:
+def _prompt_texts(decoder: TokenDecoder, prompt_ids: list[int], decoded: dict[tuple[int, ...], tuple[str, str]]) -> tuple[str, str]:
+    """(whole prompt, its problem) as text; a group's samples share their prompt, so a batch
+    decodes each prompt once (`decoded`: this batch's)."""
+    key = tuple(prompt_ids)
+    if key not in decoded:
+        decoded[key] = (_text(decoder.text(prompt_ids, skip_special=True)), _text(problem_text(decoder, prompt_ids)))
+    return decoded[key]
+
+
+def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], decoder: TokenDecoder, now: float,
+         decoded: dict[tuple[int, ...], tuple[str, str]] | None = None) -> StoredRollout:
     ids = [int(i) for i in record["completion_token_ids"]]
     versions = [int(v) for v in record["token_versions"]]
     logprobs = [float(x) for x in record["behaviour_logprobs"]]
@@ -56,12 +67,12 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
     train_logprobs = metadata.get("train_logprobs")
     min_version = min(versions, default=0)
     extracted = metadata.get("extracted")
+    prompt, problem = _prompt_texts(decoder, [int(i) for i in record.get("prompt_token_ids") or []], {} if decoded is None else decoded)
     return StoredRollout(
         run_id=run_id, line=line, step=step, seq=seq,
         sample_id=str(record.get("sample_id", ""))[:200], group_id=str(record.get("group_id", ""))[:200],
         prompt_id=str(record.get("prompt_id", ""))[:200],
-        prompt_text=_text(decoder.text(record.get("prompt_token_ids") or [], skip_special=True)),
-        problem_text=_text(problem_text(decoder, record.get("prompt_token_ids") or [])),
+        prompt_text=prompt, problem_text=problem,
         completion_text=_text(decoder.text(ids, skip_special=True)), tokens=[_text(piece) for piece in decoder.pieces(ids)], token_ids=ids,
         logprobs=logprobs, versions=versions,
         train_logprobs=[float(x) for x in train_logprobs] if isinstance(train_logprobs, list) and len(train_logprobs) == len(ids) else None,
@@ -137,16 +148,17 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
         )
         now = time.time()
         rows = []
+        decoded: dict[tuple[int, ...], tuple[str, str]] = {}
         for line, record in records:
             step = step_of_line(line, state.samples_per_step)
             if line in known or step % store.stride != 0:
                 continue
             try:
-                rows.append(_row(run_id, line, step, store.seq, record, decoder, now))
+                rows.append(_row(run_id, line, step, store.seq, record, decoder, now, decoded))
             except (ValueError, KeyError, TypeError):
                 continue
         if rows:
-            StoredRollout.objects.bulk_create(rows)
+            _insert_rows(rows)
             store.stored += len(rows)
             _thin(store, state.settings.max_stored)
         RolloutStore.objects.filter(run_id=run_id).update(stride=store.stride, stored=store.stored, lines_seen=store.lines_seen)
@@ -158,6 +170,30 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
     # Taken into the state only once committed: after a database error the batch comes again.
     state.stride, state.lines_seen, state.written_at = store.stride, store.lines_seen, time.monotonic()
     return len(rows)
+
+
+_INSERT_CHUNK_ROWS = 1000  # 26 parameters a row: well under PostgreSQL's 65,535 per statement
+
+
+def _insert_rows(rows: list[StoredRollout]) -> None:
+    """`bulk_create(rows)` with the values bound on the server (each row's pk set from RETURNING).
+    Django's cursors inline parameters as SQL literals: for rows of token arrays that was most of
+    a kept batch's cost, in Python (quoting every element) and in PostgreSQL (parsing them),
+    bench/platform_scale.py at 200 live runs."""
+    fields = [f for f in StoredRollout._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
+            chunk = rows[start:start + _INSERT_CHUNK_ROWS]
+            cursor.execute(
+                f"INSERT INTO {StoredRollout._meta.db_table} ({columns}) VALUES {', '.join([one_row] * len(chunk))} RETURNING id",
+                [getattr(row, f.attname) for row in chunk for f in fields],
+            )
+            for row, (pk,) in zip(chunk, cursor.fetchall()):  # RETURNING gives the VALUES' order
+                row.pk = pk
+                row._state.adding = False
 
 
 def attach_train_logprobs(run_id: int, records: Sequence[dict[str, Any]]) -> int:
