@@ -205,6 +205,7 @@ def test_rollout_batches_off_the_grid_wait_for_the_next_write_to_count_their_lin
     # Re-sent after an outage (a fresh state, as a restarted worker's): nothing twice.
     assert ingest_rollouts(run.pk, [(line, rollout(line)) for line in range(0, 20)], DECODER) == 0
     assert StoredRollout.objects.filter(run=run).count() == 4
+    assert RolloutStore.objects.get(run=run).stored == 4  # counted as the insert went: only new rows
 
 
 def test_kept_rows_are_stored_whole_and_pushed_with_their_ids(owner: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:

@@ -9,6 +9,7 @@ Live pushes go to the run's group after commit:
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
@@ -47,6 +48,20 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\ufffd")
 
 
+# Each decoder's token pieces as text, by id: a piece does not depend on its neighbours
+# (TokenDecoder.pieces decodes ids one by one), and decoding every token of every kept sample
+# again was a tenth of ingest time at 200 live runs (bench/platform_scale.py, py-spy).
+_PIECES: weakref.WeakKeyDictionary[TokenDecoder, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def _pieces(decoder: TokenDecoder, ids: list[int]) -> list[str]:
+    known = _PIECES.setdefault(decoder, {})
+    missing = list({i for i in ids if i not in known})
+    if missing:
+        known.update(zip(missing, (_text(piece) for piece in decoder.pieces(missing))))
+    return [known[i] for i in ids]
+
+
 def _prompt_texts(decoder: TokenDecoder, prompt_ids: list[int], decoded: dict[tuple[int, ...], tuple[str, str]]) -> tuple[str, str]:
     """(whole prompt, its problem) as text; a group's samples share their prompt, so a batch
     decodes each prompt once (`decoded`: this batch's)."""
@@ -73,7 +88,7 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         sample_id=str(record.get("sample_id", ""))[:200], group_id=str(record.get("group_id", ""))[:200],
         prompt_id=str(record.get("prompt_id", ""))[:200],
         prompt_text=prompt, problem_text=problem,
-        completion_text=_text(decoder.text(ids, skip_special=True)), tokens=[_text(piece) for piece in decoder.pieces(ids)], token_ids=ids,
+        completion_text=_text(decoder.text(ids, skip_special=True)), tokens=_pieces(decoder, ids), token_ids=ids,
         logprobs=logprobs, versions=versions,
         train_logprobs=[float(x) for x in train_logprobs] if isinstance(train_logprobs, list) and len(train_logprobs) == len(ids) else None,
         reward=float(record["reward"]), correct=bool(record["success"]), advantage=float(record.get("advantage", 0.0)),
@@ -113,10 +128,11 @@ class RolloutIngestState:
         return cls.from_config(config)
 
 
-# Creates the run's store on its first batch and takes the next batch seq; locks the row until commit.
+# Creates the run's store on its first batch, takes the next batch seq and counts the lines seen;
+# locks the row until commit.
 _NEXT_BATCH_SQL = f"""
-INSERT INTO {RolloutStore._meta.db_table} AS s (run_id, stride, stored, seq, lines_seen) VALUES (%s, %s, 0, 1, 0)
-ON CONFLICT (run_id) DO UPDATE SET seq = s.seq + 1
+INSERT INTO {RolloutStore._meta.db_table} AS s (run_id, stride, stored, seq, lines_seen) VALUES (%s, %s, 0, 1, %s)
+ON CONFLICT (run_id) DO UPDATE SET seq = s.seq + 1, lines_seen = GREATEST(s.lines_seen, EXCLUDED.lines_seen)
 RETURNING stride, stored, seq, lines_seen
 """
 
@@ -140,28 +156,26 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
         return 0
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(_NEXT_BATCH_SQL, [run_id, state.settings.keep_every_n_steps])
+            cursor.execute(_NEXT_BATCH_SQL, [run_id, state.settings.keep_every_n_steps, seen])
             stride, stored, seq, lines_seen = cursor.fetchone()
-        store = RolloutStore(run_id=run_id, stride=stride, stored=stored, seq=seq, lines_seen=max(lines_seen, seen))
-        known = set(
-            StoredRollout.objects.filter(run_id=run_id, line__gte=min(lines), line__lte=max(lines)).values_list("line", flat=True)
-        )
+        store = RolloutStore(run_id=run_id, stride=stride, stored=stored, seq=seq, lines_seen=lines_seen)
         now = time.time()
         rows = []
         decoded: dict[tuple[int, ...], tuple[str, str]] = {}
         for line, record in records:
             step = step_of_line(line, state.samples_per_step)
-            if line in known or step % store.stride != 0:
+            if step % store.stride != 0:
                 continue
             try:
                 rows.append(_row(run_id, line, step, store.seq, record, decoder, now, decoded))
             except (ValueError, KeyError, TypeError):
                 continue
         if rows:
-            _insert_rows(rows)
-            store.stored += len(rows)
-            _thin(store, state.settings.max_stored)
-        RolloutStore.objects.filter(run_id=run_id).update(stride=store.stride, stored=store.stored, lines_seen=store.lines_seen)
+            # Lines stored before (a batch sent again after an outage) are left out by the insert.
+            rows, store.stored = _insert_rows(rows)
+            if store.stored > state.settings.max_stored:
+                _thin(store, state.settings.max_stored)
+                RolloutStore.objects.filter(run_id=run_id).update(stride=store.stride, stored=store.stored)
         if rows:
             kept = [row for row in rows if row.step % store.stride == 0][-PUSH_ROWS:]
             if kept:
@@ -175,25 +189,40 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
 _INSERT_CHUNK_ROWS = 1000  # 26 parameters a row: well under PostgreSQL's 65,535 per statement
 
 
-def _insert_rows(rows: list[StoredRollout]) -> None:
-    """`bulk_create(rows)` with the values bound on the server (each row's pk set from RETURNING).
-    Django's cursors inline parameters as SQL literals: for rows of token arrays that was most of
-    a kept batch's cost, in Python (quoting every element) and in PostgreSQL (parsing them),
-    bench/platform_scale.py at 200 live runs."""
+def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
+    """Insert the rows whose line is not stored yet, count them in their store's `stored` in the
+    same statement, and set their pks; returns (the rows inserted, the store's new `stored`).
+
+    Bound on the server, unlike bulk_create: Django's cursors inline parameters as SQL literals,
+    and for rows of token arrays that was most of a kept batch's cost, in Python (quoting every
+    element) and in PostgreSQL (parsing them), bench/platform_scale.py at 200 live runs."""
     fields = [f for f in StoredRollout._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    run_id = rows[0].run_id
+    inserted: list[StoredRollout] = []
+    stored = 0
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
-            chunk = rows[start:start + _INSERT_CHUNK_ROWS]
+            chunk = {row.line: row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
             cursor.execute(
-                f"INSERT INTO {StoredRollout._meta.db_table} ({columns}) VALUES {', '.join([one_row] * len(chunk))} RETURNING id",
-                [getattr(row, f.attname) for row in chunk for f in fields],
+                f"WITH new AS (INSERT INTO {StoredRollout._meta.db_table} ({columns}) VALUES {', '.join([one_row] * len(chunk))} "
+                "ON CONFLICT (run_id, line) DO NOTHING RETURNING id, line), "
+                f"counted AS (UPDATE {RolloutStore._meta.db_table} SET stored = stored + (SELECT count(*) FROM new) "
+                "WHERE run_id = %s RETURNING stored) "
+                "SELECT new.id, new.line, (SELECT stored FROM counted) FROM new RIGHT JOIN (SELECT 1) AS one ON true",
+                [getattr(row, f.attname) for row in chunk.values() for f in fields] + [run_id],
             )
-            for row, (pk,) in zip(chunk, cursor.fetchall()):  # RETURNING gives the VALUES' order
+            for pk, line, stored in cursor.fetchall():
+                if pk is None:
+                    continue  # no row was new: the joined row only carries `stored`
+                row = chunk[line]
                 row.pk = pk
                 row._state.adding = False
+                inserted.append(row)
+    inserted.sort(key=lambda row: row.line)
+    return inserted, stored
 
 
 def attach_train_logprobs(run_id: int, records: Sequence[dict[str, Any]]) -> int:
