@@ -37,6 +37,7 @@ class PlatformReporter:
         # round trip (read on first use; see alert_services.AlertState, RolloutIngestState).
         self._alert_state: Any = None
         self._rollout_state: Any = None
+        self._metrics_state = services.MetricsIngestState()
 
     def _call(self, function, *args: Any) -> Any:
         try:
@@ -53,7 +54,7 @@ class PlatformReporter:
             except (TypeError, ValueError) as exc:
                 logger.error("run %s metrics.jsonl line %d skipped: %s", self.run_id, line_no, exc)
         if points:
-            self._call(services.ingest_metrics, self.run_id, points)
+            self._call(services.ingest_metrics, self.run_id, points, self._metrics_state)
         self._alerts(self._evaluate_metric_lines, records)
         self.last_metrics_at = time.monotonic()
         self.last_step = max([self.last_step or 0, *(int(r.get("step", 0) or 0) for _, r in records)])

@@ -89,11 +89,11 @@ def test_a_poll_costs_the_database_only_what_its_lines_need(owner: Any, tmp_path
     append(stream, [rollout(line) for line in range(4)])  # step 1
     assert supervisor.deliver() is True
 
-    # A quiet metrics line: stored and folded (seq bump, cursor lock, insert + fold), nothing else.
+    # A quiet metrics line: stored, folded and its seq taken in one statement, nothing else.
     append(metrics, [{"t": 2.0, "step": 1, "train/loss": 0.9, "train/reward_mean": 0.5}])
     with statements() as sent:
         assert supervisor.deliver() is True
-    assert len(sent) <= 3, sent
+    assert len(sent) == 1, sent
     assert not [s for s in sent if "alert" in s.lower()], sent
     assert MetricPoint.objects.filter(run=run, line=1).count() == 2
 
@@ -229,3 +229,55 @@ def test_kept_rows_are_stored_whole_and_pushed_with_their_ids(owner: Any, monkey
     assert row.tokens == DECODER.pieces([50, 51, 52]) and row.completion_text == DECODER.text([50, 51, 52], skip_special=True)
     assert row.train_logprobs == [-0.25, -0.5, -0.75] and row.extracted == "42" and row.correct is True and row.length == 3
     assert StoredRollout.objects.get(run=run, line=16).train_logprobs is None
+
+
+def test_one_statement_batches_fold_as_the_reference_through_grid_growth_resends_and_a_rewind(owner: Any) -> None:
+    """The supervisor's one-statement ingest (`MetricsIngestState`) leaves the same points,
+    snapshot and seqs as the transactional way, and falls back to it whenever what it knows no
+    longer holds: the grid must widen, a batch is sent again, a resume rewound the run."""
+    import random
+
+    from downsample_oracle import snapshot_from_points
+
+    from inflight.live.selectors import run_snapshot
+    from inflight.runs import services
+    from inflight.runs.actions import supersede_rewound_history
+    from inflight.runs.services import MetricsIngestState, PointIn
+
+    rng = random.Random(5)
+    run = make_run(owner)
+    state = MetricsIngestState()
+    stored: list[PointIn] = []
+    line = 0
+    seqs = []
+    batches = [range(0, 3), range(3, 4), range(4, 6), range(6, 1_500), range(1_500, 1_501), range(1_501, 1_503)]
+    for steps in batches:
+        batch = [PointIn(line=line + i, name=name, step=step, t=1e9 + step, value=rng.random())
+                 for i, step in enumerate(steps) for name in ("a", "b")]
+        line += len(steps)
+        with statements() as sent:
+            seqs.append(services.ingest_metrics(run.pk, batch, state))
+        if steps.start in (3, 4, 1_501):  # the state holds: one statement
+            assert len(sent) == 1, (steps, sent)
+        stored += batch
+        assert state.seq == seqs[-1]
+        snapshot = run_snapshot(run)
+        assert {k: snapshot[k] for k in ("shift", "max_step", "series")} == {
+            k: v for k, v in snapshot_from_points([(p.name, p.step, p.t, p.value) for p in stored]).items() if k in ("shift", "max_step", "series")
+        }, steps
+    assert seqs == [1, 2, 3, 4, 5, 6] and snapshot["shift"] == 1  # 1,502 steps: width 2
+    # Sent again (the reply was lost): nothing stored twice, no seq taken, the state still right.
+    assert services.ingest_metrics(run.pk, batch, state) is None
+    assert MetricPoint.objects.filter(run=run).count() == len(stored) and Run.objects.get(pk=run.pk).metrics_seq == 6
+    # A resume rewinds to step 1,400: the next batch sees the cursor moved and goes the long way.
+    supersede_rewound_history(run.pk, 1_400, line, 2e9)
+    kept = [p for p in stored if p.step <= 1_400]
+    after = [PointIn(line=line, name="a", step=1_401, t=2e9 + 1, value=0.5)]
+    seq = services.ingest_metrics(run.pk, after, state)
+    assert seq == Run.objects.get(pk=run.pk).metrics_seq and state.seq == seq
+    snapshot = run_snapshot(run)
+    expected = snapshot_from_points([(p.name, p.step, p.t, p.value) for p in kept + after])
+    assert {k: snapshot[k] for k in ("shift", "max_step", "series")} == {k: expected[k] for k in ("shift", "max_step", "series")}
+    with statements() as sent:
+        assert services.ingest_metrics(run.pk, [PointIn(line=line + 1, name="a", step=1_402, t=2e9 + 2, value=0.25)], state) == seq + 1
+    assert len(sent) == 1

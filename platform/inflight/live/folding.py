@@ -116,6 +116,39 @@ def insert_and_fold_sql(insert_points_returning: str) -> str:
     )
 
 
+# One statement that stores and folds a batch and takes its seq, for a caller that knows the
+# run's cursor from its own last batch (the worker's supervisor: only it ingests the run). It does
+# anything only if that knowledge still holds — the run's `metrics_seq` and the cursor's seq are
+# `%(prev)s`, its grid `%(shift)s` — and no line of the batch is stored yet (a re-send goes the
+# transactional way, which pushes only the new part). Returns `(seq, stored points)`, seq NULL
+# when nothing was done. In autocommit it is its own transaction: one round trip instead of five
+# (BEGIN, seq bump, cursor lock, insert + fold, COMMIT), paid by every metrics line at 200 live
+# runs (bench/platform_scale.py). It locks the cursor row before the run row, the other way round
+# from `fold_ingest_batch`: two ingests of one run at once (never one supervisor's) could
+# deadlock, which PostgreSQL ends by failing one (its batch is sent again).
+GUARDED_INGEST_SQL = (
+    f"WITH guard AS (SELECT 1 FROM {_CURSORS} WHERE run_id = %(run)s AND seq = %(prev)s AND shift = %(shift)s FOR UPDATE), "
+    f"bump AS (UPDATE {_RUNS} SET metrics_seq = metrics_seq + 1 WHERE id = %(run)s AND metrics_seq = %(prev)s "
+    "AND EXISTS (SELECT 1 FROM guard) "
+    f"AND NOT EXISTS (SELECT 1 FROM {_POINTS} WHERE run_id = %(run)s AND line = ANY(%(lines)b::bigint[])) RETURNING metrics_seq), "
+    f"stored AS (INSERT INTO {_POINTS} (run_id, seq, line, name, step, t, value) SELECT %(run)s, bump.metrics_seq, u.* FROM bump, "
+    "unnest(%(lines)b::bigint[], %(names)b::varchar[], %(steps)b::bigint[], %(ts)b::float8[], %(values)b::float8[]) AS u "
+    "ON CONFLICT (run_id, line, name) DO NOTHING RETURNING name, step, t, value), "
+    f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}), "
+    f"moved AS (UPDATE {_CURSORS} SET seq = (SELECT metrics_seq FROM bump), max_step = GREATEST(max_step, (SELECT max(step) FROM stored)) "
+    "WHERE run_id = %(run)s AND EXISTS (SELECT 1 FROM bump)) "
+    "SELECT (SELECT metrics_seq FROM bump), (SELECT count(*) FROM stored)"
+)
+
+
+def read_cursor(cursor: Any, run_id: int) -> FoldCursor | None:
+    cursor.execute(f"SELECT seq, shift, max_step FROM {_CURSORS} WHERE run_id = %(run)s", {"run": run_id})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return FoldCursor(run_id=run_id, seq=int(row[0]), shift=int(row[1]), max_step=None if row[2] is None else int(row[2]))
+
+
 def lock_cursor(cursor: Any, run_id: int) -> FoldCursor:
     cursor.execute(_LOCK_CURSOR_SQL, {"run": run_id})
     seq, shift, max_step = cursor.fetchone()

@@ -27,7 +27,8 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from inflight.live.broadcast import _group_send, flush_broadcasts, run_group, user_runs_group  # noqa: F401 (re-exported)
-from inflight.live.folding import fold_ingest_batch
+from inflight.live.downsample import shift_for_max_step
+from inflight.live.folding import GUARDED_INGEST_SQL, fold_ingest_batch, read_cursor
 from inflight.runs import run_limits, run_paths
 from inflight.runs.models import (
     ALLOWED_TRANSITIONS,
@@ -345,6 +346,19 @@ RETURNING name, step, t, value
 """
 
 
+@dataclass
+class MetricsIngestState:
+    """One run's batch counter and snapshot cursor as its supervisor last left them (`seq`: the
+    run's `metrics_seq` = the cursor's seq; `shift`, `max_step`: the cursor's grid). With it a
+    batch usually costs one statement (`folding.guarded_ingest_sql`), which checks in the database
+    that this is still so; when not (first batch, a grid that must widen, a re-send, a resume's
+    rewind), the batch goes the transactional way and the state is read again."""
+
+    seq: int | None = None  # None: not known yet
+    shift: int = 0
+    max_step: int | None = None
+
+
 def _dedupe(points: Sequence[PointIn]) -> list[PointIn]:
     """Finite points, the first of each (line, name) — a key repeated inside one statement
     would be a conflict PostgreSQL cannot settle (nor should a batch carry one)."""
@@ -359,17 +373,61 @@ def _dedupe(points: Sequence[PointIn]) -> list[PointIn]:
     return clean
 
 
-def ingest_metrics(run_id: int, points: Sequence[PointIn]) -> int | None:
+def _ingest_guarded(run_id: int, clean: list[PointIn], state: MetricsIngestState) -> int | None:
+    """The one-statement way (see MetricsIngestState); the new seq, or None if it did nothing."""
+    names = [p.name[:120] for p in clean]
+    steps = [p.step for p in clean]
+    batch_max_step = max(steps)
+    if state.seq is None or shift_for_max_step(max(batch_max_step, state.max_step or 0)) > state.shift:
+        return None
+    params = {
+        "run": run_id, "prev": state.seq, "shift": state.shift, "lines": [p.line for p in clean], "names": names,
+        "steps": steps, "ts": [p.t for p in clean], "values": [p.value for p in clean],
+    }
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(GUARDED_INGEST_SQL, params)
+        seq, stored = cursor.fetchone()
+    if seq is None:
+        return None
+    state.seq, state.max_step = int(seq), max(batch_max_step, state.max_step if state.max_step is not None else batch_max_step)
+    message = {"type": "metrics.batch", "seq": int(seq), "points": [[name, p.step, p.t, p.value] for name, p in zip(names, clean)]}
+    transaction.on_commit(lambda: _group_send(run_group(run_id), message))
+    return int(seq)
+
+
+def ingest_metrics(run_id: int, points: Sequence[PointIn], state: MetricsIngestState | None = None) -> int | None:
     """Store a batch, skipping points already stored (same line + name), and fold it into
     the run's downsampled snapshot in the same transaction (`live.folding`), so a page view
     never pays for folding.
 
     Returns the run's new `metrics_seq`, or None when every point was a duplicate (then the
     sequence is not bumped and nothing is broadcast). Non-finite values are dropped.
+    `state`: the run's `MetricsIngestState` kept by its supervisor (one statement per batch
+    while it holds; kept up to date here).
     """
     clean = _dedupe(points)
     if not clean:
         return None
+    if state is not None:
+        seq = _ingest_guarded(run_id, clean, state)
+        if seq is not None:
+            return seq
+    seq = _ingest_in_transaction(run_id, clean)
+    if state is not None:
+        connection.ensure_connection()
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+            known = read_cursor(cursor, run_id)
+            cursor.execute(f"SELECT metrics_seq FROM {Run._meta.db_table} WHERE id = %(run)s", {"run": run_id})
+            row = cursor.fetchone()
+        if known is not None and row is not None and known.seq == int(row[0]):
+            state.seq, state.shift, state.max_step = known.seq, known.shift, known.max_step
+        else:
+            state.seq = None  # not settled (a page's catch-up may still fold): the next batch goes this way too
+    return seq
+
+
+def _ingest_in_transaction(run_id: int, clean: list[PointIn]) -> int | None:
     with transaction.atomic():
         connection.ensure_connection()
         with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
