@@ -24,6 +24,18 @@ from inflight.devservices import free_port
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def signed_in_page(browser: Any, base: str, path: str, width: int = 1360, height: int = 900) -> Any:
+    """A new page of `browser` signed in as the test user `owner`, at `path`."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(30_000)
+    page.goto(f"{base}/accounts/login/?next={path}")
+    page.fill("#id_username", "owner")
+    page.fill("#id_password", "owner-password-1")
+    page.click("button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    return page
 SCREENSHOT = Path("/tmp/run_page.png")
 
 pytestmark = [

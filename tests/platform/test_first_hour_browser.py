@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 - the fixture is used by name
+from test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, signed_in_page  # noqa: F401 - the fixture is used by name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
@@ -92,17 +92,6 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             yield chromium
         finally:
             chromium.close()
-
-
-def signed_in_page(browser: Any, base: str, path: str, width: int = 1360, height: int = 900) -> Any:
-    page = browser.new_page(viewport={"width": width, "height": height})
-    page.set_default_timeout(30_000)
-    page.goto(f"{base}/accounts/login/?next={path}")
-    page.fill("#id_username", "owner")
-    page.fill("#id_password", "owner-password-1")
-    page.click("button[type=submit]")
-    page.wait_for_load_state("networkidle")
-    return page
 
 
 def screenshot(page: Any, name: str, full_page: bool = False) -> Path:

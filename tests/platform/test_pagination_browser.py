@@ -13,7 +13,7 @@ import pytest
 from inflight.runs import services
 from inflight.runs.models import Run
 from inflight.runs.services import PointIn
-from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 (fixture)
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, signed_in_page  # noqa: F401 (fixture)
 
 # To look at (not shown in the README): the pagers under the tables.
 SCREENSHOTS = Path("/tmp/inflight-pagination")
@@ -33,14 +33,7 @@ def page(daphne_server: str, owner, monkeypatch: pytest.MonkeyPatch) -> Iterator
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1360, "height": 900})
-            page.set_default_timeout(30_000)
-            page.goto(f"{daphne_server}/accounts/login/")
-            page.fill("#id_username", "owner")
-            page.fill("#id_password", "owner-password-1")
-            page.click("button[type=submit]")
-            page.wait_for_load_state("networkidle")
-            yield page
+            yield signed_in_page(browser, daphne_server, "/")
         finally:
             browser.close()
 
