@@ -365,7 +365,10 @@ def test_heldout_evaluation_is_shown_exported_and_served_as_an_evaluation(daphne
     api = httpx.Client(base_url=daphne_server, headers={"Authorization": f"Token {token}"}, timeout=30)
     evals = api.get(f"/api/runs/{run.pk}/evals/").json()["evals"]
     heldout = [e for e in evals if e["benchmark"] == "heldout"]
-    assert [e["step"] for e in heldout][:2] == [0, 2] and heldout[-1]["step"] == 4, evals
+    # Every 2 steps as the actor sees the policy version: under load it may first see version 3
+    # rather than 2, and evaluates there; the start and the final step are always evaluated.
+    steps = [e["step"] for e in heldout]
+    assert steps[0] == 0 and steps[-1] == 4 and len(steps) >= 3 and steps == sorted(set(steps)), evals
     assert all(e["num_problems"] == 8 and e["k"] == 2 for e in heldout)
     detail = api.get(f"/api/evals/{heldout[-1]['id']}/").json()
     assert len(detail["problems"]) == 8 and all(len(p["samples"]) == 2 for p in detail["problems"])
