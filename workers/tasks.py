@@ -190,7 +190,20 @@ def execute_run(self, run_id: int) -> str:
         supervisor.signal_group(9)
         outcome = Outcome("failed", f"worker error: {exc}")
     _until_recorded(lambda: services.finish_run(run_id, outcome.status, outcome.error))
+    _summarise_ended_run(run_id)
     return outcome.status
+
+
+def _summarise_ended_run(run_id: int) -> None:
+    """Bring the ended run's leaderboard summary up to date now (runs/summaries.py), so no
+    leaderboard read pays for it later. Best effort: a read would compute it anyway."""
+    from inflight.runs.models import Run
+    from inflight.runs.summaries import refresh_summaries
+
+    try:
+        refresh_summaries(Run.objects.filter(pk=run_id))
+    except Exception:  # the run's end is recorded; its summary can wait for a read
+        logger.exception("run %s: its leaderboard summary was not refreshed", run_id)
 
 
 @shared_task(name="inflight.delete_run_dir", acks_late=True, ignore_result=True)

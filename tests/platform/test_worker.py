@@ -17,7 +17,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 from inflight.runs import services
-from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus
+from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus, RunSummary
 from layer_loop import LayerLoop  # tests/platform is on sys.path
 
 @pytest.fixture
@@ -76,6 +76,9 @@ def test_run_succeeds_with_all_metrics_evals_and_live_pushes(worker, owner, wait
     assert [b["seq"] for b in batches] == sorted(b["seq"] for b in batches)
     assert statuses[-1] == "succeeded" and "running" in statuses
     assert any(m["type"] == "eval.score" for m in messages)
+    # The ended run's leaderboard summary is written by its worker, not left to the first read.
+    summary = wait(lambda: RunSummary.objects.filter(run=run).first(), timeout=30, interval=0.2, message="the run's summary")
+    assert summary.metrics_seq == Run.objects.get(pk=run.pk).metrics_seq
 
 
 async def _receive(layer, channel):
