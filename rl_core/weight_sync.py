@@ -537,8 +537,10 @@ class WeightReceiver:
 
         def into(number: int, bucket: Bucket) -> torch.Tensor:
             in_place = direct[number]
-            buffers = staging.get(bucket.dtype, [])
-            return in_place.data.view(-1) if in_place is not None else buffers[number % len(buffers)][: bucket.numel]
+            if in_place is not None:
+                return in_place.data.view(-1)
+            buffers = staging[bucket.dtype]
+            return buffers[number % len(buffers)][: bucket.numel]
 
         def copy_out(number: int, bucket: Bucket, flat: torch.Tensor) -> None:
             if direct[number] is not None:

@@ -140,6 +140,13 @@ class Run(models.Model):
         return self.earlier_attempts_s + (end - self.started_at).total_seconds()
 
 
+# `Run.wall_time_s` in SQL, kept beside it: the leaderboard sorts by it in the database.
+RUN_WALL_TIME_SQL = (
+    f"CASE WHEN {Run._meta.db_table}.started_at IS NULL THEN NULLIF({Run._meta.db_table}.earlier_attempts_s, 0) "
+    f"ELSE {Run._meta.db_table}.earlier_attempts_s + EXTRACT(EPOCH FROM COALESCE({Run._meta.db_table}.finished_at, NOW()) - {Run._meta.db_table}.started_at) END"
+)
+
+
 class MetricPoint(models.Model):
     # No database-level foreign key: PostgreSQL would run a referential-integrity check per
     # inserted row (~1.5-2x slower bulk ingest). `services.ingest_metrics` locks the run row in

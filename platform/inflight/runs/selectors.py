@@ -14,7 +14,7 @@ from django.db.models.functions import Collate
 from django.http import Http404
 from django.utils import timezone
 
-from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, Worker
+from inflight.runs.models import RUN_WALL_TIME_SQL, EvalProblemResult, EvalScore, MetricPoint, Run, Worker
 from inflight.runs.run_filters import RunFilters, filter_runs
 from inflight.runs.summaries import SUMMARY_FIGURES, refresh_summaries
 
@@ -102,18 +102,13 @@ DEFAULT_SORT_PREFERENCE = ("heldout_last", "math500_last", "aime24_last", "succe
 # Rows of one leaderboard page when the caller names no limit, and the most it may ask for.
 LEADERBOARD_PAGE = 50
 MAX_LEADERBOARD_PAGE = 1000
-# Seconds spent running, as Run.wall_time_s computes it, for sorting in the database.
-_WALL_TIME_SQL = (
-    f"CASE WHEN {Run._meta.db_table}.started_at IS NULL THEN NULLIF({Run._meta.db_table}.earlier_attempts_s, 0) "
-    f"ELSE {Run._meta.db_table}.earlier_attempts_s + EXTRACT(EPOCH FROM COALESCE({Run._meta.db_table}.finished_at, NOW()) - {Run._meta.db_table}.started_at) END"
-)
 
 
 def _sort_expression(key: str) -> Any:
     if key in SUMMARY_FIGURES:
         return F(f"summary__{key}")
     if key == "wall_time_s":
-        return RawSQL(_WALL_TIME_SQL, [], output_field=FloatField())
+        return RawSQL(RUN_WALL_TIME_SQL, [], output_field=FloatField())
     if key == "name":
         return Collate(F("name"), "C")  # code point order, as Python sorts strings
     return F(key)
