@@ -333,7 +333,7 @@ def main() -> int:
     parser.add_argument("--no-rollouts", action="store_true", help="Leave the rollout stream out of the replay.")
     parser.add_argument("--stagger-s", type=float, default=2.0, help="Runs start spread over this many seconds.")
     parser.add_argument("--connect-spacing-s", type=float, default=0.01, help="Pause between opening two pages.")
-    parser.add_argument("--panel-poll-s", type=float, default=5.0, help="Each page refreshes its actions panel (panel.json) this often while the run is active, as run_page.js does; 0: never.")
+    parser.add_argument("--panel-poll-s", type=float, default=60.0, help="Each page refreshes its actions panel (panel.json) as run_page.js does: on run.panel / eval.score pushes, status changes and (re)connects, plus a safety poll this often while the run is active (60 s in run_page.js; 5 min once ended); 0: never.")
     parser.add_argument("--settle-s", type=float, default=5.0, help="Wait after ingest caught up before reading the pages.")
     parser.add_argument("--drain-timeout-s", type=float, default=300.0, help="Give up on ingest catching up this long after the replay ended.")
     parser.add_argument("--skip-live", action="store_true", help="Only the finished-runs part.")

@@ -3,7 +3,10 @@ socket, fetch `snapshot.json` once it is open (pushes that come meanwhile wait),
 pushes by seq (stale ones ignored, a gap refetches the snapshot), and after a close reconnect — to
 the next web node, as a load balancer would send it — and refetch. The page's state is
 `downsample_oracle.DownsampleState` (downsample.js's State). Used by tests/platform/test_two_web_nodes.py
-and bench/platform_scale.py; it counts what the lost-nothing property is about.
+and bench/platform_scale.py; it counts what the lost-nothing property is about. With `panel_poll_s`
+it also refreshes the actions panel as the page does: `panel.json` on a `run.panel` or `eval.score`
+push, a held-out success point, a status change and each (re)connect (debounced), and on a slow
+safety poll.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class ClientRecord:
     seq: int = 0  # the batches the page holds (1..seq), kept up to date
     panel_ms: list[float] = field(default_factory=list)  # panel.json answers (`panel_poll_s`), how long each took
     panel_errors: int = 0
+    panel_pushes: int = 0  # `run.panel` pushes received
 
 
 async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
@@ -45,38 +49,66 @@ async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
 
 
 TERMINAL = ("succeeded", "failed", "cancelled", "lost")
+# As run_page.js: pushes within PANEL_DEBOUNCE_S cause one fetch; the safety poll (for a dropped push)
+# comes every `panel_poll_s` (60 s there) while the run is active, SAFETY_POLL_ENDED_S once it ended,
+# each ±10 %.
+PANEL_DEBOUNCE_S = 0.5
+SAFETY_POLL_ENDED_S = 300.0
+PANEL_RETRY_S = 15.0
 
 
-async def _poll_panel(record: ClientRecord, current_base: list[str], stop: asyncio.Event, http_clients: dict[str, Any], every_s: float) -> None:
-    """As run_page.js: `runs/<id>/panel.json` 5 s after the page opens and 5 s after each answer
-    while the run is active (30 s once it ended), from the node the page is on."""
-    delay = every_s
+@dataclass
+class PanelWanted:
+    """What the socket side tells the panel side: a push asked for a fetch (`event`), and the status
+    the page shows (from `run.status` pushes and panel answers)."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    status: str = ""
+
+    def ask(self) -> None:
+        self.event.set()
+
+
+async def _refresh_panel(record: ClientRecord, current_base: list[str], stop: asyncio.Event, http_clients: dict[str, Any],
+                         every_s: float, wanted: PanelWanted) -> None:
+    """As run_page.js: `runs/<id>/panel.json` when a push or a (re)connect asks (`wanted`), at most
+    once per PANEL_DEBOUNCE_S, else on the safety poll; from the node the page is on."""
+    delay = every_s * random.uniform(0.9, 1.1)
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), delay)
+        stop_task = asyncio.ensure_future(stop.wait())
+        wanted_task = asyncio.ensure_future(wanted.event.wait())
+        done, pending = await asyncio.wait({stop_task, wanted_task}, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if stop_task in done:
             return
-        except asyncio.TimeoutError:
-            pass
+        if wanted_task in done:
+            await asyncio.sleep(PANEL_DEBOUNCE_S)  # the pushes that come meanwhile ride on this fetch
+        wanted.event.clear()
         base = current_base[0]
         started = time.monotonic()
         try:
             response = await http_clients[base].get(f"{base}/runs/{record.run_id}/panel.json", headers={"Accept": "application/json"})
             response.raise_for_status()
             record.panel_ms.append((time.monotonic() - started) * 1000.0)
-            delay = every_s if response.json().get("status") not in TERMINAL else 30.0
-        except Exception:  # noqa: BLE001 - as the page: the next refresh tries again
+            wanted.status = str(response.json().get("status") or wanted.status)
+            delay = (every_s if wanted.status not in TERMINAL else SAFETY_POLL_ENDED_S) * random.uniform(0.9, 1.1)
+        except Exception:  # noqa: BLE001 - as the page: it tries again a little later
             record.panel_errors += 1
+            delay = PANEL_RETRY_S
 
 
 async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, stop: asyncio.Event, http_clients: dict[str, Any],
                           panel_poll_s: float = 0.0) -> None:
-    """`panel_poll_s` > 0: also refresh the actions panel as the page does (run_page.js, every 5 s)."""
+    """`panel_poll_s` > 0: also refresh the actions panel as the page does (run_page.js: on pushes, on
+    each connect, and a safety poll this often while the run is active)."""
     import websockets
 
     state: DownsampleState | None = None
     node = 0
     current_base = [bases[0]]
-    panel = asyncio.ensure_future(_poll_panel(record, current_base, stop, http_clients, panel_poll_s)) if panel_poll_s > 0 else None
+    wanted = PanelWanted()
+    panel = asyncio.ensure_future(_refresh_panel(record, current_base, stop, http_clients, panel_poll_s, wanted)) if panel_poll_s > 0 else None
     while not stop.is_set():
         base = bases[node % len(bases)]
         current_base[0] = base
@@ -91,7 +123,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     record.errors.append(f"first message {hello!r}")
                     return
                 # As run_page.js: the snapshot is fetched once the socket is open; pushes that come
-                # meanwhile wait and are applied after it.
+                # meanwhile wait and are applied after it. The panel is asked again too.
+                wanted.ask()
                 snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
                 buffered: list[tuple[float, dict[str, Any]]] = []
                 stop_task = asyncio.ensure_future(stop.wait())
@@ -122,8 +155,20 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     raw = recv_task.result()
                     recv_task = asyncio.ensure_future(socket.recv())
                     message = json.loads(raw)
-                    if message.get("type") != "metrics.batch":
+                    kind = message.get("type")
+                    if kind == "run.panel":
+                        record.panel_pushes += 1
+                        wanted.ask()
+                    elif kind == "eval.score":
+                        wanted.ask()
+                    elif kind == "run.status":
+                        if message.get("status") != wanted.status:
+                            wanted.status = str(message.get("status"))
+                            wanted.ask()
+                    if kind != "metrics.batch":
                         continue
+                    if any(point[0] == "success/heldout" for point in message["points"]):
+                        wanted.ask()
                     record.pushes += 1
                     seq, first = int(message["seq"]), int(message.get("from_seq", message["seq"]))
                     if last_seq_on_connection is not None and first <= last_seq_on_connection:
