@@ -7,9 +7,11 @@ delivered again on a later poll — nothing the run logged is lost.
 
 Order of a supervision, as `supervise()` runs it:
 1. write the submitted config, start the child in its own session (process group);
-2. every `poll_s` (250 ms, which also coalesces live pushes to at most 4 per second):
-   deliver new complete lines of metrics.jsonl and evals.jsonl, report status.json changes,
-   and ask whether the run was cancelled — if so SIGTERM the group, SIGKILL after a timeout;
+2. as soon as the run writes metrics.jsonl, evals.jsonl or status.json (inotify,
+   `run_dir_watch.py`; at most every `min_gap_s`) and at least every `poll_s` (250 ms):
+   deliver new complete lines of metrics.jsonl, evals.jsonl and the rollout stream, report
+   status.json changes and new checkpoints, and ask whether the run was cancelled — if so
+   SIGTERM the group, SIGKILL after a timeout;
 3. when the child has exited: drain the files, kill any straggler of the group, and decide the
    final status from status.json and the exit code.
 """
@@ -31,6 +33,7 @@ from rl_core.jsonl_tail import JsonlTail
 from rl_core.processes import die_with_parent, stop_process_groups
 from rl_core.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
 from rl_core.run_dir import (  # no torch either: the run directory's layout and records
+    CHECKPOINTS_DIR,
     EVALS_FILE,
     FINAL_STATES,
     LOGS_DIR,
@@ -42,6 +45,7 @@ from rl_core.run_dir import (  # no torch either: the run directory's layout and
     read_status,
 )
 from rl_core.stream import start_redis_server  # no torch: the stream's files and Redis
+from workers.run_dir_watch import RunDirWatch
 from workers.stream_tail import FileStreamTail, RedisStreamTail, rollouts_tail as open_rollouts_tail
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,7 @@ class Reporter(Protocol):
     # def train_logprobs(self, records: list[dict[str, Any]]) -> None: ...  (train_logprobs.jsonl lines)
     # def tick(self) -> None: ...
     # def waiting(self, detail: str) -> None: ...  (what a `starting` run waits for; "" once it no longer waits)
+    # def checkpoints_changed(self) -> None: ...  (the run's checkpoints/ folder changed: a checkpoint was saved)
 
 
 @dataclass
@@ -118,6 +123,9 @@ class RunSupervisor:
     reporter: Reporter
     cwd: Path
     poll_s: float = 0.25
+    # Deliveries woken by the run's writes are at least this far apart: a run logging 100 lines a
+    # second costs 20 transactions a second, not 100 (the consumer paces pushes to pages anyway).
+    min_gap_s: float = 0.05
     cancel_poll_s: float = 1.0
     term_timeout_s: float = 20.0
     drain_timeout_s: float = 120.0  # after exit: how long to keep retrying undelivered lines
@@ -139,6 +147,11 @@ class RunSupervisor:
     reported_running: bool = field(default=False, init=False)
     reported_detail: str = field(default="", init=False)  # the last `detail` of a starting run handed over
     cancel_sent_at: float | None = field(default=None, init=False)
+    next_cancel_check: float = field(default=0.0, init=False)
+    # checkpoints/'s mtime when last looked at; None: absent; unset until the first look (a resumed
+    # run's existing checkpoints are not news).
+    checkpoints_mtime_ns: int | None = field(default=None, init=False)
+    checkpoints_looked: bool = field(default=False, init=False)
     failing_since: dict[str, float] = field(default_factory=dict, init=False)
 
     def _failed(self, what: str, detail: str) -> None:
@@ -273,6 +286,28 @@ class RunSupervisor:
         self.train_logprobs_waiting = [r for r in self.train_logprobs_waiting if _int(r.get("consumed")) > delivered]
         return True
 
+    def check_checkpoints(self) -> None:
+        """Tell the reporter when checkpoints/ changed (a checkpoint saved, `latest` moved): the open
+        run pages list checkpoints. One stat a poll: the folder's mtime moves with each entry."""
+        changed = getattr(self.reporter, "checkpoints_changed", None)
+        if changed is None:
+            return
+        try:
+            mtime_ns: int | None = (self.run_dir / CHECKPOINTS_DIR).stat().st_mtime_ns
+        except OSError:
+            mtime_ns = None
+        if not self.checkpoints_looked:
+            self.checkpoints_looked, self.checkpoints_mtime_ns = True, mtime_ns
+            return
+        if mtime_ns == self.checkpoints_mtime_ns:
+            return
+        try:
+            changed()
+            self.checkpoints_mtime_ns = mtime_ns
+            self._ok("reporting checkpoints")
+        except Exception:  # noqa: BLE001 - said again on the next poll
+            self._failed("reporting checkpoints", "will retry")
+
     def tick(self) -> None:
         tick = getattr(self.reporter, "tick", None)
         if tick is None:
@@ -337,6 +372,19 @@ class RunSupervisor:
         except ProcessLookupError:
             pass
 
+    def poll(self) -> bool:
+        """One round of step 2; True when everything the run wrote so far is delivered."""
+        delivered_all = self.deliver()
+        self.check_status()
+        self.check_checkpoints()
+        self.tick()
+        now = time.monotonic()
+        if now >= self.next_cancel_check:
+            self.next_cancel_check = now + self.cancel_poll_s
+            if self.cancel_sent_at is None and self._cancel_requested():
+                self.cancel()  # returns once the run has exited
+        return delivered_all
+
     def cancel(self) -> None:
         """SIGTERM to the run's group (the launcher stops its children and writes `cancelled`),
         SIGKILL after `term_timeout_s`. What the run writes meanwhile is delivered by the final
@@ -362,17 +410,13 @@ class RunSupervisor:
         if self.process is None:
             self.start()
         assert self.process is not None
-        next_cancel_check = 0.0
-        while self.process.poll() is None:
-            self.deliver()
-            self.check_status()
-            self.tick()
-            now = time.monotonic()
-            if self.cancel_sent_at is None and now >= next_cancel_check and self._cancel_requested():
-                self.cancel()  # returns once the run has exited
-            if now >= next_cancel_check:
-                next_cancel_check = now + self.cancel_poll_s
-            time.sleep(self.poll_s)
+        with RunDirWatch() as watch:
+            watch.add(self.run_dir)
+            while self.process.poll() is None:
+                polled_at = time.monotonic()
+                self.poll()
+                watch.wait(self.poll_s - (time.monotonic() - polled_at))  # early when the run wrote a line
+                time.sleep(max(0.0, self.min_gap_s - (time.monotonic() - polled_at)))
         exit_code = self.process.returncode
         # The launcher should have stopped its children; anything left in the group is an orphan.
         self.signal_group(signal.SIGKILL)

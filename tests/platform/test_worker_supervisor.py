@@ -199,3 +199,91 @@ def test_the_rollout_tail_reads_a_cluster_runs_password_protected_redis(tmp_path
     finally:
         process.terminate()
         process.wait(10)
+
+
+# An engine that logs two steps 1.2 s apart and ends: far sooner than the supervisor's poll_s below.
+PROMPT_ENGINE = """
+import json, sys, time, pathlib
+out = pathlib.Path(sys.argv[4])
+for step in range(2):
+    time.sleep(0.3 if step == 0 else 1.2)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.time(), "step": step, "train/loss": 0.5}) + "\\n")
+time.sleep(0.5)
+(out / "status.json").write_text('{"state": "succeeded"}')
+"""
+
+
+def test_a_line_is_delivered_when_it_is_written_not_at_the_next_poll(tmp_path: Path) -> None:
+    """With a 3 s poll, each line still reaches the reporter within a fraction of a second of
+    being written: the supervisor is woken by the write (workers/run_dir_watch.py)."""
+    import sys as _sys
+    import time as _time
+
+    delays: list[float] = []
+
+    class TimingReporter(NullReporter):
+        def metrics(self, records):
+            delays.extend(_time.time() - float(r["t"]) for _, r in records)
+
+    script = tmp_path / "engine.py"
+    script.write_text(PROMPT_ENGINE)
+    supervisor = RunSupervisor(tmp_path / "run", "name: x\n", [_sys.executable, str(script)], TimingReporter(), cwd=tmp_path, poll_s=3.0)
+    assert supervisor.supervise() == Outcome("succeeded", "", 0)
+    assert len(delays) == 2
+    assert max(delays) < 1.0, f"lines waited {delays} s for the supervisor"
+
+
+def test_a_new_checkpoint_is_reported_once_and_existing_ones_are_not_news(tmp_path: Path) -> None:
+    class CheckpointReporter(NullReporter):
+        def __init__(self) -> None:
+            self.calls = 0
+            self.fail = False
+
+        def checkpoints_changed(self) -> None:
+            if self.fail:
+                raise ConnectionError("database away")
+            self.calls += 1
+
+    (tmp_path / "checkpoints" / "step_000010").mkdir(parents=True)  # a resumed run's earlier checkpoint
+    reporter = CheckpointReporter()
+    supervisor = RunSupervisor(tmp_path, "", ["true"], reporter, cwd=tmp_path)
+    supervisor.check_checkpoints()
+    assert reporter.calls == 0
+    import os as _os
+
+    (tmp_path / "checkpoints" / "step_000020").mkdir()
+    _os.utime(tmp_path / "checkpoints", ns=(1, 1))  # a distinct mtime even on a coarse clock
+    reporter.fail = True
+    supervisor.check_checkpoints()  # not delivered: said again on the next poll
+    reporter.fail = False
+    supervisor.check_checkpoints()
+    supervisor.check_checkpoints()
+    assert reporter.calls == 1
+
+
+def test_the_run_dir_watch_names_the_run_that_wrote_a_watched_file(tmp_path: Path) -> None:
+    import threading
+    import time as _time
+
+    from workers.run_dir_watch import RunDirWatch
+
+    quiet, busy = tmp_path / "quiet", tmp_path / "busy"
+    quiet.mkdir()
+    busy.mkdir()
+    with RunDirWatch() as watch:
+        assert watch.active  # Linux: inotify
+        watch.add(quiet)
+        watch.add(busy)
+        (quiet / "trainer_progress.json").write_text("{}")  # not a file the pages wait for
+        assert watch.wait(0.2) == set()
+
+        def write_later() -> None:
+            _time.sleep(0.2)
+            with open(busy / "metrics.jsonl", "a") as handle:
+                handle.write("{}\n")
+
+        threading.Thread(target=write_later).start()
+        started = _time.monotonic()
+        assert watch.wait(5.0) == {busy}
+        assert _time.monotonic() - started < 2.0
