@@ -10,11 +10,12 @@ What is real and what is simulated:
   stream) to real run directories at that run's own pace (`t` of each metrics line is rewritten to
   the moment it is written: the push latency is measured from it);
 - ingest is the worker's real path, minus Celery and the engine process: `workers.supervisor.RunSupervisor`
-  (its `deliver()`: the file tails, supersede checks, eval and rollout delivery) with the real
-  `workers.tasks.PlatformReporter` (services.ingest_metrics → folding → broadcast to the Redis
-  channel layer, alert rules, rollout ingest), polled every INFLIGHT_POLL_S (250 ms) as a
-  supervisor polls — a few threads per process drive many runs each, where production has one
-  Celery thread per run;
+  (its `poll()`: the file tails, supersede checks, eval and rollout delivery, status, checkpoints,
+  alert checks, the cancel flag) with the real `workers.tasks.PlatformReporter`
+  (services.ingest_metrics → folding → broadcast to the Redis channel layer, alert rules, rollout
+  ingest), woken by `workers.run_dir_watch.RunDirWatch` when a run writes a line and polled every
+  INFLIGHT_POLL_S (250 ms), as a supervisor is — a few threads per process drive many runs each,
+  where production has one Celery thread per run;
 - clients are real WebSocket clients (tests/platform/run_page_client.py, on the `websockets`
   library) on Daphne, subscribed as the run page is: connect, fetch `snapshot.json`, apply `metrics.batch` pushes by seq (stale ignored, a gap
   refetches the snapshot), reconnect after a close (to the next web node, as a load balancer
@@ -169,7 +170,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def run_ingest(spec: dict[str, Any]) -> None:
-    """Deliver every run of `spec["runs"]` through RunSupervisor.deliver() + PlatformReporter until
+    """Deliver every run of `spec["runs"]` through RunSupervisor.poll() + PlatformReporter until
     `spec["stop_file"]` exists and everything written is delivered; progress (metrics lines
     delivered) goes to `spec["progress_file"]` once a second."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
@@ -209,18 +210,33 @@ def run_ingest(spec: dict[str, Any]) -> None:
     progress = Path(spec["progress_file"])
 
     def poll_loop(mine: list[RunSupervisor]) -> None:
-        """One Celery worker thread's loop, over several runs: deliver, tick, sleep to the next poll."""
+        """Several runs' supervision rounds on one thread, as each run's own loop (RunSupervisor.supervise)
+        would do them: a run is polled when the watch says it wrote a line, and every run every
+        poll_s; rounds at least min_gap_s apart."""
         from django.db import connection
 
-        while True:
-            started = time.monotonic()
-            all_delivered = True
+        from workers.run_dir_watch import RunDirWatch
+
+        by_dir = {supervisor.run_dir: supervisor for supervisor in mine}
+        min_gap_s = mine[0].min_gap_s if mine else 0.05
+        with RunDirWatch() as watch:
             for supervisor in mine:
-                all_delivered = supervisor.deliver() and all_delivered
-                supervisor.tick()
-            if stop_file.exists() and all_delivered:
-                break
-            time.sleep(max(0.0, poll_s - (time.monotonic() - started)))
+                watch.add(supervisor.run_dir)
+            next_round = 0.0
+            woken: set[Path] = set()
+            while True:
+                started = time.monotonic()
+                every_run = started >= next_round
+                if every_run:
+                    next_round = started + poll_s
+                due = mine if every_run else [by_dir[run_dir] for run_dir in woken]
+                all_delivered = True
+                for supervisor in due:
+                    all_delivered = supervisor.poll() and all_delivered
+                if every_run and stop_file.exists() and all_delivered:
+                    break
+                woken = watch.wait(next_round - time.monotonic())
+                time.sleep(max(0.0, min_gap_s - (time.monotonic() - started)))
         connection.close()
 
     # Threads as a Celery worker's (-P threads): their database round trips overlap.
