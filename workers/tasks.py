@@ -127,6 +127,11 @@ class PlatformReporter:
         score = self._call(services.ingest_eval, self.run_id, record, problem_rows)
         self._alerts(alert_services.evaluate_eval, self.run_id, score)
 
+    def checkpoints_changed(self) -> None:
+        """The run's checkpoints/ folder changed (a checkpoint saved or pruned): its open pages
+        fetch their actions panel again (they no longer poll it every few seconds)."""
+        self._call(services.announce_run_panel_changed, self.run_id)
+
     def waiting(self, detail: str) -> None:
         self._call(services.set_status_detail, self.run_id, detail)
 

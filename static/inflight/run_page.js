@@ -69,12 +69,14 @@
       openedAt = Date.now();
       setLive("live", TERMINAL.indexOf(status) >= 0 ? "finished" : "live");
       refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
+      requestPanel(PANEL_DEBOUNCE_MS); // and in the panel (on the first: since the page was rendered)
     };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
-      if (message.type === "metrics.batch") applyPush(message);
+      if (message.type === "metrics.batch") { applyPush(message); if (hasHeldout(message)) requestPanel(PANEL_DEBOUNCE_MS); }
       else if (message.type === "run.status") { setStatus(message.status, message.error); setDetail(message.detail); }
-      else if (message.type === "eval.score") { evals.push(message); scheduleRender(); noteEvaluation(message); }
+      else if (message.type === "run.panel") requestPanel(PANEL_DEBOUNCE_MS);
+      else if (message.type === "eval.score") { evals.push(message); scheduleRender(); noteEvaluation(message); requestPanel(PANEL_DEBOUNCE_MS); }
       // Other pushes (rollouts.batch, alert.fired) are for rollouts.js, on the same socket.
       else document.dispatchEvent(new CustomEvent("inflight:push", { detail: message }));
     };
@@ -97,8 +99,10 @@
     document.getElementById("live-text").textContent = text;
   }
 
-  function setStatus(newStatus, error) {
+  // `fromPanel`: the status came with a panel.json answer, which needs no second fetch.
+  function setStatus(newStatus, error, fromPanel) {
     var was = status;
+    rebaseWallTime(); // the clock counted under the old status up to now
     status = newStatus;
     var holder = document.getElementById("run-status");
     holder.dataset.status = newStatus;
@@ -115,7 +119,7 @@
       // action; once it moved on they would mislead.
       var notices = document.querySelector("main > .messages");
       if (notices) notices.remove();
-      schedulePanel(0);
+      if (!fromPanel) requestPanel(0);
       // The end is pushed after the run's last lines were stored: a page that missed a push on the
       // way (the channel layer drops what waits too long under load) ends complete all the same.
       if (finished && state !== null) refetch();
@@ -141,37 +145,104 @@
     note.classList.remove("hidden");
   }
 
-  // The status line and the actions panel (checkpoints, Resume, Delete) follow the run: asked
-  // again on every status push, every 5 s while it is active, every 30 s once it ended (it may be
-  // resumed from elsewhere). The panel is replaced only when it changed and the user is not
-  // typing in it (its tags/note form).
+  // The status line and the actions panel (checkpoints, Resume, Delete, runs made from this one,
+  // tags, note) follow the run: panel.json is fetched again when something in it changed, as the
+  // socket says — a `run.panel` push (a checkpoint saved, a run forked or cloned from this one, its
+  // tags, note or archive edited), an `eval.score` push or a held-out success point (the checkpoint
+  // list shows the scores), a status change — and on every (re)connect (whatever changed while the
+  // socket was down). Pushes close together cause one fetch. Pages used to poll it every 5 s while
+  // the run was active: 500 open pages made ~100 panel renders a second on a 2-core web node, and
+  // the metric pushes came late (issue 24). What is left is a slow safety poll, for a push the
+  // channel layer dropped (it drops what waits too long under load): every 60 s while the run is
+  // active, every 5 min once it ended — an ended run's panel changes only by someone's action
+  // (a resume pushes its status, a fork or an edit pushes run.panel), so there the poll only covers a
+  // lost push, and ended runs' pages stay open for hours. Each poll is jittered ±10 % so pages opened
+  // together do not keep asking together. The panel is replaced only when it changed and the user
+  // is not typing in it (its tags/note form).
+  var PANEL_DEBOUNCE_MS = 500;
+  var SAFETY_POLL_ACTIVE_MS = 60000;
+  var SAFETY_POLL_ENDED_MS = 300000;
+  var PANEL_RETRY_MS = 15000; // after a failed fetch (network error)
   var panelTimer = null;
+  var panelDue = 0; // when the scheduled fetch runs (Date.now() ms)
+  var panelBusy = false;
+  var panelAgain = false; // a change was announced while a fetch was in flight: fetch once more after it
   var panelHtml = null;
 
-  function schedulePanel(delayMs) {
-    if (panelTimer !== null) clearTimeout(panelTimer);
+  // A fetch within `delayMs`; one already due sooner is kept (this is the debounce).
+  function requestPanel(delayMs) {
+    if (panelBusy) { panelAgain = true; return; }
+    var due = Date.now() + delayMs;
+    if (panelTimer !== null) {
+      if (panelDue <= due) return;
+      clearTimeout(panelTimer);
+    }
+    panelDue = due;
     panelTimer = setTimeout(refreshPanel, delayMs);
+  }
+
+  function safetyPollMs() {
+    var base = TERMINAL.indexOf(status) < 0 ? SAFETY_POLL_ACTIVE_MS : SAFETY_POLL_ENDED_MS;
+    return base * (0.9 + 0.2 * Math.random());
+  }
+
+  function hasHeldout(message) {
+    var points = message.points || [];
+    for (var i = 0; i < points.length; i++) if (points[i][0] === "success/heldout") return true;
+    return false;
   }
 
   function refreshPanel() {
     panelTimer = null;
+    panelBusy = true;
+    var retryMs = null;
     fetch(page.panel_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (row) {
         if (!row) return;
-        if (row.status !== status) setStatus(row.status, row.error);
+        if (row.status !== status) setStatus(row.status, row.error, true);
         setDetail(row.detail);
-        var wall = document.getElementById("run-walltime");
-        if (row.wall_time_s !== null) wall.textContent = formatDuration(row.wall_time_s);
+        setWallTime(row.wall_time_s);
         var worker = document.getElementById("run-worker");
         worker.classList.toggle("hidden", !row.worker_name);
         worker.querySelector("b").textContent = row.worker_name;
         replacePanel(row.actions_html);
       })
-      .catch(function () { /* the next refresh tries again */ })
+      .catch(function () { retryMs = PANEL_RETRY_MS; })
       .finally(function () {
-        if (panelTimer === null) schedulePanel(TERMINAL.indexOf(status) < 0 ? 5000 : 30000);
+        panelBusy = false;
+        if (panelAgain) { panelAgain = false; requestPanel(PANEL_DEBOUNCE_MS); }
+        requestPanel(retryMs !== null ? retryMs : safetyPollMs());
       });
+  }
+
+  // Wall time: panel.json's `wall_time_s` no longer comes every few seconds, so the page counts on
+  // from the last one it got. It counts while the run has started and not ended (starting, running,
+  // cancelling), the rule of Run.wall_time_s on the server; a queued run (a resume not yet picked
+  // up) shows the time banked by its earlier attempts, without counting.
+  var COUNTING = ["starting", "running", "cancelling"];
+  var wallS = null; // the last wall_time_s received, as counted on to `wallAt`
+  var wallAt = 0; // performance.now() of that
+
+  function wallTimeNow() {
+    if (wallS === null) return null;
+    return wallS + (COUNTING.indexOf(status) >= 0 ? (performance.now() - wallAt) / 1000 : 0);
+  }
+
+  function rebaseWallTime() {
+    var now = wallTimeNow();
+    if (now !== null) { wallS = now; wallAt = performance.now(); }
+  }
+
+  function setWallTime(seconds) {
+    wallS = seconds === null || seconds === undefined ? null : Number(seconds);
+    wallAt = performance.now();
+    showWallTime();
+  }
+
+  function showWallTime() {
+    var s = wallTimeNow();
+    if (s !== null) document.getElementById("run-walltime").textContent = formatDuration(s);
   }
 
   function replacePanel(html) {
@@ -291,5 +362,6 @@
   // never opens; every (re)connect fetches it again for what was missed meanwhile.
   refetch();
   connect();
-  schedulePanel(TERMINAL.indexOf(status) < 0 ? 5000 : 30000);
+  requestPanel(safetyPollMs()); // the socket's first open asks sooner; this covers one that never opens
+  setInterval(showWallTime, 1000);
 })();

@@ -1,4 +1,4 @@
-"""WebSockets: `ws/runs/<id>/` (metric batches, status and eval scores of one run) and
+"""WebSockets: `ws/runs/<id>/` (metric batches, status, eval scores and "panel changed" of one run) and
 `ws/runs/` (status changes of the signed-in user's runs, for the runs list).
 
 The consumer accepts first and then closes with an application code, so the
@@ -148,6 +148,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.flush_task = None
         await self._flush()
         await self.send_json({key: event.get(key) for key in ("type", "run_id", "status", "error")})
+
+    async def run_panel(self, event: dict[str, Any]) -> None:
+        # "The actions panel changed": the page fetches panel.json again (runs.services).
+        await self.send_json({"type": "run.panel", "run_id": event.get("run_id")})
 
     async def eval_score(self, event: dict[str, Any]) -> None:
         await self.send_json(dict(event))

@@ -167,6 +167,7 @@ def record_lineage(run: Run, source: Run, parent_step: int | None) -> None:
     label = f"#{source.pk} {source.name}"[: Run._meta.get_field("parent_label").max_length]
     Run.objects.filter(pk=run.pk).update(parent=source, parent_step=parent_step, parent_label=label)
     run.parent, run.parent_step, run.parent_label = source, parent_step, label
+    services.announce_run_panel_changed(source.pk)  # the parent's panel lists the runs made from it
 
 
 # ---------------------------------------------------------------- resume
@@ -232,6 +233,8 @@ def supersede_rewound_history(run_id: int, step: int, metrics_lines: int, resume
             Run.objects.filter(pk=run_id).update(metrics_seq=F("metrics_seq") + 1)
             with connection.cursor() as cursor:
                 fold_pending_batches(cursor, run_id)
+            # The checkpoint list shows the scores at each step: those after `step` went.
+            services.announce_run_panel_changed(run_id)
     if deleted:
         logger.info("run %s resumed at step %d: %d points of the rewound steps dropped", run_id, step, deleted)
     return deleted
@@ -276,6 +279,7 @@ def update_run(run: Run, by_user: AbstractBaseUser, changes: Mapping[str, Any]) 
             fields["archived_at"] = timezone.now() if changes["archived"] else None
     if fields:
         Run.objects.filter(pk=run.pk).update(**fields)
+        services.announce_run_panel_changed(run.pk)
     return Run.objects.select_related("owner", "parent").get(pk=run.pk)
 
 
@@ -299,6 +303,12 @@ def delete_run(run: Run, by_user: AbstractBaseUser) -> None:
         if forks:
             raise ActionRefused(f"run(s) {', '.join(f'#{pk}' for pk in forks)} start from this run's checkpoints and have not ended")
         run_id, queue = locked.pk, locked.queue
+        # Open pages of its parent (its list of runs made from it) and of its children (their
+        # lineage line: "since deleted") change. At most 50 children are told (a run cloned 1,000
+        # times sends no burst of pushes); the others' pages catch up at their slow safety poll.
+        children = Run.objects.filter(parent=locked).order_by("id").values_list("pk", flat=True)[:50]
+        for related in {locked.parent_id, *children} - {None}:
+            services.announce_run_panel_changed(related)
         locked.delete()
         transaction.on_commit(lambda: dispatch_run_dir_removal(run_id, queue))
 

@@ -1,8 +1,8 @@
 """Every write to runs and what they report (HackSoftware style: views and tasks only call these).
 
 Live updates go to Channels groups after the transaction commits:
-- `run-<id>`: `{"type": "metrics.batch", "seq", "points": [[name, step, t, value], ...]}` and
-  `{"type": "run.status", "run_id", "status", "error"}`;
+- `run-<id>`: `{"type": "metrics.batch", "seq", "points": [[name, step, t, value], ...]}`,
+  `{"type": "run.status", "run_id", "status", "error"}` and `{"type": "run.panel", "run_id"}`;
 - `runs-user-<owner id>`: `{"type": "run.status", "run_id", "status", "error"}`.
 A broadcast that fails (Redis away) is logged and dropped: the database already holds the
 data and clients re-sync from a snapshot, so nothing recorded is lost.
@@ -211,6 +211,14 @@ def _broadcast_status(run: Run) -> None:
     message = {"type": "run.status", "run_id": run.pk, "status": run.status, "error": run.error, "detail": run.status_detail}
     _group_send(run_group(run.pk), message)
     _group_send(user_runs_group(run.owner_id), message)
+
+
+def announce_run_panel_changed(run_id: int) -> None:
+    """The run page's actions panel (checkpoints, children, tags, note, archive) changed: its open
+    pages fetch panel.json again, instead of polling it. Sent after the commit inside a transaction
+    (the page must read the change), at once outside one."""
+    message = {"type": "run.panel", "run_id": run_id}
+    transaction.on_commit(lambda: _group_send(run_group(run_id), message))
 
 
 @transaction.atomic

@@ -1,9 +1,10 @@
 """What an open run page refreshes without a reload: its status line and its actions panel.
 
 The metrics reach the page as pushes (`live/consumers.py`); the rest of the page — the
-checkpoint list, Resume / Delete, the worker the run is on — changes with the run's status and
-with files the trainer writes, so the page asks for it again when a status push arrives and
-every few seconds while the run is active (`static/inflight/run_page.js`). The panel is the
+checkpoint list, Resume / Delete, the worker the run is on — changes with the run's status, with
+files the trainer writes and with users' actions, so the page asks for it again when a push says
+it changed (`run.status`, `run.panel`, `eval.score`), when its socket (re)connects, and on a slow
+safety poll (`static/inflight/run_page.js`); it no longer polls every few seconds. The panel is the
 same server-rendered fragment the page was built with (`inflight_actions.run_actions_panel`):
 one template, so a reloaded page and a refreshed one cannot disagree.
 """
