@@ -271,10 +271,11 @@ def test_the_run_dir_watch_names_the_run_that_wrote_a_watched_file(tmp_path: Pat
     quiet, busy = tmp_path / "quiet", tmp_path / "busy"
     quiet.mkdir()
     busy.mkdir()
-    with RunDirWatch() as watch:
+    with RunDirWatch() as watch, RunDirWatch() as other:
         assert watch.active  # Linux: inotify
         watch.add(quiet)
         watch.add(busy)
+        other.add(busy)  # a second supervisor of the same directory is told too
         (quiet / "trainer_progress.json").write_text("{}")  # not a file the pages wait for
         assert watch.wait(0.2) == set()
 
@@ -287,3 +288,8 @@ def test_the_run_dir_watch_names_the_run_that_wrote_a_watched_file(tmp_path: Pat
         started = _time.monotonic()
         assert watch.wait(5.0) == {busy}
         assert _time.monotonic() - started < 2.0
+        assert other.wait(1.0) == {busy}
+        other.close()
+        with open(busy / "metrics.jsonl", "a") as handle:
+            handle.write("{}\n")
+        assert watch.wait(2.0) == {busy}  # the other's close left this watch's descriptor in place
