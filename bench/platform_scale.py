@@ -261,6 +261,10 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         final_progress = [json.loads(p.read_text()) for p in progress_files if p.exists()]
         ingest_delays = [ms for progress in final_progress for ms in progress.get("ingest_delays_ms", [])]
         unsent_max = max([progress.get("unsent_max", 0) for progress in final_progress], default=0)
+        call_ms: dict[str, list[float]] = {}
+        for progress in final_progress:
+            for kind, values in progress.get("call_ms", {}).items():
+                call_ms.setdefault(kind, []).extend(values)
         records = json.loads(result_file.read_text())
         from inflight.runs.services import finish_run
 
@@ -274,13 +278,13 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
     keys = ("shift", "max_step", "series")
     complete = [r for r in records if r["final"] is not None and {k: r["final"][k] for k in keys} == {k: expected[r["run_id"]][k] for k in keys}]
     latencies = [ms for r in records for ms in r["latencies_ms"]]
-    # Push latency p95 per 10 s of the replay (by when the line was written): steady or in bursts.
+    # Push latency p95 per 5 s of the replay (by when the line was written): steady or in bursts.
     by_window: dict[int, list[float]] = {}
     first_t = min((t for r in records for t in r.get("written_at", [])), default=0.0)
     for r in records:
         for t, ms in zip(r.get("written_at", []), r["latencies_ms"]):
-            by_window.setdefault(int((t - first_t) // 10), []).append(ms)
-    latency_timeline = [(10 * w, percentile(values, 95)) for w, values in sorted(by_window.items())]
+            by_window.setdefault(int((t - first_t) // 5), []).append(ms)
+    latency_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(by_window.items())]
     killed_clients = [r for r, c in zip(records, clients) if nodes > 1 and c["bases"][0] == bases[-1]]
     return {
         "label": label, "nodes": nodes, "runs": len(runs), "clients": len(records), "wall_s": wall,
@@ -295,6 +299,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "latency_timeline": latency_timeline,
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
+        "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
         "ingest_p50": percentile(ingest_delays, 50), "ingest_p95": percentile(ingest_delays, 95), "unsent_max": unsent_max,
     }
 
@@ -310,9 +315,11 @@ def report_live(result: dict[str, Any]) -> None:
         print(f"[{label}] client errors (first 5): {result['errors']}")
     print(f"[{label}] of which ingest (line written -> stored and committed) p50/p95 {result['ingest_p50']:.0f}/{result['ingest_p95']:.0f} ms; "
           f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
+    print(f"[{label}] ingest threads' reporter calls (count, total s, p99 ms, max ms): "
+          + ", ".join(f"{kind} {n}/{total:.1f}s/{p99:.0f}/{worst:.0f}" for kind, (n, total, p99, worst) in result["ingest_calls"].items()))
     if result["panel_requests"] or result["panel_errors"]:
         print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
-    print(f"[{label}] push latency p95 per 10 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
+    print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]
     print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
     wall = max(result["wall_s"], 1e-9)

@@ -188,11 +188,33 @@ def run_ingest(spec: dict[str, Any]) -> None:
     # writer wrote it) is measured here; the rest of the push latency is the broadcast and the web node.
     ingest_delays_ms: list[float] = []
 
+    # And where the ingest threads' time goes: each reporter call's duration by kind.
+    call_ms: dict[str, list[float]] = {}
+
+    def timed(kind: str, call: Any, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            call_ms.setdefault(kind, []).append((time.perf_counter() - started) * 1000.0)
+
     class TimedReporter(PlatformReporter):
         def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-            super().metrics(records)
+            timed("metrics", super().metrics, records)
             now = time.time()
             ingest_delays_ms.extend((now - float(record.get("t", now))) * 1000.0 for _, record in records)
+
+        def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
+            timed("evaluation", super().evaluation, line_no, record, problem_rows)
+
+        def rollouts(self, records: Any) -> None:
+            timed("rollouts", super().rollouts, records)
+
+        def cancel_requested(self) -> bool:
+            return timed("cancel_flag", super().cancel_requested)
+
+        def tick(self) -> None:
+            timed("alert_tick", super().tick)
 
     supervisors = [
         RunSupervisor(run_dir=Path(run["run_dir"]), config_yaml=run["config_yaml"], command_prefix=[], reporter=TimedReporter(run["id"]), cwd=REPO_ROOT)
@@ -253,7 +275,8 @@ def run_ingest(spec: dict[str, Any]) -> None:
         _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
         time.sleep(1.0)
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
-                                            "ingest_delays_ms": ingest_delays_ms, "unsent_max": unsent_max}))
+                                            "ingest_delays_ms": ingest_delays_ms, "unsent_max": unsent_max,
+                                            "call_ms": call_ms}))
     from inflight.runs.services import flush_broadcasts
 
     flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first

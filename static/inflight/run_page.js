@@ -17,6 +17,7 @@
   var evals = page.evals.slice();
   var status = page.status;
   var socket = null;
+  var connects = 0; // socket opens so far
   var retryMs = 1000;
   var controls = C.bindControls(scheduleRender);
 
@@ -69,14 +70,18 @@
       openedAt = Date.now();
       setLive("live", TERMINAL.indexOf(status) >= 0 ? "finished" : "live");
       refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
-      requestPanel(PANEL_DEBOUNCE_MS); // and in the panel (on the first: since the page was rendered)
+      // And in the panel, on a reconnect; the first open follows the page's own render by a moment.
+      if (connects++ > 0) requestPanel(pushedPanelDelayMs());
     };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
-      if (message.type === "metrics.batch") { applyPush(message); if (hasHeldout(message)) requestPanel(PANEL_DEBOUNCE_MS); }
+      if (message.type === "metrics.batch") { applyPush(message); if (hasListedHeldout(message)) requestPanel(pushedPanelDelayMs()); }
       else if (message.type === "run.status") { setStatus(message.status, message.error); setDetail(message.detail); }
-      else if (message.type === "run.panel") requestPanel(PANEL_DEBOUNCE_MS);
-      else if (message.type === "eval.score") { evals.push(message); scheduleRender(); noteEvaluation(message); requestPanel(PANEL_DEBOUNCE_MS); }
+      else if (message.type === "run.panel") requestPanel(pushedPanelDelayMs());
+      else if (message.type === "eval.score") {
+        evals.push(message); scheduleRender(); noteEvaluation(message);
+        if (checkpointListed(message.step)) requestPanel(pushedPanelDelayMs());
+      }
       // Other pushes (rollouts.batch, alert.fired) are for rollouts.js, on the same socket.
       else document.dispatchEvent(new CustomEvent("inflight:push", { detail: message }));
     };
@@ -148,9 +153,12 @@
   // The status line and the actions panel (checkpoints, Resume, Delete, runs made from this one,
   // tags, note) follow the run: panel.json is fetched again when something in it changed, as the
   // socket says — a `run.panel` push (a checkpoint saved, a run forked or cloned from this one, its
-  // tags, note or archive edited), an `eval.score` push or a held-out success point (the checkpoint
-  // list shows the scores), a status change — and on every (re)connect (whatever changed while the
-  // socket was down). Pushes close together cause one fetch. Pages used to poll it every 5 s while
+  // tags, note or archive edited), an `eval.score` push or a held-out success point at the step of a
+  // listed checkpoint (the list shows their scores), a status change — and on every reconnect
+  // (whatever changed while the socket was down). Pushes close together cause one fetch, after 0.5-2 s
+  // at random: the runs of a sweep checkpoint and evaluate at the same steps, and their hundreds of
+  // open pages must not all ask in the same instant (bench/platform_scale.py: 500 pages asking at
+  // once on each evaluation held the metric pushes back by seconds). Pages used to poll it every 5 s while
   // the run was active: 500 open pages made ~100 panel renders a second on a 2-core web node, and
   // the metric pushes came late (issue 24). What is left is a slow safety poll, for a push the
   // channel layer dropped (it drops what waits too long under load): every 60 s while the run is
@@ -160,6 +168,7 @@
   // together do not keep asking together. The panel is replaced only when it changed and the user
   // is not typing in it (its tags/note form).
   var PANEL_DEBOUNCE_MS = 500;
+  var PANEL_SPREAD_MS = 1500;
   var SAFETY_POLL_ACTIVE_MS = 60000;
   var SAFETY_POLL_ENDED_MS = 300000;
   var PANEL_RETRY_MS = 15000; // after a failed fetch (network error)
@@ -186,9 +195,18 @@
     return base * (0.9 + 0.2 * Math.random());
   }
 
-  function hasHeldout(message) {
+  function pushedPanelDelayMs() {
+    return PANEL_DEBOUNCE_MS + PANEL_SPREAD_MS * Math.random();
+  }
+
+  function checkpointListed(step) {
+    return document.querySelector('#checkpoints-table tr[data-step="' + Number(step) + '"]') !== null;
+  }
+
+  // A held-out success point ([name, step, t, value]) at a listed checkpoint's step.
+  function hasListedHeldout(message) {
     var points = message.points || [];
-    for (var i = 0; i < points.length; i++) if (points[i][0] === "success/heldout") return true;
+    for (var i = 0; i < points.length; i++) if (points[i][0] === "success/heldout" && checkpointListed(points[i][1])) return true;
     return false;
   }
 
@@ -363,5 +381,6 @@
   refetch();
   connect();
   requestPanel(safetyPollMs()); // the socket's first open asks sooner; this covers one that never opens
+  if (page.wall_time_s !== null && page.wall_time_s !== undefined) setWallTime(page.wall_time_s);
   setInterval(showWallTime, 1000);
 })();

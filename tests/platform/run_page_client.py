@@ -4,9 +4,10 @@ pushes by seq (stale ones ignored, a gap refetches the snapshot), and after a cl
 the next web node, as a load balancer would send it — and refetch. The page's state is
 `downsample_oracle.DownsampleState` (downsample.js's State). Used by tests/platform/test_two_web_nodes.py
 and bench/platform_scale.py; it counts what the lost-nothing property is about. With `panel_poll_s`
-it also refreshes the actions panel as the page does: `panel.json` on a `run.panel` or `eval.score`
-push, a held-out success point, a status change and each (re)connect (debounced), and on a slow
-safety poll.
+it also refreshes the actions panel as the page does: `panel.json` on a `run.panel` push, an
+`eval.score` push or a held-out success point at a listed checkpoint's step, a status change and
+each reconnect (debounced and spread over 0.5-2 s), and on a slow safety poll; once at the first
+connect too, standing in for the page's own render (which carries the panel and its checkpoints).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +55,7 @@ TERMINAL = ("succeeded", "failed", "cancelled", "lost")
 # comes every `panel_poll_s` (60 s there) while the run is active, SAFETY_POLL_ENDED_S once it ended,
 # each ±10 %.
 PANEL_DEBOUNCE_S = 0.5
+PANEL_SPREAD_S = 1.5
 SAFETY_POLL_ENDED_S = 300.0
 PANEL_RETRY_S = 15.0
 
@@ -64,6 +67,7 @@ class PanelWanted:
 
     event: asyncio.Event = field(default_factory=asyncio.Event)
     status: str = ""
+    checkpoint_steps: set[int] = field(default_factory=set)  # the steps the panel lists (`data-step` rows)
 
     def ask(self) -> None:
         self.event.set()
@@ -83,7 +87,7 @@ async def _refresh_panel(record: ClientRecord, current_base: list[str], stop: as
         if stop_task in done:
             return
         if wanted_task in done:
-            await asyncio.sleep(PANEL_DEBOUNCE_S)  # the pushes that come meanwhile ride on this fetch
+            await asyncio.sleep(PANEL_DEBOUNCE_S + PANEL_SPREAD_S * random.random())  # the pushes that come meanwhile ride on this fetch
         wanted.event.clear()
         base = current_base[0]
         started = time.monotonic()
@@ -91,7 +95,9 @@ async def _refresh_panel(record: ClientRecord, current_base: list[str], stop: as
             response = await http_clients[base].get(f"{base}/runs/{record.run_id}/panel.json", headers={"Accept": "application/json"})
             response.raise_for_status()
             record.panel_ms.append((time.monotonic() - started) * 1000.0)
-            wanted.status = str(response.json().get("status") or wanted.status)
+            answer = response.json()
+            wanted.status = str(answer.get("status") or wanted.status)
+            wanted.checkpoint_steps = {int(step) for step in re.findall(r'data-step="(\d+)"', answer.get("actions_html") or "")}
             delay = (every_s if wanted.status not in TERMINAL else SAFETY_POLL_ENDED_S) * random.uniform(0.9, 1.1)
         except Exception:  # noqa: BLE001 - as the page: it tries again a little later
             record.panel_errors += 1
@@ -123,7 +129,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     record.errors.append(f"first message {hello!r}")
                     return
                 # As run_page.js: the snapshot is fetched once the socket is open; pushes that come
-                # meanwhile wait and are applied after it. The panel is asked again too.
+                # meanwhile wait and are applied after it. The panel is asked again too (on the first
+                # connect, in place of the page's render).
                 wanted.ask()
                 snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
                 buffered: list[tuple[float, dict[str, Any]]] = []
@@ -160,14 +167,15 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                         record.panel_pushes += 1
                         wanted.ask()
                     elif kind == "eval.score":
-                        wanted.ask()
+                        if int(message.get("step", -1)) in wanted.checkpoint_steps:
+                            wanted.ask()
                     elif kind == "run.status":
                         if message.get("status") != wanted.status:
                             wanted.status = str(message.get("status"))
                             wanted.ask()
                     if kind != "metrics.batch":
                         continue
-                    if any(point[0] == "success/heldout" for point in message["points"]):
+                    if any(point[0] == "success/heldout" and int(point[1]) in wanted.checkpoint_steps for point in message["points"]):
                         wanted.ask()
                     record.pushes += 1
                     seq, first = int(message["seq"]), int(message.get("from_seq", message["seq"]))

@@ -69,10 +69,10 @@ def test_the_panel_follows_pushes_without_polling_and_the_wall_time_counts(daphn
     page.wait_for_selector("#live-indicator.live-live")
     assert page.locator("#checkpoints-table").count() == 0
 
-    # The fetch on connect (it may have come before the listener): wait until it has answered and
-    # the wall time counts from it, then watch 7 s in which nothing changes. The page used to ask
-    # every 5 s; now it does not ask at all, while its wall time goes on counting.
-    page.wait_for_timeout(1500)
+    # The page rendered its panel: the socket's first open asks for nothing more. Watch 7 s in which
+    # nothing changes: the page used to ask every 5 s; now it does not ask at all, while its wall
+    # time (from the page's data) goes on counting.
+    page.wait_for_timeout(500)
     before, asked_before = seconds_shown(page.inner_text("#run-walltime")), len(panel_requests)
     page.wait_for_timeout(7000)
     after = seconds_shown(page.inner_text("#run-walltime"))
@@ -83,6 +83,14 @@ def test_the_panel_follows_pushes_without_polling_and_the_wall_time_counts(daphn
     write_checkpoint(run.pk, 5, settings)
     PlatformReporter(run.pk).checkpoints_changed()
     page.wait_for_selector("#checkpoints-table tr[data-step='5']", timeout=10_000)
+    assert len(panel_requests) == asked_before + 1
+
+    # An evaluation at a step the list does not show changes nothing in the panel: no fetch (the
+    # runs of a sweep evaluate together, and all their pages asked at once).
+    services.ingest_eval(run.pk, {"benchmark": "arith", "step": 3, "k": 4, "mean_at_k": 0.5, "pass_at_k": 0.75, "num_problems": 8,
+                                  "num_samples": 32}, [])
+    page.wait_for_selector("#eval-note:not(.hidden)", timeout=10_000)
+    page.wait_for_timeout(2500)
     assert len(panel_requests) == asked_before + 1
 
     # Its evaluation score, as the checkpoint list shows it (an eval.score push).

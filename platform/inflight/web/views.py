@@ -224,6 +224,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     page = {
         "run_id": run.pk,
         "status": run.status,
+        "wall_time_s": run.wall_time_s,  # the page counts on from it (run_page.js)
         "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
         "status_url": reverse("web:run_status", args=[run.pk]),
         "panel_url": reverse("web:run_panel", args=[run.pk]),
