@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import shlex
 import sys
+import threading
 import time
+import weakref
 from typing import Any
 
 import yaml
@@ -22,11 +24,43 @@ from workers.supervisor import Outcome, RunSupervisor
 logger = logging.getLogger(__name__)
 
 
+class SupervisedRunStatuses:
+    """The statuses of every run this process supervises, read in one query at most every
+    `max_age_s`: each run's supervisor asks about its cancel flag every second, and at 200 live
+    runs that was 200 queries a second, the most frequent statement of ingest
+    (bench/platform_scale.py). A run is asked about from the moment its reporter exists."""
+
+    def __init__(self, max_age_s: float = 1.0) -> None:
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._reporters: weakref.WeakSet[PlatformReporter] = weakref.WeakSet()
+        self._statuses: dict[int, str | None] = {}
+        self._read_at = float("-inf")
+
+    def register(self, reporter: PlatformReporter) -> None:
+        with self._lock:
+            self._reporters.add(reporter)
+
+    def status_of(self, run_id: int) -> str | None:
+        """The run's status as read at most `max_age_s` ago; None: the run is gone. Raises when
+        the database cannot be read (the caller asks again on its next poll)."""
+        with self._lock:
+            if time.monotonic() - self._read_at >= self.max_age_s or run_id not in self._statuses:
+                ids = {reporter.run_id for reporter in self._reporters} | {run_id}
+                found = dict(Run.objects.filter(pk__in=ids).values_list("pk", "status"))
+                self._statuses = {pk: found.get(pk) for pk in ids}
+                self._read_at = time.monotonic()
+            return self._statuses[run_id]
+
+
 class PlatformReporter:
     """Supervisor → services. A database error closes the connection so the next try reconnects."""
 
+    statuses = SupervisedRunStatuses()  # one per process: its runs' cancel flags in one query
+
     def __init__(self, run_id: int) -> None:
         self.run_id = run_id
+        self.statuses.register(self)
         # Rollout viewer and alerts (their own apps; see inflight.rollouts / inflight.alerts).
         self.last_metrics_at = time.monotonic()
         self.last_step: int | None = None
@@ -143,7 +177,7 @@ class PlatformReporter:
             self._call(services.transition_run, self.run_id, RunStatus.RUNNING)
 
     def cancel_requested(self) -> bool:
-        status = self._call(lambda: Run.objects.filter(pk=self.run_id).values_list("status", flat=True).first())
+        status = self._call(self.statuses.status_of, self.run_id)
         # A run gone from the database, or marked lost by another node, must not keep running here.
         return status in (None, RunStatus.CANCELLING, RunStatus.CANCELLED, RunStatus.LOST)
 

@@ -281,3 +281,30 @@ def test_one_statement_batches_fold_as_the_reference_through_grid_growth_resends
     with statements() as sent:
         assert services.ingest_metrics(run.pk, [PointIn(line=line + 1, name="a", step=1_402, t=2e9 + 2, value=0.25)], state) == seq + 1
     assert len(sent) == 1
+
+
+def test_the_cancel_flags_of_a_workers_runs_cost_one_query_a_second(owner: Any) -> None:
+    """Every supervisor asks about its run's cancel flag each second; the worker's runs are read
+    together, so 3 runs asking cost one statement, and a cancel is still seen within the second."""
+    import time
+
+    from workers.tasks import PlatformReporter, SupervisedRunStatuses
+
+    runs = [make_run(owner) for _ in range(3)]
+    PlatformReporter.statuses = SupervisedRunStatuses(max_age_s=0.5)  # a fresh one: other tests' reporters left out
+    try:
+        reporters = [PlatformReporter(run.pk) for run in runs]
+        with statements() as sent:
+            assert [reporter.cancel_requested() for reporter in reporters] == [False, False, False]
+        assert len(sent) == 1
+        Run.objects.filter(pk=runs[1].pk).update(status="cancelling")
+        with statements() as sent:
+            assert reporters[1].cancel_requested() is False  # read less than max_age_s ago
+        assert sent == []
+        time.sleep(0.6)
+        assert [reporter.cancel_requested() for reporter in reporters] == [False, True, False]
+        Run.objects.filter(pk=runs[2].pk).delete()
+        time.sleep(0.6)
+        assert reporters[2].cancel_requested() is True  # gone from the database: stop it
+    finally:
+        PlatformReporter.statuses = SupervisedRunStatuses()
