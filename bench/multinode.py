@@ -19,7 +19,7 @@ figures say what the crossing itself costs.
 - `placement_group_wait_s`, and `startup_two_nodes_over_one`: launch to every server ready
   (servers.json written) on the cluster over the same on one node.
 
-    .venv/bin/python bench/multinode.py [--updates 7] [--steps 30] [--repeats 2] [--pauses-only]
+    .venv/bin/python bench/multinode.py [--updates 7] [--steps 30] [--repeats 2] [--pauses-only] [--streams 2,3]
 
 Needs root (ip netns). About 8 minutes on a quiet 2-core CPU.
 """
@@ -54,12 +54,13 @@ GAIN = 0.20
 # --- the update pause ----------------------------------------------------------------------
 
 
-def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir: str, updates: int) -> None:
+def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir: str, updates: int,
+                 stream_counts: list[int]) -> None:
     """Run inside node 0's namespace: this process is the trainer. Each round joins a weight group
     with the server on this node (over its loopback), then one with the server on node 1 (over
-    the veth), each with the default stream count (what a run uses) and with one stream (what
-    the default buys); in each group one warm-up update, then one measured while that server
-    decodes. Going round the four this way, every side sees the same phases of the shared
+    the veth), with each of `stream_counts` (the first: what a run uses; `--streams`) and with
+    one stream (what more streams buy); in each group one warm-up update, then one measured while that server
+    decodes. Going round the sides this way, every side sees the same phases of the shared
     machine's load. Prints the servers' pauses as JSON."""
     import threading
 
@@ -72,7 +73,8 @@ def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir:
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     named = [(name, parameter.detach()) for name, parameter in model.named_parameters()]
-    sides = {f"{where}/{streams}": (url, master, streams) for streams in (default_streams("gloo"), 1)
+    counts = list(dict.fromkeys([*stream_counts, 1]))
+    sides = {f"{where}/{streams}": (url, master, streams) for streams in counts
              for where, url, master in (("local", local_url, "127.0.0.1"), ("remote", remote_url, remote_master))}
     figures: dict[str, dict[str, list[float]]] = {side: {"pauses": [], "broadcasts": []} for side in sides}
     version = 0
@@ -102,7 +104,7 @@ def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir:
     print(json.dumps(figures), flush=True)
 
 
-def measure_pauses(cluster: NetnsCluster, model_dir: Path, updates: int) -> dict[str, dict[str, list[float]]]:
+def measure_pauses(cluster: NetnsCluster, model_dir: Path, updates: int, stream_counts: list[int]) -> dict[str, dict[str, list[float]]]:
     """A server on node 0 (reached over its loopback) and one on node 1 (over the veth); the
     trainer on node 0 updates them in turn."""
     trainer, remote = cluster.nodes[0], cluster.nodes[1]
@@ -114,7 +116,8 @@ def measure_pauses(cluster: NetnsCluster, model_dir: Path, updates: int) -> dict
             processes.append(start_server_process(command, timeout_s=300, env=cluster.env(), what=f"server on {node.netns}"))
         result = subprocess.run(trainer.command([sys.executable, str(Path(__file__).resolve()), "--pause-worker", processes[0].url,
                                                  "--remote-url", processes[1].url, "--remote-master", trainer.address,
-                                                 "--model-dir", str(model_dir), "--updates", str(updates)]),
+                                                 "--model-dir", str(model_dir), "--updates", str(updates),
+                                                 "--streams", ",".join(map(str, stream_counts))]),
                                 env=cluster.env(), capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT)
         if result.returncode != 0:
             raise SystemExit(f"pause worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
@@ -171,14 +174,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2, help="Demo runs of each kind (medians are compared).")
     parser.add_argument("--pauses-only", action="store_true", help="Measure the update pauses only (no demo runs).")
+    parser.add_argument("--streams", default=None,
+                        help="Gloo stream counts to measure, comma-separated (default: the default count, "
+                             "inference.weight_sync_streams unset); the RESULT lines are the first's, one line more per other.")
     parser.add_argument("--bridge", action="store_true", help="Join the nodes through a bridge (as the tests do), not a veth pair.")
     parser.add_argument("--pause-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--remote-url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--remote-master", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    stream_counts = [int(n) for n in args.streams.split(",")] if args.streams else [default_streams("gloo")]
     if args.pause_worker:
-        pause_worker(args.pause_worker, args.remote_url, args.remote_master, args.model_dir, args.updates)
+        pause_worker(args.pause_worker, args.remote_url, args.remote_master, args.model_dir, args.updates, stream_counts)
         return
     why = netns_usable()
     if why is not None:
@@ -191,7 +198,7 @@ def main() -> None:
             scratch = Path(scratch_dir)
             model_dir = scratch / "model-125m"
             build_model(model_dir)
-            pauses = measure_pauses(cluster, model_dir, args.updates)
+            pauses = measure_pauses(cluster, model_dir, args.updates, stream_counts)
             ones: list[dict] = []
             twos: list[dict] = []
             if not args.pauses_only:
@@ -204,7 +211,7 @@ def main() -> None:
     finally:
         cluster.close()
 
-    streams = default_streams("gloo")
+    streams = stream_counts[0]
     print(f"~125M model, gloo, {args.updates} updates of each server while it decodes, alternating local/remote; "
           "server pause s (trainer broadcast s):")
     for side, figures in pauses.items():
@@ -221,6 +228,12 @@ def main() -> None:
     print(f"RESULT update_pause_cross_node_over_local_one_stream {median_ratio('pauses', 1):.2f}")
     print(f"RESULT update_pause_cross_node_one_stream_over_default "
           f"{statistics.median(pauses['remote/1']['pauses']) / statistics.median(pauses[f'remote/{streams}']['pauses']):.2f}")
+    for count in stream_counts[1:]:
+        # Other counts against the first's own sides: the same phases of the machine's load.
+        print(f"RESULT update_pause_cross_node_over_local_{count}_streams {median_ratio('pauses', count):.2f}")
+        for where, label in (("local", "local"), ("remote", "cross_node")):
+            ratio = statistics.median(pauses[f"{where}/{count}"]["pauses"]) / statistics.median(pauses[f"{where}/{streams}"]["pauses"])
+            print(f"RESULT update_pause_{label}_{count}_streams_over_{streams} {ratio:.2f}")
     if not ones:
         return
     print(f"demo to +{GAIN:.2f} held-out ({args.steps} steps at most), runs in the order they ran:")

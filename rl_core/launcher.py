@@ -343,15 +343,16 @@ class Launcher:
             self.set_status("starting", detail=waiting)  # the platform shows what the run waits for
             try:
                 self.host.reserve()  # type: ignore[attr-defined]
+                # The roles' actors start on their nodes meanwhile (a Ray worker process each).
+                if c.stream.kind == "redis" and c.stream.redis_embedded:
+                    self.start_cluster_stream()
+                self.host.await_roles()  # type: ignore[attr-defined]
             except ClusterError as exc:
                 raise LaunchError(str(exc)) from exc
             self.set_status("starting")
             print(f"placement group ready after {self.host.placement_wait_s:.1f} s:\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
         print(f"placement:\n{self.placement.summary()}", flush=True)
-        if c.stream.kind == "redis" and self.host.remote:
-            if c.stream.redis_embedded:
-                self.start_cluster_stream()
-        elif c.stream.kind == "redis" and c.stream.redis_embedded:
+        if c.stream.kind == "redis" and c.stream.redis_embedded and not self.host.remote:
             from rl_core.stream import start_redis_server
 
             process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)

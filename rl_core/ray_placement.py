@@ -8,9 +8,11 @@ Imported only by a cluster run (`launcher.py`), so a single-node run never pays 
   STRICT_SPREAD). It is ready with every bundle or not at all; after
   `cluster.placement_timeout_s` the group is removed and a `ClusterError` says what the run
   asked for and what the cluster's alive nodes hold.
-- Each role then gets a small Ray actor (`RoleProcess`) in its node's bundle that runs the
+- Each role gets a small Ray actor (`role_actor.RoleProcess`) in its node's bundle that runs the
   same `python -m rl_core ...` command a single-node run starts, with its log written to the run
-  directory (a path every node sees: README "Several machines"). `RemoteProcess` is the
+  directory (a path every node sees: README "Several machines"). The actors are asked for with
+  the group, so Ray starts them the moment every bundle is reserved; the launcher starts its own
+  node's stream while they come up (`await_roles`). `RemoteProcess` is the
   launcher's handle on it, shaped like `subprocess.Popen` (poll / wait / send_signal / kill), so
   supervision and stopping are the launcher's own code for both placements.
 - A role's process gets its node's address (`INFLIGHT_ADVERTISED_ADDRESS`: where its server
@@ -28,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,95 +39,14 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV
 from rl_core.cluster_layout import ClusterError, RoleSlot, layout_summary, node_bundles
 from rl_core.config import RunConfig
-from rl_core.processes import die_with_parent
-from rl_core.weight_sync import ADVERTISED_ADDRESS_ENV
+from rl_core.role_actor import RoleProcess
 
 ROLE_CALL_TIMEOUT_S = 30.0  # one call to a role's actor (start) on a live node
+ROLE_START_TIMEOUT_S = 120.0  # every role's actor up once the group is ready (a fresh Ray worker each)
 SIGNAL_TIMEOUT_S = 5.0  # a signal to a role; longer means its node is gone (the stop goes on without it)
-
-
-class RoleProcess:
-    """Runs one role's command on its node; a threaded Ray actor (a blocking `wait` must not
-    hold up `signal`). The child is started from a thread that lives exactly as long as the
-    child: PR_SET_PDEATHSIG (`processes.die_with_parent`) fires when that *thread* ends, so the
-    child gets SIGTERM if this actor's process dies (its node's raylet gone, the launcher gone),
-    and only then."""
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-        self.returncode: int | None = None
-        self._started = threading.Event()
-        self._done = threading.Event()
-        self._error: str | None = None
-
-    def node(self) -> dict[str, str]:
-        return {"address": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                "hostname": socket.gethostname()}
-
-    def free_port(self, host: str) -> int:
-        from rl_core.processes import free_port
-
-        return free_port(host)
-
-    def start(self, command: list[str], env: dict[str, str], log_file: str, cwd: str) -> int:
-        # The Ray worker's own RAY_* variables (the token among them) stay out of the role's
-        # environment; Ray chose this actor's GPUs (CUDA_VISIBLE_DEVICES), the rest is the launcher's.
-        child_env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
-        child_env.update(env)
-        child_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in ray.get_gpu_ids())
-        child_env["PYTHONUNBUFFERED"] = "1"
-        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        workdir = cwd if os.path.isdir(cwd) else str(Path(log_file).parent)
-
-        def keeper() -> None:
-            try:
-                with open(log_file, "ab") as log:
-                    # Its own session: a stop reaches the role's own children too (vLLM workers).
-                    self.process = subprocess.Popen(die_with_parent(command, ignore_sigint=True), stdin=subprocess.DEVNULL,
-                                                    stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=workdir,
-                                                    start_new_session=True)
-            except OSError as exc:
-                self._error = f"cannot start {command[0]}: {exc}"
-                self.returncode = 127
-                self._started.set()
-                self._done.set()
-                return
-            self._started.set()
-            self.returncode = self.process.wait()
-            self._done.set()
-
-        threading.Thread(target=keeper, daemon=True).start()
-        self._started.wait()
-        if self._error:
-            raise RuntimeError(self._error)
-        assert self.process is not None
-        return self.process.pid
-
-    def wait(self) -> int:
-        self._done.wait()
-        assert self.returncode is not None
-        return self.returncode
-
-    def ping(self) -> bool:
-        return True
-
-    def system_sample(self) -> dict[str, float]:
-        """This node's CPU, memory and GPU use (`system_metrics.SystemSampler`, kept between calls)."""
-        from rl_core.system_metrics import SystemSampler
-
-        if not hasattr(self, "_sampler"):
-            self._sampler = SystemSampler()
-        return self._sampler.sample()
-
-    def signal(self, signum: int) -> None:
-        if self.process is None or self.returncode is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            pass
 
 
 class RemoteProcess:
@@ -206,7 +126,7 @@ class RayHost:
         self.actors: dict[str, Any] = {}
         self.nodes: dict[str, dict[str, str]] = {}  # role -> {address, node_id, hostname}
         self.placement_wait_s = 0.0
-        self._role_cls: Any = None
+        self._node_refs: dict[str, Any] = {}  # role -> its actor's pending `node()` answer
 
     # --- reservation ---------------------------------------------------------------
     def reserve(self) -> None:
@@ -225,22 +145,38 @@ class RayHost:
         strategy = "STRICT_SPREAD" if len(bundles) > 1 else "PACK"
         started = time.monotonic()
         self.group = placement_group(bundles, strategy=strategy, name=f"inflight-{self.run_dir.name}")
+        # The role actors are asked for now, not once the group is ready: Ray schedules them into
+        # their bundles the moment every bundle is reserved (none can run before), with no round
+        # trip back here first, and their `node` answers queue behind them (`await_roles`).
+        self.request_actors()
         ready, _ = ray.wait([self.group.ready()], timeout=cluster.placement_timeout_s)
         self.placement_wait_s = time.monotonic() - started
         if not ready:
             shortfall = self.describe_shortfall(bundles)
+            self.kill_actors()
             remove_placement_group(self.group)
             self.group = None
             raise ClusterError(f"cluster: the placement group was not ready within cluster.placement_timeout_s="
                                f"{cluster.placement_timeout_s:g} s: {shortfall}")
-        # Every actor takes its process's CPUs (and GPUs) from its node's bundle.
-        self._role_cls = ray.remote(max_concurrency=4)(RoleProcess)
+
+    def request_actors(self) -> None:
+        """One `RoleProcess` per role in its node's bundle, each taking its process's CPUs (and GPUs)
+        from it; the actors start (a Ray worker process each) while the launcher goes on."""
+        role_cls = ray.remote(max_concurrency=4)(RoleProcess)
         for name, slot in self.slots.items():
-            strategy_ = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=slot.node)
-            self.actors[name] = self._role_cls.options(num_cpus=cluster.cpus_per_process, num_gpus=slot.gpus,
-                                                       scheduling_strategy=strategy_, max_restarts=0).remote()
-        infos = ray.get([actor.node.remote() for actor in self.actors.values()], timeout=120)
-        self.nodes = dict(zip(self.actors, infos))
+            in_bundle = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=slot.node)
+            self.actors[name] = role_cls.options(num_cpus=self.config.cluster.cpus_per_process, num_gpus=slot.gpus,
+                                                 scheduling_strategy=in_bundle, max_restarts=0).remote()
+        self._node_refs = {name: actor.node.remote() for name, actor in self.actors.items()}
+
+    def await_roles(self, timeout_s: float = ROLE_START_TIMEOUT_S) -> None:
+        """Wait until every role's actor answers (after `reserve`; the launcher starts its own
+        node's stream meanwhile) and learn each role's node."""
+        try:
+            infos = ray.get(list(self._node_refs.values()), timeout=timeout_s)
+        except (RayError, GetTimeoutError) as exc:
+            raise ClusterError(f"cluster: the roles' Ray actors did not start within {timeout_s:g} s: {exc}") from exc
+        self.nodes = dict(zip(self._node_refs, infos))
 
     def describe_shortfall(self, bundles: list[dict[str, float]]) -> str:
         alive = [node for node in ray.nodes() if node.get("Alive")]
@@ -341,12 +277,16 @@ class RayHost:
                 lost.setdefault(info["address"], []).append(name)
         return lost
 
-    def close(self) -> None:
+    def kill_actors(self) -> None:
         for actor in self.actors.values():
             try:
                 ray.kill(actor)
             except RayError:
                 pass
+        self.actors.clear()
+
+    def close(self) -> None:
+        self.kill_actors()
         if self.group is not None:
             try:
                 remove_placement_group(self.group)

@@ -37,12 +37,10 @@ import torch
 import torch.distributed as dist
 
 from rl_core.model_io import dtype_name, torch_dtype
+from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV  # noqa: F401  (where the TCPStore listens on a cluster)
 from rl_core.processes import free_port
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
-# The address of the node a role runs on, as the other nodes reach it (set by the launcher on a
-# cluster run, rl_core/ray_placement.py); the weight group's TCPStore listens there.
-ADVERTISED_ADDRESS_ENV = "INFLIGHT_ADVERTISED_ADDRESS"
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
