@@ -81,6 +81,25 @@ def test_a_token_that_decodes_to_nul_is_stored(owner) -> None:
     assert StoredRollout.objects.get(run=run).tokens[2] == "\ufffd"
 
 
+def test_stored_rows_equal_what_was_sent_whichever_way_they_travel(owner) -> None:
+    """Rows go to PostgreSQL as one JSON document; one that JSON cannot carry (a NaN logprob) goes
+    value by value. Both store exactly what the model field holds: quotes, backslashes, non-ASCII
+    text, float arrays, absent trainer logprobs."""
+    run = make_run(owner, samples_per_step=2)
+    plain = sample(0, 2)
+    plain["metadata"] = {"extracted": 'a "quoted" \\ back\\slash — ∑ 7', "train_logprobs": [-0.25, -1e-9, -3.5, -0.1, -0.2, -0.3]}
+    plain["behaviour_logprobs"] = [-0.125, -2.5e-7, -13.0, -0.5, -0.75, -1.0]
+    odd = sample(1, 2)
+    odd["behaviour_logprobs"] = [float("nan"), -1.0, -1.0, -1.0, -1.0, -1.0]
+    assert ingest_rollouts(run.pk, [(0, plain)], DECODER) == 1  # as JSON
+    assert ingest_rollouts(run.pk, [(1, odd)], DECODER) == 1  # value by value
+    first, second = StoredRollout.objects.filter(run=run).order_by("line")
+    assert first.extracted == plain["metadata"]["extracted"]
+    assert first.logprobs == plain["behaviour_logprobs"] and first.train_logprobs == plain["metadata"]["train_logprobs"]
+    assert first.token_ids == plain["completion_token_ids"] and first.versions == plain["token_versions"]
+    assert second.train_logprobs is None and second.logprobs[1:] == [-1.0] * 5 and second.logprobs[0] != second.logprobs[0]  # NaN kept
+
+
 def test_malformed_lines_are_skipped(owner) -> None:
     run = make_run(owner)
     bad = sample(1)

@@ -142,6 +142,8 @@ def test_ingest_eval_stores_per_problem_rows_once(owner) -> None:
     assert EvalProblemResult.objects.filter(eval=score).count() == 2
     first = selectors.eval_problem_results(score).first()
     assert first.problem_id == "p1" and first.verdicts == [True, False] and first.passed
+    stored = {row.problem_id: (row.answer, row.samples, row.extracted, row.verdicts, row.mean, row.passed) for row in EvalProblemResult.objects.filter(eval=score)}
+    assert stored == {row["problem_id"]: (row.get("answer", ""), row["samples"], row["extracted"], row["verdicts"], row["mean"], row["pass"]) for row in ROWS}
     with pytest.raises(ValueError, match="benchmark"):
         services.ingest_eval(run.pk, {"step": 1}, [])
 

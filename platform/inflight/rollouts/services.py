@@ -20,6 +20,7 @@ from inflight.live.broadcast import _group_send, run_group
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
+from inflight.runs.json_rows import model_fields, rows_document, select_from_document
 from inflight.runs.models import Run
 from rl_core.config import RolloutStoreConfig
 
@@ -186,19 +187,15 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
     return len(rows)
 
 
-_INSERT_CHUNK_ROWS = 1000  # 26 parameters a row: well under PostgreSQL's 65,535 per statement
+_INSERT_CHUNK_ROWS = 1000  # rows per statement: bounds the JSON document one statement carries
 
 
 def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
     """Insert the rows whose line is not stored yet, count them in their store's `stored` in the
     same statement, and set their pks; returns (the rows inserted, the store's new `stored`).
-
-    Bound on the server, unlike bulk_create: Django's cursors inline parameters as SQL literals,
-    and for rows of token arrays that was most of a kept batch's cost, in Python (quoting every
-    element) and in PostgreSQL (parsing them), bench/platform_scale.py at 200 live runs."""
-    fields = [f for f in StoredRollout._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    The rows travel as one JSON document (`runs.json_rows`: the token arrays were most of ingest's
+    CPU); a row JSON cannot carry (a NaN logprob) is bound value by value."""
+    fields = model_fields(StoredRollout)
     run_id = rows[0].run_id
     inserted: list[StoredRollout] = []
     stored = 0
@@ -206,14 +203,14 @@ def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
             chunk = {row.line: row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
-            cursor.execute(
-                f"WITH new AS (INSERT INTO {StoredRollout._meta.db_table} ({columns}) VALUES {', '.join([one_row] * len(chunk))} "
-                "ON CONFLICT (run_id, line) DO NOTHING RETURNING id, line), "
-                f"counted AS (UPDATE {RolloutStore._meta.db_table} SET stored = stored + (SELECT count(*) FROM new) "
-                "WHERE run_id = %s RETURNING stored) "
-                "SELECT new.id, new.line, (SELECT stored FROM counted) FROM new RIGHT JOIN (SELECT 1) AS one ON true",
-                [getattr(row, f.attname) for row in chunk.values() for f in fields] + [run_id],
-            )
+            document = rows_document(list(chunk.values()), fields)
+            columns, select = select_from_document(fields)
+            if document is not None:
+                cursor.execute(_insert_and_count_sql(columns, select), [document, run_id])
+            else:
+                one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+                cursor.execute(_insert_and_count_sql(columns, "VALUES " + ", ".join([one_row] * len(chunk))),
+                               [getattr(row, f.attname) for row in chunk.values() for f in fields] + [run_id])
             for pk, line, stored in cursor.fetchall():
                 if pk is None:
                     continue  # no row was new: the joined row only carries `stored`
@@ -223,6 +220,16 @@ def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
                 inserted.append(row)
     inserted.sort(key=lambda row: row.line)
     return inserted, stored
+
+
+def _insert_and_count_sql(columns: str, source: str) -> str:
+    return (
+        f"WITH new AS (INSERT INTO {StoredRollout._meta.db_table} ({columns}) {source} "
+        "ON CONFLICT (run_id, line) DO NOTHING RETURNING id, line), "
+        f"counted AS (UPDATE {RolloutStore._meta.db_table} SET stored = stored + (SELECT count(*) FROM new) "
+        "WHERE run_id = %s RETURNING stored) "
+        "SELECT new.id, new.line, (SELECT stored FROM counted) FROM new RIGHT JOIN (SELECT 1) AS one ON true"
+    )
 
 
 def attach_train_logprobs(run_id: int, records: Sequence[dict[str, Any]]) -> int:

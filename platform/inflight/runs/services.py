@@ -30,6 +30,7 @@ from inflight.live.broadcast import _group_send, flush_broadcasts, run_group, us
 from inflight.live.downsample import shift_for_max_step
 from inflight.live.folding import GUARDED_INGEST_SQL, fold_ingest_batch, read_cursor
 from inflight.runs import run_limits, run_paths
+from inflight.runs.json_rows import model_fields, rows_document, select_from_document
 from inflight.runs.models import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATUSES,
@@ -528,10 +529,25 @@ def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterab
         for row in per_problem_rows
     ]
     if rows:
-        EvalProblemResult.objects.bulk_create(rows, ignore_conflicts=True)
+        _insert_problem_rows(rows)
     message = {"type": "eval.score", "run_id": run_id, "benchmark": score.benchmark, "step": score.step, "mean_at_k": score.mean_at_k, "pass_at_k": score.pass_at_k, "k": score.k}
     transaction.on_commit(lambda: _group_send(run_group(run_id), message))
     return score
+
+
+def _insert_problem_rows(rows: list[EvalProblemResult]) -> None:
+    """An evaluation's per-problem rows, those not stored yet (a re-sent line adds nothing), as one
+    JSON document (`json_rows`): 200 runs' evaluations arrive together and their quoted samples
+    were the burst that held every run's metrics back (bench/platform_scale.py)."""
+    fields = model_fields(EvalProblemResult)
+    columns, select = select_from_document(fields)
+    document = rows_document(rows, fields)
+    if document is None:  # a value JSON cannot carry: Django binds them one by one
+        EvalProblemResult.objects.bulk_create(rows, ignore_conflicts=True)
+        return
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:  # bound on the server
+        cursor.execute(f"INSERT INTO {EvalProblemResult._meta.db_table} ({columns}) {select} ON CONFLICT (eval_id, problem_id) DO NOTHING", [document])
 
 
 # ---------------------------------------------------------------- workers

@@ -1,0 +1,40 @@
+"""Many rows into PostgreSQL as one JSON document, under one unchanging statement.
+
+Django's bulk_create inlines every parameter as an SQL literal (its cursors bind on the client),
+quoting each element of array and JSON columns in Python; a statement with one placeholder per
+value is no better, as its text changes with the number of rows, so psycopg parses each one anew
+and dumps each list element by element. At 200 live runs that was most of an ingest process's
+CPU (bench/platform_scale.py, py-spy: rollout rows 58%, an evaluation's per-problem rows in
+bursts). `json.dumps` does the same work in C and `jsonb_to_recordset` unpacks it on the server.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Sequence
+
+from django.db import connection, models
+
+
+def model_fields(model: type[models.Model]) -> tuple[models.Field, ...]:
+    """The columns an insert writes: every concrete field but the primary key."""
+    return tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+
+
+def rows_document(rows: Sequence[models.Model], fields: Sequence[models.Field]) -> str | None:
+    """The rows' column values as one JSON array of objects (a JSONField's value goes in as the
+    JSON it is); None when a value has no JSON form (NaN, infinity): the caller then binds the
+    values one by one."""
+    try:
+        return json.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows], allow_nan=False)
+    except ValueError:
+        return None
+
+
+@functools.cache
+def select_from_document(fields: tuple[models.Field, ...]) -> tuple[str, str]:
+    """(the column list, `SELECT <columns> FROM jsonb_to_recordset(%s::jsonb) ...`) for `fields`."""
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    record_type = ", ".join(f"{connection.ops.quote_name(f.column)} {f.db_type(connection)}" for f in fields)
+    return columns, f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS r({record_type})"
