@@ -182,3 +182,30 @@ async def test_runs_list_socket_pushes_only_the_users_own_status_changes(owner, 
     assert await anonymous.receive_output(timeout=10) == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
     await mine.disconnect()
     await theirs.disconnect()
+
+
+async def test_pushes_skip_the_database_housekeeping_the_socket_events_keep(owner, monkeypatch) -> None:
+    """A push reaches the page without the per-event stale-connection check (a thread hop that
+    was a quarter of a web node's CPU with 500 pages); connecting, which reads the database, keeps it."""
+    import channels.consumer
+
+    checks: list[str] = []
+    original = channels.consumer.aclose_old_connections
+
+    async def counting() -> None:
+        checks.append("check")
+        await original()
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counting)
+    run = await database_sync_to_async(services.create_run)(owner, "live", {})
+    socket = await _connect(run.pk, owner)
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
+    assert checks  # websocket.connect went through Channels' dispatch
+    before = len(checks)
+    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(0, 2))
+    pushed = await socket.receive_json_from(timeout=10)
+    assert pushed["type"] == "metrics.batch" and pushed["seq"] == 1
+    await database_sync_to_async(services.announce_run_panel_changed)(run.pk)
+    assert await socket.receive_json_from(timeout=10) == {"type": "run.panel", "run_id": run.pk}
+    assert len(checks) == before
+    await socket.disconnect()
