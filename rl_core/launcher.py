@@ -343,7 +343,7 @@ class Launcher:
             self.set_status("starting", detail=waiting)  # the platform shows what the run waits for
             try:
                 self.host.reserve()  # type: ignore[attr-defined]
-                # The roles' actors start on their nodes meanwhile (a Ray worker process each).
+                # The nodes' actors start meanwhile (a Ray worker process each).
                 if c.stream.kind == "redis" and c.stream.redis_embedded:
                     self.start_cluster_stream()
                 self.host.await_roles()  # type: ignore[attr-defined]

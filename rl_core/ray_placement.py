@@ -8,18 +8,19 @@ Imported only by a cluster run (`launcher.py`), so a single-node run never pays 
   STRICT_SPREAD). It is ready with every bundle or not at all; after
   `cluster.placement_timeout_s` the group is removed and a `ClusterError` says what the run
   asked for and what the cluster's alive nodes hold.
-- Each role gets a small Ray actor (`role_actor.RoleProcess`) in its node's bundle that runs the
-  same `python -m rl_core ...` command a single-node run starts, with its log written to the run
-  directory (a path every node sees: README "Several machines"). The actors are asked for with
-  the group, so Ray starts them the moment every bundle is reserved; the launcher starts its own
-  node's stream while they come up (`await_roles`). `RemoteProcess` is the
-  launcher's handle on it, shaped like `subprocess.Popen` (poll / wait / send_signal / kill), so
+- Each node gets a small Ray actor (`role_actor.NodeRoles`) in its bundle that runs its roles'
+  `python -m rl_core ...` commands, the same a single-node run starts, with their logs written
+  to the run directory (a path every node sees: README "Several machines"). One per node, not
+  per role: each is a Ray worker process that starts while the run waits. The actors are asked
+  for with the group, so Ray starts them the moment every bundle is reserved; the launcher starts
+  its own node's stream while they come up (`await_roles`). `RemoteProcess` is the
+  launcher's handle on a role, shaped like `subprocess.Popen` (poll / wait / send_signal / kill), so
   supervision and stopping are the launcher's own code for both placements.
 - A role's process gets its node's address (`INFLIGHT_ADVERTISED_ADDRESS`: where its server
   listens, where the weight group's store listens), the interface of the collectives
   (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), and none of the RAY_* variables of the Ray worker
   that started it: run code never holds the cluster's token.
-- A lost node: the launcher asks `unresponsive_roles()` which roles' actors no longer answer,
+- A lost node: the launcher asks `unresponsive_roles()` which roles' node actors no longer answer,
   and names their node in the run's error.
 """
 
@@ -42,15 +43,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV
 from rl_core.cluster_layout import ClusterError, RoleSlot, layout_summary, node_bundles
 from rl_core.config import RunConfig
-from rl_core.role_actor import RoleProcess
+from rl_core.role_actor import NodeRoles
 
-ROLE_CALL_TIMEOUT_S = 30.0  # one call to a role's actor (start) on a live node
-ROLE_START_TIMEOUT_S = 120.0  # every role's actor up once the group is ready (a fresh Ray worker each)
+ROLE_CALL_TIMEOUT_S = 30.0  # one call to a node's actor (start a role) on a live node
+ROLE_START_TIMEOUT_S = 120.0  # every node's actor up once the group is ready (a fresh Ray worker each)
 SIGNAL_TIMEOUT_S = 5.0  # a signal to a role; longer means its node is gone (the stop goes on without it)
 
 
 class RemoteProcess:
-    """The launcher's handle on a role started by a `RoleProcess`, shaped like subprocess.Popen."""
+    """The launcher's handle on a role started by its node's `NodeRoles`, shaped like subprocess.Popen."""
 
     def __init__(self, name: str, actor: Any, pid: int, node_address: str) -> None:
         self.name = name
@@ -59,7 +60,7 @@ class RemoteProcess:
         self.node_address = node_address
         self.returncode: int | None = None
         self.lost: str | None = None  # why the exit code is unknown (its node died)
-        self._exit = actor.wait.remote()
+        self._exit = actor.wait.remote(name)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -90,7 +91,7 @@ class RemoteProcess:
         if self.poll() is not None:
             return
         try:
-            ray.get(self.actor.signal.remote(int(signum)), timeout=SIGNAL_TIMEOUT_S)
+            ray.get(self.actor.signal.remote(self.name, int(signum)), timeout=SIGNAL_TIMEOUT_S)
         except (RayError, GetTimeoutError):
             pass  # its node is gone: nothing left there to stop
 
@@ -123,10 +124,11 @@ class RayHost:
         self.slots = {slot.name: slot for slot in slots}
         self.run_dir = run_dir
         self.group: Any = None
-        self.actors: dict[str, Any] = {}
+        self.node_actors: dict[int, Any] = {}  # node index -> its NodeRoles actor
+        self.actors: dict[str, Any] = {}  # role -> its node's actor
         self.nodes: dict[str, dict[str, str]] = {}  # role -> {address, node_id, hostname}
         self.placement_wait_s = 0.0
-        self._node_refs: dict[str, Any] = {}  # role -> its actor's pending `node()` answer
+        self._node_refs: dict[int, Any] = {}  # node index -> its actor's pending `node()` answer
 
     # --- reservation ---------------------------------------------------------------
     def reserve(self) -> None:
@@ -145,7 +147,7 @@ class RayHost:
         strategy = "STRICT_SPREAD" if len(bundles) > 1 else "PACK"
         started = time.monotonic()
         self.group = placement_group(bundles, strategy=strategy, name=f"inflight-{self.run_dir.name}")
-        # The role actors are asked for now, not once the group is ready: Ray schedules them into
+        # The node actors are asked for now, not once the group is ready: Ray schedules them into
         # their bundles the moment every bundle is reserved (none can run before), with no round
         # trip back here first, and their `node` answers queue behind them (`await_roles`).
         self.request_actors()
@@ -160,23 +162,39 @@ class RayHost:
                                f"{cluster.placement_timeout_s:g} s: {shortfall}")
 
     def request_actors(self) -> None:
-        """One `RoleProcess` per role in its node's bundle, each taking its process's CPUs (and GPUs)
+        """One `NodeRoles` per node in its bundle, taking the CPUs (and GPUs) of the node's roles
         from it; the actors start (a Ray worker process each) while the launcher goes on."""
-        role_cls = ray.remote(max_concurrency=4)(RoleProcess)
-        for name, slot in self.slots.items():
-            in_bundle = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=slot.node)
-            self.actors[name] = role_cls.options(num_cpus=self.config.cluster.cpus_per_process, num_gpus=slot.gpus,
-                                                 scheduling_strategy=in_bundle, max_restarts=0).remote()
-        self._node_refs = {name: actor.node.remote() for name, actor in self.actors.items()}
+        node_cls = ray.remote(NodeRoles)
+        for node in sorted({slot.node for slot in self.slots.values()}):
+            roles = [slot for slot in self.slots.values() if slot.node == node]
+            in_bundle = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=node)
+            # A thread per role for its pending `wait`, and a few for start / signal / ping / samples.
+            self.node_actors[node] = node_cls.options(
+                num_cpus=self.config.cluster.cpus_per_process * len(roles), num_gpus=sum(slot.gpus for slot in roles),
+                max_concurrency=len(roles) + 4, scheduling_strategy=in_bundle, max_restarts=0).remote()
+            for slot in roles:
+                self.actors[slot.name] = self.node_actors[node]
+        self._node_refs = {node: actor.node.remote() for node, actor in self.node_actors.items()}
 
     def await_roles(self, timeout_s: float = ROLE_START_TIMEOUT_S) -> None:
-        """Wait until every role's actor answers (after `reserve`; the launcher starts its own
+        """Wait until every node's actor answers (after `reserve`; the launcher starts its own
         node's stream meanwhile) and learn each role's node."""
         try:
-            infos = ray.get(list(self._node_refs.values()), timeout=timeout_s)
+            infos = dict(zip(self._node_refs, ray.get(list(self._node_refs.values()), timeout=timeout_s)))
         except (RayError, GetTimeoutError) as exc:
-            raise ClusterError(f"cluster: the roles' Ray actors did not start within {timeout_s:g} s: {exc}") from exc
-        self.nodes = dict(zip(self._node_refs, infos))
+            raise ClusterError(f"cluster: the nodes' Ray actors did not start within {timeout_s:g} s: {exc}") from exc
+        self.nodes = {name: infos[slot.node] for name, slot in self.slots.items()}
+
+    def gpu_share(self, name: str) -> tuple[int, int]:
+        """(first, count) of role `name`'s GPUs among its node actor's: the node's roles in slot order."""
+        node = self.slots[name].node
+        first = 0
+        for slot in self.slots.values():
+            if slot.name == name:
+                return first, slot.gpus
+            if slot.node == node:
+                first += slot.gpus
+        raise KeyError(name)
 
     def describe_shortfall(self, bundles: list[dict[str, float]]) -> str:
         alive = [node for node in ray.nodes() if node.get("Alive")]
@@ -222,39 +240,36 @@ class RayHost:
         actor = self.actors[name]
         full_env = {**self.role_env(name), **env}
         try:
-            pid = ray.get(actor.start.remote(command, full_env, str(log_file), os.getcwd()), timeout=ROLE_CALL_TIMEOUT_S)
+            pid = ray.get(actor.start.remote(name, command, full_env, str(log_file), os.getcwd(), self.gpu_share(name)),
+                          timeout=ROLE_CALL_TIMEOUT_S)
         except (RayError, GetTimeoutError) as exc:
             raise ClusterError(f"{name}: cannot start on node {self.address(name)}: {exc}") from exc
         return RemoteProcess(name, actor, int(pid), self.address(name))
 
     def unresponsive_roles(self, timeout_s: float) -> dict[str, list[str]]:
-        """Node address -> roles whose actor did not answer within `timeout_s` (its node is gone
-        or cut off). Ray's own verdict on a dead node comes from the GCS health checks, later."""
-        pings = {name: actor.ping.remote() for name, actor in self.actors.items()}
+        """Node address -> roles whose node's actor did not answer within `timeout_s` (the node is
+        gone or cut off). Ray's own verdict on a dead node comes from the GCS health checks, later."""
+        pings = {node: actor.ping.remote() for node, actor in self.node_actors.items()}
         ready, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=timeout_s)
         answered = set()
-        for name, ref in pings.items():
+        for node, ref in pings.items():
             if ref in ready:
                 try:
                     ray.get(ref, timeout=0)
-                    answered.add(name)
+                    answered.add(node)
                 except RayError:
                     pass
         lost: dict[str, list[str]] = {}
         for name in self.actors:
-            if name not in answered:
+            if self.slots[name].node not in answered:
                 lost.setdefault(self.address(name), []).append(name)
         return lost
 
     def node_metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
         """`system/node<k>/<metric>` for every node of the run (what `system/<metric>` is for the
-        launcher's machine), sampled by one role's actor per node; a node that does not answer in
+        launcher's machine), sampled by each node's actor; a node that does not answer in
         `timeout_s` is left out of this sample."""
-        first_on_node: dict[int, str] = {}
-        for name, slot in self.slots.items():
-            if name in self.actors:
-                first_on_node.setdefault(slot.node, name)
-        refs = {node: self.actors[name].system_sample.remote() for node, name in first_on_node.items()}
+        refs = {node: actor.system_sample.remote() for node, actor in self.node_actors.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         metrics: dict[str, float] = {}
         for node, ref in refs.items():
@@ -278,11 +293,12 @@ class RayHost:
         return lost
 
     def kill_actors(self) -> None:
-        for actor in self.actors.values():
+        for actor in self.node_actors.values():
             try:
                 ray.kill(actor)
             except RayError:
                 pass
+        self.node_actors.clear()
         self.actors.clear()
 
     def close(self) -> None:

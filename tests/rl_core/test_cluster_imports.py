@@ -1,6 +1,6 @@
-"""A cluster run's start-up imports: the launcher's Ray side and every role's Ray actor import
+"""A cluster run's start-up imports: the launcher's Ray side and every node's Ray actor import
 only what they use, because each import is paid before any role starts (bench/multinode.py's
-`startup_two_nodes_over_one`): torch alone took ~0.9 s in the launcher and again in every role's
+`startup_two_nodes_over_one`): torch alone took ~0.9 s in the launcher and again in every actor's
 fresh Ray worker process."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_the_launchers_ray_side_does_not_import_torch() -> None:
     assert "torch" not in loaded and "rl_core.weight_sync" not in loaded
 
 
-def test_a_roles_ray_actor_imports_neither_torch_nor_the_run_config() -> None:
+def test_the_nodes_ray_actor_imports_neither_torch_nor_the_run_config() -> None:
     loaded = modules_after_import("rl_core.role_actor")
     assert "ray" in loaded
     assert not {"torch", "pydantic", "rl_core.config", "rl_core.weight_sync"} & loaded
