@@ -155,6 +155,7 @@ def run_demo(config: Path, out: Path, cluster: NetnsCluster | None) -> dict[str,
     target = heldout[0][2] + GAIN - 1e-12
     reached = next(((step, t) for step, t, value in heldout if value >= target), None)
     wait = re.search(r"placement group ready after ([0-9.]+) s", result.stdout)
+    actors = re.search(r"every node's Ray actor up after ([0-9.]+) s", result.stdout)
     # The trainer's steps after the first (which waits for the first batch): seconds per step.
     steps = sorted((r["step"], r["t"]) for r in records if "success/mean" in r)
     per_step = (steps[-1][1] - steps[1][1]) / (steps[-1][0] - steps[1][0]) if len(steps) > 2 else None
@@ -163,6 +164,7 @@ def run_demo(config: Path, out: Path, cluster: NetnsCluster | None) -> dict[str,
         "step": None if reached is None else reached[0],
         "startup_s": (out / "servers.json").stat().st_mtime - launched,
         "placement_wait_s": float(wait.group(1)) if wait else None,
+        "actors_wait_s": float(actors.group(1)) if actors else None,
         "per_step_s": per_step,
         "curve": " ".join(f"{step}:{value:.2f}" for step, _, value in heldout),  # type: ignore[dict-item]
     }
@@ -240,7 +242,9 @@ def main() -> None:
     for one, two in zip(ones, twos):
         for name, figures in (("one node", one), ("two nodes", two)):
             reached = figures["to_plus20_s"]
-            print(f"  {name:10} start-up {figures['startup_s']:.1f} s, {figures['per_step_s']:.2f} s/step, +20 at step "
+            ray_part = (f" (placement group {figures['placement_wait_s']:.1f} s, every node's Ray actor up after "
+                        f"{figures['actors_wait_s']:.1f} s)") if figures["actors_wait_s"] is not None else ""
+            print(f"  {name:10} start-up {figures['startup_s']:.1f} s{ray_part}, {figures['per_step_s']:.2f} s/step, +20 at step "
                   f"{figures['step']} after {reached if reached is None else round(reached, 1)} s; held-out {figures['curve']}")
 
     def median_of(runs: list[dict], key: str) -> float | None:

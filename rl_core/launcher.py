@@ -350,7 +350,8 @@ class Launcher:
             except ClusterError as exc:
                 raise LaunchError(str(exc)) from exc
             self.set_status("starting")
-            print(f"placement group ready after {self.host.placement_wait_s:.1f} s:\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
+            print(f"placement group ready after {self.host.placement_wait_s:.1f} s (every node's Ray actor up after "  # type: ignore[attr-defined]
+                  f"{self.host.actors_wait_s:.1f} s):\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
         print(f"placement:\n{self.placement.summary()}", flush=True)
         if c.stream.kind == "redis" and c.stream.redis_embedded and not self.host.remote:
             from rl_core.stream import start_redis_server

@@ -128,6 +128,8 @@ class RayHost:
         self.actors: dict[str, Any] = {}  # role -> its node's actor
         self.nodes: dict[str, dict[str, str]] = {}  # role -> {address, node_id, hostname}
         self.placement_wait_s = 0.0
+        self.actors_wait_s = 0.0  # the group asked for -> every node's actor answering (`await_roles`)
+        self._asked_at = 0.0
         self._node_refs: dict[int, Any] = {}  # node index -> its actor's pending `node()` answer
 
     # --- reservation ---------------------------------------------------------------
@@ -145,7 +147,7 @@ class RayHost:
             # Ray gives every node a resource `node:<its address>`: a sliver of it pins bundle 0 here.
             bundles[0][f"node:{self.advertised_address()}"] = 0.001
         strategy = "STRICT_SPREAD" if len(bundles) > 1 else "PACK"
-        started = time.monotonic()
+        started = self._asked_at = time.monotonic()
         self.group = placement_group(bundles, strategy=strategy, name=f"inflight-{self.run_dir.name}")
         # The node actors are asked for now, not once the group is ready: Ray schedules them into
         # their bundles the moment every bundle is reserved (none can run before), with no round
@@ -184,6 +186,7 @@ class RayHost:
         except (RayError, GetTimeoutError) as exc:
             raise ClusterError(f"cluster: the nodes' Ray actors did not start within {timeout_s:g} s: {exc}") from exc
         self.nodes = {name: infos[slot.node] for name, slot in self.slots.items()}
+        self.actors_wait_s = time.monotonic() - self._asked_at
 
     def gpu_share(self, name: str) -> tuple[int, int]:
         """(first, count) of role `name`'s GPUs among its node actor's: the node's roles in slot order."""
