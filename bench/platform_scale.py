@@ -261,6 +261,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         final_progress = [json.loads(p.read_text()) for p in progress_files if p.exists()]
         ingest_delays = [ms for progress in final_progress for ms in progress.get("ingest_delays_ms", [])]
         unsent_max = max([progress.get("unsent_max", 0) for progress in final_progress], default=0)
+        published = [ms for progress in final_progress for ms in progress.get("published_ms", [])]
         call_ms: dict[str, list[float]] = {}
         for progress in final_progress:
             for kind, values in progress.get("call_ms", {}).items():
@@ -300,6 +301,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
+        "published_p50": percentile(published, 50), "published_p95": percentile(published, 95),
         "ingest_p50": percentile(ingest_delays, 50), "ingest_p95": percentile(ingest_delays, 95), "unsent_max": unsent_max,
     }
 
@@ -314,6 +316,7 @@ def report_live(result: dict[str, Any]) -> None:
     if result["errors"]:
         print(f"[{label}] client errors (first 5): {result['errors']}")
     print(f"[{label}] of which ingest (line written -> stored and committed) p50/p95 {result['ingest_p50']:.0f}/{result['ingest_p95']:.0f} ms; "
+          f"in Redis (published) p50/p95 {result['published_p50']:.0f}/{result['published_p95']:.0f} ms; "
           f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
     print(f"[{label}] ingest threads' reporter calls (count, total s, p99 ms, max ms): "
           + ", ".join(f"{kind} {n}/{total:.1f}s/{p99:.0f}/{worst:.0f}" for kind, (n, total, p99, worst) in result["ingest_calls"].items()))

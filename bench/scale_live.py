@@ -216,6 +216,20 @@ def run_ingest(spec: dict[str, Any]) -> None:
         def tick(self) -> None:
             timed("alert_tick", super().tick)
 
+    # And when each metrics push was in Redis (the channel layer's publish returned): from the line's `t`.
+    published_ms: list[float] = []
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    publish = layer.group_send
+
+    async def timed_group_send(group: str, message: dict[str, Any]) -> None:
+        await publish(group, message)
+        if message.get("type") == "metrics.batch" and message.get("points"):
+            published_ms.append((time.time() - min(float(point[2]) for point in message["points"])) * 1000.0)
+
+    layer.group_send = timed_group_send
+
     supervisors = [
         RunSupervisor(run_dir=Path(run["run_dir"]), config_yaml=run["config_yaml"], command_prefix=[], reporter=TimedReporter(run["id"]), cwd=REPO_ROOT)
         for run in spec["runs"]
@@ -276,7 +290,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
         time.sleep(1.0)
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
                                             "ingest_delays_ms": ingest_delays_ms, "unsent_max": unsent_max,
-                                            "call_ms": call_ms}))
+                                            "call_ms": call_ms, "published_ms": published_ms}))
     from inflight.runs.services import flush_broadcasts
 
     flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import json
 import logging
 import os
 import threading
@@ -134,7 +135,18 @@ _broadcaster = _Broadcaster()
 atexit.register(_broadcaster.flush)
 
 
+# Pushes a run page receives exactly as they were sent (live/consumers.py forwards them): their JSON
+# text is made once here, not once for every open page. A 100-row rollouts.batch to the 500 pages
+# of a lab's runs was encoded 500 times by the web node (and decoded from the channel layer as
+# many times) just when every run's evaluation and rollouts arrived together: seconds of delay
+# for the metric pushes behind them (bench/platform_scale.py). Pushes a consumer reads or merges
+# (metrics.batch, run.status, alert.fired) keep their structure.
+FORWARDED_AS_TEXT = frozenset({"eval.score", "rollouts.batch", "run.panel"})
+
+
 def _group_send(group: str, message: dict[str, Any]) -> None:
+    if message.get("type") in FORWARDED_AS_TEXT:
+        message = {"type": message["type"], "text": json.dumps(message, separators=(",", ":"))}
     try:
         _broadcaster.send(group, message)
     except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write

@@ -171,14 +171,22 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
 
     async def run_panel(self, event: dict[str, Any]) -> None:
         # "The actions panel changed": the page fetches panel.json again (runs.services).
-        await self.send_json({"type": "run.panel", "run_id": event.get("run_id")})
+        await self._forward(event)
 
     async def eval_score(self, event: dict[str, Any]) -> None:
-        await self.send_json(dict(event))
+        await self._forward(event)
 
     async def rollouts_batch(self, event: dict[str, Any]) -> None:
         # New rows of the rollout viewer (inflight.rollouts.services): already bounded per push.
-        await self.send_json(dict(event))
+        await self._forward(event)
+
+    async def _forward(self, event: dict[str, Any]) -> None:
+        """A push the page gets as it was sent: its JSON text was made once by the sender
+        (live/broadcast.py FORWARDED_AS_TEXT); one queued before that change is encoded here."""
+        if "text" in event:
+            await self.send(text_data=event["text"])
+        else:
+            await self.send_json(dict(event))
 
     async def alert_fired(self, event: dict[str, Any]) -> None:
         await self.send_json(dict(event))
