@@ -17,7 +17,10 @@ figures say what the crossing itself costs.
 - `step_time_two_nodes_over_one`: the same runs' seconds per trainer step (after the first), which
   the held-out curve's 5-step evaluation grid does not quantize.
 - `placement_group_wait_s`, and `startup_two_nodes_over_one`: launch to every server ready
-  (servers.json written) on the cluster over the same on one node.
+  (servers.json written) on the cluster over the same on one node. Each two-node run's line also
+  says when every node's Ray actor answered (from the placement group's request): the Ray part
+  of its start-up, before which no role starts.
+- `--streams 2,3,4`: the pauses with other gloo stream counts too, in the same alternation.
 
     .venv/bin/python bench/multinode.py [--updates 7] [--steps 30] [--repeats 2] [--pauses-only] [--streams 2,3]
 

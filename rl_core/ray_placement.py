@@ -183,8 +183,10 @@ class RayHost:
         node's stream meanwhile) and learn each role's node."""
         try:
             infos = dict(zip(self._node_refs, ray.get(list(self._node_refs.values()), timeout=timeout_s)))
-        except (RayError, GetTimeoutError) as exc:
-            raise ClusterError(f"cluster: the nodes' Ray actors did not start within {timeout_s:g} s: {exc}") from exc
+        except GetTimeoutError as exc:
+            raise ClusterError(f"cluster: the nodes' Ray actors did not start within {timeout_s:g} s") from exc
+        except RayError as exc:  # a node lost between its reservation and its actor's start
+            raise ClusterError(f"cluster: a node's Ray actor died while starting: {exc}") from exc
         self.nodes = {name: infos[slot.node] for name, slot in self.slots.items()}
         self.actors_wait_s = time.monotonic() - self._asked_at
 
