@@ -46,6 +46,22 @@ pytestmark = [
 
 
 @pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Debian's Chromium through Playwright's sync API, for the tests that drive pages step by step."""
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread, so Django takes the test's own
+    # ORM calls (made between page steps, never from the loop) for async code and refuses them.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
 def daphne_server(live_database_url: str, transactional_db: None, tmp_path: Path, wait: Callable[..., Any]) -> Iterator[str]:
     """The project's ASGI application under Daphne on a free 127.0.0.1 port, on the test database."""
     port = free_port()

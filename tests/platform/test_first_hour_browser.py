@@ -15,13 +15,13 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 import pytest
 import yaml
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, signed_in_page  # noqa: F401 - the fixture is used by name
+from test_browser import CHROMIUM, browser, daphne_server, signed_in_page  # noqa: F401 - the fixtures are used by name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
@@ -77,21 +77,6 @@ def curve(steps: int, **series: Callable[[int], float | None]) -> list[dict[str,
         records.append(record)
     return records
 
-
-@pytest.fixture
-def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread, so Django takes the test's own
-    # ORM calls (made between page steps, never from the loop) for async code and refuses them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def screenshot(page: Any, name: str, full_page: bool = False) -> Path:

@@ -12,12 +12,12 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, signed_in_page  # noqa: F401 - the fixture is used by name
+from test_browser import CHROMIUM, browser, daphne_server, signed_in_page  # noqa: F401 - the fixtures are used by name
 
 pytestmark = [
     pytest.mark.browser,
@@ -27,20 +27,6 @@ pytestmark = [
 
 SCREENSHOT = Path("/tmp/run_panel_push.png")
 
-
-@pytest.fixture
-def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls between
-    # page steps are not async code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def seconds_shown(text: str) -> int:

@@ -13,37 +13,15 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-from inflight.asgi import application
 from inflight.runs import actions, services
 from inflight.runs.models import Run, RunStatus
+from test_live_consumer import _connect as open_run_socket, close_thread_connections  # noqa: F401 - the autouse fixture by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-async def close_thread_connections() -> Any:
-    """database_sync_to_async runs on a worker thread with its own connection: close it, so the
-    test database can be dropped at the end of the session."""
-    yield
-    from django.db import connections
-
-    await database_sync_to_async(connections.close_all)()
-
-
-def _session_cookie(user: Any) -> str:
-    from django.test import Client
-
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
-
-
 async def _connect(run_id: int, user: Any) -> WebsocketCommunicator:
-    cookie = await database_sync_to_async(_session_cookie)(user)
-    headers = [(b"origin", b"http://127.0.0.1:8000"), (b"host", b"127.0.0.1:8000"), (b"cookie", f"sessionid={cookie}".encode())]
-    communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected
+    communicator = await open_run_socket(run_id, user)
     assert await communicator.receive_json_from(timeout=10) == {"type": "hello", "run_id": run_id}
     return communicator
 
