@@ -262,6 +262,12 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         ingest_delays = [ms for progress in final_progress for ms in progress.get("ingest_delays_ms", [])]
         unsent_max = max([progress.get("unsent_max", 0) for progress in final_progress], default=0)
         published = [ms for progress in final_progress for ms in progress.get("published_ms", [])]
+        sent_by_type: dict[str, list[int]] = {}
+        for progress in final_progress:
+            for kind, (count, size) in progress.get("sent_by_type", {}).items():
+                sent_by_type.setdefault(kind, [0, 0])
+                sent_by_type[kind][0] += count
+                sent_by_type[kind][1] += size
         call_ms: dict[str, list[float]] = {}
         for progress in final_progress:
             for kind, values in progress.get("call_ms", {}).items():
@@ -301,6 +307,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
+        "sent_by_type": sent_by_type,
         "published_p50": percentile(published, 50), "published_p95": percentile(published, 95),
         "ingest_p50": percentile(ingest_delays, 50), "ingest_p95": percentile(ingest_delays, 95), "unsent_max": unsent_max,
     }
@@ -320,6 +327,8 @@ def report_live(result: dict[str, Any]) -> None:
           f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
     print(f"[{label}] ingest threads' reporter calls (count, total s, p99 ms, max ms): "
           + ", ".join(f"{kind} {n}/{total:.1f}s/{p99:.0f}/{worst:.0f}" for kind, (n, total, p99, worst) in result["ingest_calls"].items()))
+    print(f"[{label}] pushes sent to run groups (count, forwarded KB): "
+          + ", ".join(f"{kind} {count}/{size / 1024:.0f}" for kind, (count, size) in sorted(result["sent_by_type"].items())))
     if result["panel_requests"] or result["panel_errors"]:
         print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
     print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))

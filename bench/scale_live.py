@@ -223,8 +223,13 @@ def run_ingest(spec: dict[str, Any]) -> None:
     layer = get_channel_layer()
     publish = layer.group_send
 
+    sent_by_type: dict[str, list[int]] = {}  # push type -> [count, bytes of forwarded text]
+
     async def timed_group_send(group: str, message: dict[str, Any]) -> None:
         await publish(group, message)
+        counts = sent_by_type.setdefault(str(message.get("type")), [0, 0])
+        counts[0] += 1
+        counts[1] += len(message.get("text", ""))
         if message.get("type") == "metrics.batch" and message.get("points"):
             published_ms.append((time.time() - min(float(point[2]) for point in message["points"])) * 1000.0)
 
@@ -290,7 +295,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
         time.sleep(1.0)
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
                                             "ingest_delays_ms": ingest_delays_ms, "unsent_max": unsent_max,
-                                            "call_ms": call_ms, "published_ms": published_ms}))
+                                            "call_ms": call_ms, "published_ms": published_ms, "sent_by_type": sent_by_type}))
     from inflight.runs.services import flush_broadcasts
 
     flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first
