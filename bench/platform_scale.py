@@ -260,6 +260,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         cpu_after = {**{name: processes.cpu_s.get(name, processes.cpu_of(name)) for name in processes.children}, **service_cpu_s()}
         final_progress = [json.loads(p.read_text()) for p in progress_files if p.exists()]
         ingest_delays = [ms for progress in final_progress for ms in progress.get("ingest_delays_ms", [])]
+        ingest_written_at = [t for progress in final_progress for t in progress.get("ingest_written_at", [])]
         unsent_max = max([progress.get("unsent_max", 0) for progress in final_progress], default=0)
         published = [ms for progress in final_progress for ms in progress.get("published_ms", [])]
         sent_by_type: dict[str, list[int]] = {}
@@ -292,6 +293,10 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         for t, ms in zip(r.get("written_at", []), r["latencies_ms"]):
             by_window.setdefault(int((t - first_t) // 5), []).append(ms)
     latency_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(by_window.items())]
+    ingest_by_window: dict[int, list[float]] = {}
+    for t, ms in zip(ingest_written_at, ingest_delays):
+        ingest_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
+    ingest_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(ingest_by_window.items())]
     killed_clients = [r for r, c in zip(records, clients) if nodes > 1 and c["bases"][0] == bases[-1]]
     return {
         "label": label, "nodes": nodes, "runs": len(runs), "clients": len(records), "wall_s": wall,
@@ -303,7 +308,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "errors": [e for r in records for e in r["errors"]][:5],
         "backlog": backlog, "cpu": {name: cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after},
         "lines_written": writer.written_lines(),
-        "latency_timeline": latency_timeline,
+        "latency_timeline": latency_timeline, "ingest_timeline": ingest_timeline,
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
@@ -332,6 +337,7 @@ def report_live(result: dict[str, Any]) -> None:
     if result["panel_requests"] or result["panel_errors"]:
         print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
     print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
+    print(f"[{label}] ingest delay p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["ingest_timeline"]))
     samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]
     print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
     wall = max(result["wall_s"], 1e-9)
@@ -350,7 +356,10 @@ def main() -> int:
     parser.add_argument("--ingest-procs", type=int, default=2, help="Ingest processes (the runs are split among them).")
     parser.add_argument("--ingest-threads", type=int, default=4, help="Polling threads per ingest process (a Celery worker's threads).")
     parser.add_argument("--no-rollouts", action="store_true", help="Leave the rollout stream out of the replay.")
-    parser.add_argument("--stagger-s", type=float, default=2.0, help="Runs start spread over this many seconds.")
+    parser.add_argument("--stagger-s", type=float, default=20.0,
+                        help="Runs start spread over this many seconds. 20 s: about one period of the demo's evaluation and "
+                             "kept-rollout cycle (every 5th step), so the runs are at different steps as a lab's are; 2 s: "
+                             "a sweep launched at once, every run evaluating and storing rollouts in the same seconds.")
     parser.add_argument("--connect-spacing-s", type=float, default=0.01, help="Pause between opening two pages.")
     parser.add_argument("--panel-poll-s", type=float, default=60.0, help="Each page refreshes its actions panel (panel.json) as run_page.js does: on run.panel / eval.score pushes, status changes and (re)connects, plus a safety poll this often while the run is active (60 s in run_page.js; 5 min once ended); 0: never.")
     parser.add_argument("--settle-s", type=float, default=5.0, help="Wait after ingest caught up before reading the pages.")
@@ -415,7 +424,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if not (demo / "metrics.jsonl").exists():
             raise SystemExit(f"no demo run at {demo}: run `.venv/bin/python -m rl_core run examples/tiny-cpu.yaml --out {demo}` once")
         shape = DemoShape.read(demo, args.duration_s)
-        print(f"demo run {demo}: {shape.describe()}")
+        print(f"demo run {demo}: {shape.describe()}; {args.live_runs} runs starting over {args.stagger_s:.0f} s")
         for label, nodes in (("one-node", 1), ("two-nodes", 2))[: 1 if args.skip_two_nodes else 2]:
             phase_folder = folder / label
             phase_folder.mkdir(parents=True, exist_ok=True)

@@ -187,6 +187,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
     # Where a push's time goes: a line's stored-and-committed delay (from its `t`, the moment the
     # writer wrote it) is measured here; the rest of the push latency is the broadcast and the web node.
     ingest_delays_ms: list[float] = []
+    ingest_written_at: list[float] = []  # each delay's line `t`: when in the replay ingest was slow
 
     # And where the ingest threads' time goes: each reporter call's duration by kind.
     call_ms: dict[str, list[float]] = {}
@@ -203,6 +204,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
             timed("metrics", super().metrics, records)
             now = time.time()
             ingest_delays_ms.extend((now - float(record.get("t", now))) * 1000.0 for _, record in records)
+            ingest_written_at.extend(float(record.get("t", now)) for _, record in records)
 
         def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
             timed("evaluation", super().evaluation, line_no, record, problem_rows)
@@ -294,7 +296,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
         _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors)}))
         time.sleep(1.0)
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
-                                            "ingest_delays_ms": ingest_delays_ms, "unsent_max": unsent_max,
+                                            "ingest_delays_ms": ingest_delays_ms, "ingest_written_at": ingest_written_at, "unsent_max": unsent_max,
                                             "call_ms": call_ms, "published_ms": published_ms, "sent_by_type": sent_by_type}))
     from inflight.runs.services import flush_broadcasts
 
