@@ -38,7 +38,7 @@ def _template_run(user: Any, steps: int, metrics: int, demo: Path) -> Any:
 
     from inflight.rollouts.services import ingest_rollouts
     from inflight.rollouts.tokens import decoder_for_model
-    from inflight.runs import services
+    from inflight.runs import evaluations, services
     from inflight.runs.models import Run, RunStatus
 
     config = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
@@ -60,7 +60,7 @@ def _template_run(user: Any, steps: int, metrics: int, demo: Path) -> Any:
     results = sorted((demo / "eval").glob("*heldout*.jsonl")) if (demo / "eval").is_dir() else []
     problem_rows = [json.loads(line) for line in results[0].read_text().splitlines() if line.strip()] if results else []
     for step in range(0, steps, 20):
-        services.ingest_eval(run.pk, {"t": t0 + step, "step": step, "benchmark": "heldout", "k": 4, "mean_at_k": 0.4 + step / (3 * steps), "pass_at_k": 0.9,
+        evaluations.ingest_eval(run.pk, {"t": t0 + step, "step": step, "benchmark": "heldout", "k": 4, "mean_at_k": 0.4 + step / (3 * steps), "pass_at_k": 0.9,
                                       "stderr": 0.03, "num_problems": len(problem_rows), "num_samples": 4 * len(problem_rows), "policy_versions": [step],
                                       "results_file": ""}, problem_rows)
     stream = demo / "stream" / "rollouts.jsonl"

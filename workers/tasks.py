@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from inflight.alerts import services as alert_services
-from inflight.runs import run_paths, services
+from inflight.runs import evaluations, run_paths, services
 from inflight.runs.models import Run, RunStatus
 from rl_core.run_dir import CHECKPOINTS_DIR, METRICS_FILE
 from workers.supervisor import Outcome, RunSupervisor
@@ -158,7 +158,7 @@ class PlatformReporter:
         self._call(supersede_rewound_history, self.run_id, point.step, point.lines.get(METRICS_FILE, 0), point.t)
 
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
-        score = self._call(services.ingest_eval, self.run_id, record, problem_rows)
+        score = self._call(evaluations.ingest_eval, self.run_id, record, problem_rows)
         self._alerts(alert_services.evaluate_eval, self.run_id, score)
 
     def checkpoints_changed(self) -> None:

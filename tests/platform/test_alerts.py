@@ -14,7 +14,7 @@ import pytest
 
 from inflight.alerts import services as alerts
 from inflight.alerts.models import Alert, AlertWebhook
-from inflight.runs import services
+from inflight.runs import evaluations, services
 from inflight.runs.models import Run
 
 pytestmark = pytest.mark.django_db
@@ -64,13 +64,13 @@ def test_heldout_collapse_and_eval_drop(owner) -> None:
     alerts.evaluate_metric_lines(run.pk, lines(0, {"step": 0, "success/heldout": 0.5}, {"step": 5, "success/heldout": 0.7}, {"step": 10, "success/heldout": 0.45}))
     assert rules(run) == ["heldout_collapse"]
     for step, score in ((10, 0.6), (20, 0.55), (30, 0.45), (40, 0.4)):
-        scored = services.ingest_eval(run.pk, {"benchmark": "math500", "step": step, "k": 4, "mean_at_k": score, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 4}, [])
+        scored = evaluations.ingest_eval(run.pk, {"benchmark": "math500", "step": step, "k": 4, "mean_at_k": score, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 4}, [])
         alerts.evaluate_eval(run.pk, scored)
     assert rules(run) == ["heldout_collapse", "eval_drop"]  # once: steps 30 and 40 are one episode
     assert Alert.objects.get(rule="eval_drop").step == 30
     # The held-out set's evaluation lines (issue 26) add no eval_drop: heldout_collapse is its rule.
     for step, score in ((5, 0.7), (10, 0.45)):
-        scored = services.ingest_eval(run.pk, {"benchmark": "heldout", "step": step, "k": 4, "mean_at_k": score, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 4}, [])
+        scored = evaluations.ingest_eval(run.pk, {"benchmark": "heldout", "step": step, "k": 4, "mean_at_k": score, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 4}, [])
         assert alerts.evaluate_eval(run.pk, scored) == []
     assert rules(run) == ["heldout_collapse", "eval_drop"]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from inflight.runs import services
+from inflight.runs import evaluations, services
 from inflight.runs.models import Run
 from inflight.runs.services import PointIn
 
@@ -108,7 +108,7 @@ def test_evals_and_eval_detail(owner_api, other_api, owner) -> None:
     run = services.create_run(owner, "e", {})
     line = {"t": 1.0, "step": 2, "benchmark": "aime24", "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "stderr": 0.5, "num_problems": 1, "num_samples": 2, "policy_versions": [2]}
     rows = [{"problem_id": "2024-I-1", "answer": "204", "samples": ["\\boxed{204}", "no"], "extracted": ["204", None], "verdicts": [True, False], "mean": 0.5, "pass": True}]
-    score = services.ingest_eval(run.pk, line, rows)
+    score = evaluations.ingest_eval(run.pk, line, rows)
     evals = owner_api.get(f"/api/runs/{run.pk}/evals/").json()["evals"]
     assert [(e["benchmark"], e["step"], e["mean_at_k"]) for e in evals] == [("aime24", 2, 0.5)]
     detail = owner_api.get(f"/api/evals/{score.pk}/").json()

@@ -2,7 +2,7 @@
 by Playwright against a real Daphne server on the test PostgreSQL and Redis.
 
 Runs are made in the database as the worker leaves them (metrics ingested through
-`runs.services.ingest_metrics`, evaluations through `ingest_eval`, rollouts through
+`runs.services.ingest_metrics`, evaluations through `evaluations.ingest_eval`, rollouts through
 `rollouts.services.ingest_rollouts` decoded by the tiny model's real tokenizer), so each page is
 checked on known figures in seconds; the held-out evaluation test runs the real engine through a
 real Celery worker. Screenshots go to docs/screenshots/ (the README shows them).
@@ -119,7 +119,7 @@ def test_create_page_errors_show_a_summary_linking_to_each_field(daphne_server: 
 
 
 def test_leaderboard_defaults_to_a_figure_every_run_has_and_says_what_each_measures(daphne_server: str, owner, browser) -> None:
-    from inflight.runs import services
+    from inflight.runs import evaluations, services
 
     # "lucky" has the best single training batch (0.95) but the worst held-out success; only
     # "aime" was evaluated on AIME 2024, the old default sort.
@@ -129,7 +129,7 @@ def test_leaderboard_defaults_to_a_figure_every_run_has_and_says_what_each_measu
         40, success__mean=lambda s: 0.6, success__heldout=lambda s: 0.70 if s % 10 == 0 else None))
     aime = make_run(owner, "aime", records=curve(
         40, success__mean=lambda s: 0.5, success__heldout=lambda s: 0.55 if s % 10 == 0 else None))
-    services.ingest_eval(aime.pk, {"benchmark": "aime24", "step": 40, "k": 4, "mean_at_k": 0.1, "pass_at_k": 0.2,
+    evaluations.ingest_eval(aime.pk, {"benchmark": "aime24", "step": 40, "k": 4, "mean_at_k": 0.1, "pass_at_k": 0.2,
                                    "num_problems": 30, "num_samples": 120}, [])
 
     page = signed_in_page(browser, daphne_server, "/leaderboard/")

@@ -17,7 +17,7 @@ from channels.testing import WebsocketCommunicator
 from inflight.asgi import application
 from inflight.live import consumers
 from inflight.live.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, PushPacer, coalesce_batches
-from inflight.runs import services
+from inflight.runs import evaluations, services
 from inflight.runs.models import RunStatus
 from inflight.runs.services import PointIn
 
@@ -83,7 +83,7 @@ async def test_owner_receives_batches_status_and_evals(owner, monkeypatch) -> No
     assert status == {"type": "run.status", "run_id": run.pk, "status": RunStatus.CANCELLED, "error": ""}
 
     line = {"benchmark": "math500", "step": 2, "k": 4, "mean_at_k": 0.25, "pass_at_k": 0.5, "num_problems": 1, "num_samples": 4}
-    await database_sync_to_async(services.ingest_eval)(run.pk, line, [])
+    await database_sync_to_async(evaluations.ingest_eval)(run.pk, line, [])
     score = await socket.receive_json_from(timeout=10)
     assert score["type"] == "eval.score" and score["benchmark"] == "math500" and score["mean_at_k"] == 0.25
 

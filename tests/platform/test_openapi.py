@@ -14,7 +14,7 @@ from django.urls import URLPattern, URLResolver
 from django.urls.resolvers import RoutePattern
 
 from inflight.api import schema
-from inflight.runs import services
+from inflight.runs import evaluations, services
 from inflight.runs.models import Run, RunStatus
 from inflight.runs.services import PointIn
 
@@ -82,7 +82,7 @@ def test_real_answers_fit_the_documented_models(owner_api, owner, tmp_path) -> N
     services.ingest_metrics(run.pk, [PointIn(0, "train/loss", 0, 10.0, 0.5), PointIn(0, "success/mean", 0, 10.0, 0.25)])
     line = {"t": 1.0, "step": 2, "benchmark": "aime24", "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "stderr": 0.5, "num_problems": 1, "num_samples": 2, "policy_versions": [2]}
     rows = [{"problem_id": "p", "answer": "4", "samples": ["4", "5"], "extracted": ["4", "5"], "verdicts": [True, False], "mean": 0.5, "pass": True}]
-    score = services.ingest_eval(run.pk, line, rows)
+    score = evaluations.ingest_eval(run.pk, line, rows)
 
     _validated(schema.Run, owner_api.get(f"/api/runs/{run.pk}/").json())
     _validated(schema.RunList, owner_api.get("/api/runs/").json())

@@ -16,7 +16,7 @@ import yaml
 from django.test import Client
 from django.urls import reverse
 
-from inflight.runs import services
+from inflight.runs import evaluations, services
 from inflight.runs.models import Run, RunStatus
 from inflight.runs.services import PointIn
 from inflight.web.config_form import build_sections, iter_fields
@@ -189,7 +189,7 @@ def test_stop_needs_post_and_csrf(owner) -> None:
 def _eval(run: Run, step: int, solved: dict[str, bool]) -> None:
     rows = [{"problem_id": pid, "answer": "1", "samples": ["x"], "extracted": ["1" if ok else "2"], "verdicts": [ok], "mean": float(ok), "pass": ok} for pid, ok in solved.items()]
     line = {"benchmark": "math500", "step": step, "k": 1, "mean_at_k": sum(solved.values()) / len(solved), "pass_at_k": 0.5, "num_problems": len(solved), "num_samples": len(solved)}
-    services.ingest_eval(run.pk, line, rows)
+    evaluations.ingest_eval(run.pk, line, rows)
 
 
 def test_run_page_lists_problems_that_flipped_since_the_previous_eval(owner_client: Client, owner) -> None:

@@ -43,7 +43,7 @@ def write_checkpoint(run_id: int, step: int, settings: Any) -> None:
 
 
 def test_the_panel_follows_pushes_without_polling_and_the_wall_time_counts(daphne_server: str, owner, browser, tiny_config: dict, settings) -> None:  # noqa: F811
-    from inflight.runs import actions, services
+    from inflight.runs import actions, evaluations, services
     from inflight.runs.models import Run, RunStatus
     from workers.tasks import PlatformReporter
 
@@ -73,14 +73,14 @@ def test_the_panel_follows_pushes_without_polling_and_the_wall_time_counts(daphn
 
     # An evaluation at a step the list does not show changes nothing in the panel: no fetch (the
     # runs of a sweep evaluate together, and all their pages asked at once).
-    services.ingest_eval(run.pk, {"benchmark": "arith", "step": 3, "k": 4, "mean_at_k": 0.5, "pass_at_k": 0.75, "num_problems": 8,
+    evaluations.ingest_eval(run.pk, {"benchmark": "arith", "step": 3, "k": 4, "mean_at_k": 0.5, "pass_at_k": 0.75, "num_problems": 8,
                                   "num_samples": 32}, [])
     page.wait_for_selector("#eval-note:not(.hidden)", timeout=10_000)
     page.wait_for_timeout(2500)
     assert len(panel_requests) == asked_before + 1
 
     # Its evaluation score, as the checkpoint list shows it (an eval.score push).
-    services.ingest_eval(run.pk, {"benchmark": "arith", "step": 5, "k": 4, "mean_at_k": 0.625, "pass_at_k": 0.75, "num_problems": 8,
+    evaluations.ingest_eval(run.pk, {"benchmark": "arith", "step": 5, "k": 4, "mean_at_k": 0.625, "pass_at_k": 0.75, "num_problems": 8,
                                   "num_samples": 32}, [])
     page.wait_for_selector("#checkpoints-table tr[data-step='5'] >> text=arith 0.625", timeout=10_000)
 

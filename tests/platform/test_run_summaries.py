@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from inflight.runs import selectors, services
+from inflight.runs import evaluations, selectors, services
 from inflight.runs.actions import supersede_rewound_history
 from inflight.runs.models import MetricPoint, Run, RunSummary
 from inflight.runs.services import PointIn
@@ -74,14 +74,14 @@ def test_a_live_run_is_summarised_incrementally_and_exactly(owner) -> None:
             line += 1
         services.ingest_metrics(run.pk, points)
         if batch % 3 == 1:
-            services.ingest_eval(run.pk, {**EVAL, "benchmark": "aime24", "step": batch, "mean_at_k": rng.random()}, [])
+            evaluations.ingest_eval(run.pk, {**EVAL, "benchmark": "aime24", "step": batch, "mean_at_k": rng.random()}, [])
         assert_matches_reference(owner, run)
         summary = RunSummary.objects.get(run=run)
         assert summary.metrics_seq == Run.objects.get(pk=run.pk).metrics_seq
     # Nothing new: nothing is computed again.
     assert refresh_summaries(Run.objects.filter(pk=run.pk)) == 0
     # A re-sent evaluation that changed its figure (same count of evaluations) is seen.
-    services.ingest_eval(run.pk, {**EVAL, "t": 5.0, "benchmark": "aime24", "step": 10, "mean_at_k": 0.999}, [])
+    evaluations.ingest_eval(run.pk, {**EVAL, "t": 5.0, "benchmark": "aime24", "step": 10, "mean_at_k": 0.999}, [])
     assert refresh_summaries(Run.objects.filter(pk=run.pk)) == 1
     assert row_of(owner, run)["aime24_best"] == 0.999 and row_of(owner, run)["aime24_last"] == 0.999
 

@@ -9,7 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.utils import timezone
 
-from inflight.runs import selectors, services
+from inflight.runs import evaluations, selectors, services
 from inflight.runs.models import ALLOWED_TRANSITIONS, EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus, Worker
 from inflight.runs.services import IllegalTransition, InvalidRunConfig, PointIn
 
@@ -136,8 +136,8 @@ ROWS = [
 
 def test_ingest_eval_stores_per_problem_rows_once(owner) -> None:
     run = make_run(owner)
-    score = services.ingest_eval(run.pk, EVAL_LINE, ROWS)
-    again = services.ingest_eval(run.pk, EVAL_LINE, ROWS)
+    score = evaluations.ingest_eval(run.pk, EVAL_LINE, ROWS)
+    again = evaluations.ingest_eval(run.pk, EVAL_LINE, ROWS)
     assert score.pk == again.pk and EvalScore.objects.count() == 1
     assert EvalProblemResult.objects.filter(eval=score).count() == 2
     first = selectors.eval_problem_results(score).first()
@@ -145,7 +145,7 @@ def test_ingest_eval_stores_per_problem_rows_once(owner) -> None:
     stored = {row.problem_id: (row.answer, row.samples, row.extracted, row.verdicts, row.mean, row.passed) for row in EvalProblemResult.objects.filter(eval=score)}
     assert stored == {row["problem_id"]: (row.get("answer", ""), row["samples"], row["extracted"], row["verdicts"], row["mean"], row["pass"]) for row in ROWS}
     with pytest.raises(ValueError, match="benchmark"):
-        services.ingest_eval(run.pk, {"step": 1}, [])
+        evaluations.ingest_eval(run.pk, {"step": 1}, [])
 
 
 def test_leaderboard_uses_one_rule_for_best_and_last(owner, other_user, staff_user) -> None:
@@ -154,7 +154,7 @@ def test_leaderboard_uses_one_rule_for_best_and_last(owner, other_user, staff_us
     hidden = make_run(other_user)
     for run, scores in ((a, [(1, 0.2), (2, 0.6), (3, 0.4)]), (b, [(1, 0.5)]), (hidden, [(1, 0.9)])):
         for step, mean in scores:
-            services.ingest_eval(run.pk, {**EVAL_LINE, "benchmark": "aime24", "step": step, "mean_at_k": mean}, [])
+            evaluations.ingest_eval(run.pk, {**EVAL_LINE, "benchmark": "aime24", "step": step, "mean_at_k": mean}, [])
     services.ingest_metrics(a.pk, [PointIn(i, "success/mean", i, 1.0, v) for i, v in enumerate([0.1, 0.7, 0.3])])
     rows = selectors.leaderboard(owner, "-aime24_best")[0]
     assert [r["run_id"] for r in rows] == [a.pk, b.pk]
