@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from inflight.rollouts.tokens import TokenDecoder, problem_text
-from inflight.runs.selectors import default_leaderboard_sort
+from inflight.runs.selectors import DEFAULT_SORT_PREFERENCE, default_leaderboard_sort
 from inflight.web.templatetags.inflight_ui import sparkline
 
 
@@ -32,14 +32,19 @@ def test_the_table_shows_the_problem_not_the_system_prompt() -> None:
     assert problem_text(TextDecoder("Q: 2 + 3 = ?\nA:", "Q: 2 + 3 = ?\nA:"), [1]) == "Q: 2 + 3 = ?\nA:"
 
 
+def figures_present(*rows: dict[str, float | None]) -> tuple[dict[str, int], int]:
+    """Per sort key, how many of these leaderboard rows have a figure (as the page counts them)."""
+    return {key: sum(row.get(key) is not None for row in rows) for key in DEFAULT_SORT_PREFERENCE}, len(rows)
+
+
 def test_the_default_sort_is_a_figure_every_listed_run_has() -> None:
     both = {"heldout_last": 0.5, "math500_last": 0.3, "aime24_last": None, "success_recent": 0.4}
     no_heldout = {"heldout_last": None, "math500_last": 0.2, "aime24_last": 0.1, "success_recent": 0.6}
-    assert default_leaderboard_sort([both, both]) == "-heldout_last"
-    assert default_leaderboard_sort([both, no_heldout]) == "-math500_last"  # the first every run has
+    assert default_leaderboard_sort(*figures_present(both, both)) == "-heldout_last"
+    assert default_leaderboard_sort(*figures_present(both, no_heldout)) == "-math500_last"  # the first every run has
     only_train = {"heldout_last": None, "math500_last": None, "aime24_last": None, "success_recent": 0.2}
-    assert default_leaderboard_sort([only_train, no_heldout]) == "-success_recent"
-    assert default_leaderboard_sort([]) == "-heldout_last"
+    assert default_leaderboard_sort(*figures_present(only_train, no_heldout)) == "-success_recent"
+    assert default_leaderboard_sort(*figures_present()) == "-heldout_last"
 
 
 def test_sparkline_is_numbers_only_svg() -> None:

@@ -114,19 +114,14 @@ def _sort_expression(key: str) -> Any:
     return F(key)
 
 
-def _pick_default_sort(counts: dict[str, int], total: int) -> str:
-    """`-key` for the first of DEFAULT_SORT_PREFERENCE that all `total` runs have; with none
-    shared by all, the one the most runs have (ties: the preference order)."""
+def default_leaderboard_sort(counts: dict[str, int], total: int) -> str:
+    """`-key` for the first of DEFAULT_SORT_PREFERENCE that all `total` listed runs have a
+    figure in (`counts[key]` of them do); with none shared by all, the one the most runs have
+    (ties: the preference order)."""
     if not total:
         return f"-{DEFAULT_SORT_PREFERENCE[0]}"
     key = max(DEFAULT_SORT_PREFERENCE, key=lambda k: (counts[k], -DEFAULT_SORT_PREFERENCE.index(k)))
     return f"-{key}"
-
-
-def default_leaderboard_sort(rows: list[dict[str, Any]]) -> str:
-    """The default sort of these rows (`_pick_default_sort` over them)."""
-    counts = {key: sum(row.get(key) is not None for row in rows) for key in DEFAULT_SORT_PREFERENCE}
-    return _pick_default_sort(counts, len(rows))
 
 
 @dataclass
@@ -161,7 +156,7 @@ def leaderboard_page(
     present = runs.order_by().aggregate(_total=Count("pk"), **counted)
     total = present.pop("_total")
     present.update(created_at=total, name=total)
-    sort = sort if sort is not None else _pick_default_sort(present, total)
+    sort = sort if sort is not None else default_leaderboard_sort(present, total)
     key, descending = sort.lstrip("-"), sort.startswith("-")
     expression = _sort_expression(key)
     ordered = runs.select_related("summary").order_by(
