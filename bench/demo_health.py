@@ -3,14 +3,12 @@
 Runs the demo as a newcomer does (`python -m rl_core run examples/tiny-cpu.yaml --out DIR`,
 one run after the other, seeds 0..N-1) and, for each run directory:
 
-- replays the platform's built-in alert rules on what the run wrote, offline: every
-  metrics.jsonl line goes through the platform's own `inflight.alerts.rules.check_line` (pure,
-  no database) in line order, and an alert counts once per episode, as
-  `inflight.alerts.services._apply` stores them (a condition that holds starts an episode unless
-  one is active; a line that shows it clear ends it). Two rules live in the database layer and
-  are re-stated here over the same files: `eval_drop` (each evals.jsonl line against the best
-  earlier step of its benchmark, as `services.evaluate_eval`) and `stalled` (a gap of `stall_s`
-  or more between metrics lines, what `services.check_stalled` sees on its polls).
+- replays the platform's built-in alert rules on what the run wrote, offline, with the
+  platform's own pure rules (`inflight.alerts.rules`, no database): every metrics.jsonl line
+  through `check_line` in line order, a gap of `stall_s` or more between metrics lines through
+  `check_stall` (what the worker's polls see), each evals.jsonl line through `check_eval`
+  against the best earlier step of its benchmark; an alert counts once per episode
+  (`advance_episodes`, as `inflight.alerts.services` stores them).
   tests/platform/test_demo_alerts.py checks the entropy rule itself on the real services;
 - reads the held-out curve (`success/heldout` by step) and its final value over its best.
 
@@ -37,7 +35,7 @@ from typing import Any
 
 from benchlib import REPO_ROOT, run_cli  # noqa: E402  (first: it puts the checkout and platform/ on sys.path)
 
-from inflight.alerts.rules import Firing, check_line  # noqa: E402  (pure: no Django, no database)
+from inflight.alerts.rules import Verdicts, advance_episodes, check_eval, check_line, check_stall  # noqa: E402  (pure: no Django, no database)
 from rl_core.config import load_run_config  # noqa: E402
 from tests.metrics_file import read_metrics  # noqa: E402
 from rl_core.run_dir import EVALS_FILE, METRICS_FILE  # noqa: E402
@@ -56,17 +54,14 @@ class FiredAlert:
 
 @dataclass
 class Episodes:
-    """The platform's once-per-episode bookkeeping (services._apply) without the database."""
+    """The alerts one run's episodes start, in order (`advance_episodes` without the database)."""
 
     active: set[tuple[str, str]] = field(default_factory=set)
     fired: list[FiredAlert] = field(default_factory=list)
 
-    def apply(self, firing: dict[tuple[str, str], Firing], clear: set[tuple[str, str]], step: int | None) -> None:
-        for pair, condition in firing.items():
-            if pair not in self.active:
-                self.active.add(pair)
-                self.fired.append(FiredAlert(pair[0], pair[1], step, condition.message))
-        self.active -= {pair for pair in clear if pair not in firing}
+    def apply(self, verdicts: Verdicts, step: int | None) -> None:
+        started, _ = advance_episodes(self.active, verdicts)
+        self.fired += [FiredAlert(rule, key, step, verdicts.firing[(rule, key)].message) for rule, key in started]
 
 
 def _step(record: dict[str, Any]) -> int | None:
@@ -90,26 +85,17 @@ def replay_alerts(run_dir: Path) -> list[FiredAlert]:
     records = read_metrics(run_dir / METRICS_FILE)
     last_t: float | None = None
     for record in records:
-        verdicts = check_line(record, cfg, max_lag, windows)
-        episodes.apply(verdicts.firing, verdicts.clear, _step(record))
+        episodes.apply(check_line(record, cfg, max_lag, windows), _step(record))
         t = record.get("t")
         if isinstance(t, (int, float)):
-            # Re-stated from services.check_stalled: idle for stall_s while running.
-            stalled = {("stalled", ""): Firing(f"no metrics for {t - last_t:.0f} s", {})} if last_t is not None and t - last_t >= cfg.stall_s else {}
-            episodes.apply(stalled, {("stalled", "")}, _step(record))
+            idle_s = t - last_t if last_t is not None else 0.0
+            episodes.apply(check_stall(idle_s, True, cfg), _step(record))
             last_t = t
     by_step: dict[str, list[tuple[int, float]]] = {}
     for line in read_evals(run_dir):
-        # Re-stated from services.evaluate_eval: mean@k against the best of earlier steps.
         benchmark, step, score = str(line["benchmark"]), int(line["step"]), float(line["mean_at_k"])
-        earlier = [value for s, value in by_step.get(benchmark, []) if s < step]
-        best_earlier = max(earlier, default=None)
-        pair = ("eval_drop", benchmark)
-        if best_earlier is not None and best_earlier - score >= cfg.eval_drop:
-            firing = {pair: Firing(f"{benchmark} mean@k {score:.3f} at step {step} is {best_earlier - score:.3f} below its best {best_earlier:.3f}", {})}
-            episodes.apply(firing, set(), step)
-        else:
-            episodes.apply({}, {pair}, step)
+        best_earlier = max((value for s, value in by_step.get(benchmark, []) if s < step), default=None)
+        episodes.apply(check_eval(benchmark, step, int(line.get("k", 1)), score, best_earlier, cfg), step)
         by_step.setdefault(benchmark, []).append((step, score))
     return episodes.fired
 

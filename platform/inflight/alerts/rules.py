@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_core.config import AlertsConfig
+from rl_core.evaluation import HELDOUT_BENCHMARK
 from rl_core.metrics import NONFINITE_PREFIX
 
 RULES = {
@@ -103,3 +104,44 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
         else:
             out.clear.add(("stale_dropped", ""))
     return out
+
+
+def check_eval(benchmark: str, step: int, k: int, mean_at_k: float, best_earlier: float | None, cfg: AlertsConfig) -> Verdicts:
+    """`eval_drop`: one evaluation's mean@k against the best of the benchmark's earlier steps.
+    The held-out set's evaluation has its own rule on its `success/heldout` metric
+    (`heldout_collapse`, with its window and threshold): one alert per signal, not two."""
+    out = Verdicts()
+    if benchmark == HELDOUT_BENCHMARK:
+        return out
+    pair = ("eval_drop", benchmark)
+    if best_earlier is not None and best_earlier - mean_at_k >= cfg.eval_drop:
+        out.firing[pair] = Firing(
+            f"{benchmark} mean@{k} {mean_at_k:.3f} at step {step} is {best_earlier - mean_at_k:.3f} below its best {best_earlier:.3f}",
+            {"benchmark": benchmark, "mean_at_k": mean_at_k, "best": best_earlier, "threshold": cfg.eval_drop},
+        )
+    else:
+        out.clear.add(pair)
+    return out
+
+
+def check_stall(idle_s: float, running: bool, cfg: AlertsConfig) -> Verdicts:
+    """`stalled`: a running run logged no metric for `stall_s` seconds; `idle_s` = 0 (metrics
+    arrived) or a run no longer running clears it."""
+    out = Verdicts()
+    if idle_s >= cfg.stall_s and running:
+        out.firing[("stalled", "")] = Firing(
+            f"no metrics for {idle_s:.0f} s while running (threshold {cfg.stall_s:g} s)", {"idle_s": idle_s, "threshold": cfg.stall_s}
+        )
+    else:
+        out.clear.add(("stalled", ""))
+    return out
+
+
+def advance_episodes(active: set[tuple[str, str]], verdicts: Verdicts) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """An alert fires once per episode: a condition that holds starts one unless one is active,
+    and a verdict that shows it clear ends it. Updates `active`; returns (started, ended)."""
+    started = [pair for pair in verdicts.firing if pair not in active]
+    ended = [pair for pair in verdicts.clear if pair not in verdicts.firing and pair in active]
+    active.update(started)
+    active.difference_update(ended)
+    return started, ended

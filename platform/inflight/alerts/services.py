@@ -19,11 +19,10 @@ from django.conf import settings
 from django.db import transaction
 
 from inflight.alerts.models import Alert, AlertCursor, AlertEpisode, AlertWebhook
-from inflight.alerts.rules import RULES, Firing, Verdicts, check_line
+from inflight.alerts.rules import RULES, Firing, Verdicts, advance_episodes, check_eval, check_line, check_stall
 from inflight.live.broadcast import _group_send, run_group, user_runs_group
 from inflight.runs.models import EvalScore, Run
 from rl_core.config import AlertsConfig
-from rl_core.evaluation import HELDOUT_BENCHMARK
 
 logger = logging.getLogger(__name__)
 WEBHOOK_TIMEOUT_S = 5.0
@@ -151,14 +150,8 @@ def _evaluate(state: AlertState, records: Sequence[tuple[int, dict[str, Any]]], 
         verdicts = check_line(record, state.cfg, state.max_lag, windows)
         evaluated.append((verdicts, _step(record)))
         next_line = line + 1
-        for pair in verdicts.firing:
-            if pair not in simulated:
-                simulated.add(pair)
-                changes = True
-        for pair in verdicts.clear:
-            if pair not in verdicts.firing and pair in simulated:
-                simulated.discard(pair)
-                changes = True
+        started, ended = advance_episodes(simulated, verdicts)
+        changes = changes or bool(started or ended)
     due = next_line != state.saved_line and time.monotonic() - state.saved_at >= state.SAVE_EVERY_S
     fired: list[Alert] = []
     if changes or due or (force_save and next_line != state.saved_line):
@@ -185,11 +178,8 @@ def _step(record: dict[str, Any]) -> int | None:
 
 
 def evaluate_eval(run_id: int, score: EvalScore) -> list[Alert]:
-    """`eval_drop`: this evaluation's mean@k is `eval_drop` or more below the benchmark's best.
-    The held-out set's evaluation has its own rule on its `success/heldout` metric
-    (`heldout_collapse`, with its window and threshold): one alert per signal, not two."""
-    if score.benchmark == HELDOUT_BENCHMARK:
-        return []
+    """`eval_drop` (`rules.check_eval`, which leaves the held-out set to its own rule): this
+    evaluation's mean@k against the benchmark's best earlier score."""
     with transaction.atomic():
         run = Run.objects.only("id", "owner_id", "name", "config").get(pk=run_id)
         cfg, _ = _settings(run.config)
@@ -197,16 +187,7 @@ def evaluate_eval(run_id: int, score: EvalScore) -> list[Alert]:
             return []
         earlier = EvalScore.objects.filter(run_id=run_id, benchmark=score.benchmark, step__lt=score.step)
         best = max((s.mean_at_k for s in earlier), default=None)
-        verdicts = Verdicts()
-        pair = ("eval_drop", score.benchmark)
-        if best is not None and best - score.mean_at_k >= cfg.eval_drop:
-            verdicts.firing[pair] = Firing(
-                f"{score.benchmark} mean@{score.k} {score.mean_at_k:.3f} at step {score.step} is {best - score.mean_at_k:.3f} below its best {best:.3f}",
-                {"benchmark": score.benchmark, "mean_at_k": score.mean_at_k, "best": best, "threshold": cfg.eval_drop},
-            )
-        else:
-            verdicts.clear.add(pair)
-        return _apply(run, verdicts, score.step)
+        return _apply(run, check_eval(score.benchmark, score.step, score.k, score.mean_at_k, best, cfg), score.step)
 
 
 def check_stalled(run_id: int, idle_s: float, last_step: int | None) -> list[Alert]:
@@ -217,14 +198,7 @@ def check_stalled(run_id: int, idle_s: float, last_step: int | None) -> list[Ale
         cfg, _ = _settings(run.config)
         if not cfg.enabled:
             return []
-        verdicts = Verdicts()
-        if idle_s >= cfg.stall_s and run.status == "running":
-            verdicts.firing[("stalled", "")] = Firing(
-                f"no metrics for {idle_s:.0f} s while running (threshold {cfg.stall_s:g} s)", {"idle_s": idle_s, "threshold": cfg.stall_s}
-            )
-        else:
-            verdicts.clear.add(("stalled", ""))
-        return _apply(run, verdicts, last_step)
+        return _apply(run, check_stall(idle_s, run.status == "running", cfg), last_step)
 
 
 # ---------------------------------------------------------------- delivery
