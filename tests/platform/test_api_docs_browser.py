@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 - the fixture is used by name
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session  # noqa: F401 - the fixture is used by name
 
 pytestmark = [
     pytest.mark.browser,
@@ -18,7 +18,6 @@ pytestmark = [
 
 
 def test_docs_page_renders_offline_with_every_operation(daphne_server: str) -> None:  # noqa: F811
-    from playwright.sync_api import sync_playwright
 
     requested: list[str] = []
     blocked: list[str] = []
@@ -32,7 +31,7 @@ def test_docs_page_renders_offline_with_every_operation(daphne_server: str) -> N
             blocked.append(url)
             route.abort()
 
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1400})

@@ -13,7 +13,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,6 +24,33 @@ from inflight.devservices import free_port
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@contextmanager
+def playwright_session() -> Iterator[Any]:
+    """Playwright's sync API, for tests that also read the database between page steps.
+
+    Playwright keeps an event loop in this thread, so Django takes those ORM calls (never made from
+    the loop) for async code and refuses them: they are allowed for the session's length. And the
+    ORM runs in another context there (asgiref's Local follows the loop), so the connections it
+    opens are not the ones the test teardown closes: they are closed here, or at the end of the
+    test session they hold the test database open ("is being accessed by other users")."""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    allowed = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            try:
+                yield playwright
+            finally:
+                connections.close_all()
+    finally:
+        if allowed is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = allowed
 
 
 def signed_in_page(browser: Any, base: str, path: str, width: int = 1360, height: int = 900) -> Any:
@@ -46,14 +73,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def browser() -> Iterator[Any]:
     """Debian's Chromium through Playwright's sync API, for the tests that drive pages step by step."""
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread, so Django takes the test's own
-    # ORM calls (made between page steps, never from the loop) for async code and refuses them.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             yield chromium
@@ -94,12 +116,10 @@ def daphne_server(live_database_url: str, transactional_db: None, tmp_path: Path
 
 
 def test_launch_watch_and_stop_a_run_in_the_browser(daphne_server: str, start_worker, owner, tiny_model: Path, wait: Callable[..., Any]) -> None:
-    from playwright.sync_api import sync_playwright
-
     from inflight.runs.models import Run
 
     worker = start_worker("cpu")
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1500})

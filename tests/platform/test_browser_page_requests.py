@@ -21,9 +21,9 @@ PAGES = ("/", "/runs/new/", "/compare/", "/leaderboard/", "/workers/", "/setting
 
 
 def test_pages_load_everything_they_name_and_api_errors_are_json(daphne_server: str, owner) -> None:
-    from playwright.sync_api import sync_playwright
+    from tests.platform.test_browser import playwright_session
 
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()

@@ -17,7 +17,7 @@ from django.test import Client
 
 from inflight.runs.models import MetricPoint, Run, RunQueue, RunStatus, Worker
 from tests.multinode.netns_cluster import NetnsCluster, demo_on_cluster, ray_cluster_or_skip
-from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 (fixture)
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -35,7 +35,7 @@ def cluster_run_config(model: Path, nodes: int) -> dict[str, Any]:
 
 
 def test_a_cluster_run_through_the_platform(cluster: NetnsCluster, start_worker, owner, owner_api, staff_user, tiny_model: Path,
-                                            wait: Callable[..., Any], daphne_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+                                            wait: Callable[..., Any], daphne_server: str) -> None:
     env = cluster.env()
     worker = start_worker("cluster", extra_env={
         "INFLIGHT_RL_COMMAND": f"ip netns exec {cluster.head.netns} {sys.executable} -m rl_core",
@@ -91,13 +91,11 @@ def test_a_cluster_run_through_the_platform(cluster: NetnsCluster, start_worker,
     assert f'data-role="trainer"><td class="mono">trainer</td><td class="num">0</td><td class="mono">{cluster.head.address}' in html
 
     # 5. As a person sees them, in Chromium: the Workers page (staff) and the run's page.
-    from playwright.sync_api import sync_playwright
 
     from tests.platform.test_run_actions_browser import sign_in
 
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # the ORM above ran in this thread; Playwright keeps a loop here
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1100})

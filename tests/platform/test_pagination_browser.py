@@ -13,7 +13,7 @@ import pytest
 from inflight.runs import services
 from inflight.runs.models import Run
 from inflight.runs.services import PointIn
-from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, signed_in_page  # noqa: F401 (fixture)
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session, signed_in_page  # noqa: F401 (fixture)
 
 # To look at (not shown in the README): the pagers under the tables.
 SCREENSHOTS = Path("/tmp/inflight-pagination")
@@ -25,12 +25,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def page(daphne_server: str, owner, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:  # noqa: F811
-    from playwright.sync_api import sync_playwright
-
-    # The test's ORM calls happen between page steps, outside Playwright's loop.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
+def page(daphne_server: str, owner) -> Iterator[Any]:  # noqa: F811
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             yield signed_in_page(browser, daphne_server, "/")

@@ -7,14 +7,13 @@ new checkpoints appear in its list, and Stop / Resume / Delete follow its status
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
 from inflight.runs.models import MetricPoint, Run, RunStatus
-from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 (fixture)
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session  # noqa: F401 (fixture)
 from tests.platform.test_run_actions_browser import sign_in
 
 pytestmark = [
@@ -44,12 +43,8 @@ def stored_max_step(run_id: int) -> int:
     return max(MetricPoint.objects.filter(run_id=run_id, name="train/loss").values_list("step", flat=True), default=0)
 
 
-def test_a_resumed_run_stays_live_on_its_open_page(daphne_server: str, start_worker, owner, owner_api, tiny_model: Path, wait: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    from playwright.sync_api import sync_playwright
+def test_a_resumed_run_stays_live_on_its_open_page(daphne_server: str, start_worker, owner, owner_api, tiny_model: Path, wait: Callable[..., Any]) -> None:  # noqa: F811
 
-    # The test drives the API and reads the database between browser steps, in this thread, where
-    # Playwright's sync API keeps an (idle) event loop: Django would refuse the ORM there.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
     worker = start_worker()
     response = owner_api.post("/api/runs/", json.dumps({"name": "resumed-live", "config": config(tiny_model)}), content_type="application/json")
@@ -63,7 +58,7 @@ def test_a_resumed_run_stays_live_on_its_open_page(daphne_server: str, start_wor
     assert cancelled.status == RunStatus.CANCELLED, cancelled.error
     cancelled_at_step = stored_max_step(run_id)
 
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1500})

@@ -50,7 +50,7 @@ def demo_config(**overrides: Any) -> dict[str, Any]:
 
 
 def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worker, owner, tiny_model: Path, wait: Callable[..., Any]) -> None:
-    from playwright.sync_api import sync_playwright
+    from tests.platform.test_browser import playwright_session
 
     from inflight.accounts.services import create_token
     from inflight.alerts.models import AlertWebhook
@@ -62,7 +62,7 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
     api = httpx.Client(base_url=daphne_server, headers={"Authorization": f"Token {token}"}, timeout=30)
     start_worker("cpu")
     run = services.create_run(owner, "viewer-demo", demo_config())
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1200})

@@ -6,7 +6,6 @@ who may see the runs (staff), while a user who may not gets a 404."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,7 +14,7 @@ from django.utils import timezone
 from inflight.runs import services
 from inflight.runs.models import Run, RunStatus
 from inflight.runs.services import PointIn
-from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 (fixture)
+from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session  # noqa: F401 (fixture)
 
 pytestmark = [
     pytest.mark.browser,
@@ -44,12 +43,11 @@ def sign_in(page: Any, base: str, username: str, password: str, then: str) -> No
 
 
 def test_clone_edit_launch_and_a_shared_compare_url(daphne_server: str, owner, staff_user, other_user, tiny_config: dict, wait: Callable[..., Any]) -> None:  # noqa: F811
-    from playwright.sync_api import sync_playwright
 
     first = finished_run(owner, tiny_config, "first", 0.05)
     second = finished_run(owner, tiny_config, "second", 0.1)
     before = set(Run.objects.values_list("pk", flat=True))
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 1400})

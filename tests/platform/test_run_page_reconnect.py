@@ -55,12 +55,12 @@ class PlayedServer:
 
 
 def test_the_run_page_backs_off_while_its_socket_keeps_closing(daphne_server: str, owner, tiny_config: dict) -> None:
-    from playwright.sync_api import sync_playwright
+    from tests.platform.test_browser import playwright_session
 
     from inflight.runs import services
 
     run = services.create_run(owner, "queued-run", tiny_config)  # queued, no worker: the page keeps reconnecting
-    with sync_playwright() as playwright:
+    with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page()
