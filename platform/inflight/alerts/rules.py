@@ -106,12 +106,17 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
     return out
 
 
+def eval_drop_watches(benchmark: str) -> bool:
+    """Whether `eval_drop` judges this benchmark's evaluations. Not the held-out set's: it has its
+    own rule on its `success/heldout` metric (`heldout_collapse`, with its window and threshold),
+    one alert per signal, not two."""
+    return benchmark != HELDOUT_BENCHMARK
+
+
 def check_eval(benchmark: str, step: int, k: int, mean_at_k: float, best_earlier: float | None, cfg: AlertsConfig) -> Verdicts:
-    """`eval_drop`: one evaluation's mean@k against the best of the benchmark's earlier steps.
-    The held-out set's evaluation has its own rule on its `success/heldout` metric
-    (`heldout_collapse`, with its window and threshold): one alert per signal, not two."""
+    """`eval_drop`: one evaluation's mean@k against the best of the benchmark's earlier steps."""
     out = Verdicts()
-    if benchmark == HELDOUT_BENCHMARK:
+    if not eval_drop_watches(benchmark):
         return out
     pair = ("eval_drop", benchmark)
     if best_earlier is not None and best_earlier - mean_at_k >= cfg.eval_drop:

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import transaction
 
 from inflight.alerts.models import Alert, AlertCursor, AlertEpisode, AlertWebhook
-from inflight.alerts.rules import RULES, Firing, Verdicts, advance_episodes, check_eval, check_line, check_stall
+from inflight.alerts.rules import RULES, Firing, Verdicts, advance_episodes, check_eval, check_line, check_stall, eval_drop_watches
 from inflight.live.broadcast import _group_send, run_group, user_runs_group
 from inflight.runs.models import EvalScore, Run
 from rl_core.config import AlertsConfig
@@ -178,8 +178,10 @@ def _step(record: dict[str, Any]) -> int | None:
 
 
 def evaluate_eval(run_id: int, score: EvalScore) -> list[Alert]:
-    """`eval_drop` (`rules.check_eval`, which leaves the held-out set to its own rule): this
-    evaluation's mean@k against the benchmark's best earlier score."""
+    """`eval_drop` (`rules.check_eval`): this evaluation's mean@k against the benchmark's best
+    earlier score. A benchmark the rule does not judge (the held-out set) costs no query."""
+    if not eval_drop_watches(score.benchmark):
+        return []
     with transaction.atomic():
         run = Run.objects.only("id", "owner_id", "name", "config").get(pk=run_id)
         cfg, _ = _settings(run.config)
