@@ -55,9 +55,14 @@ def stream_samples(out: Path) -> list:
         process.wait()
 
 
+# Steps of the learning run: the single-node demo gains its +20 held-out points by step 20 (median,
+# bench/demo_health.py) but async runs vary, and 25 steps once ended at +19.5; 30 gives it room.
+LEARNING_STEPS = 30
+
+
 def test_two_node_async_run_learns(two_node_cluster: NetnsCluster, tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    config = cluster_config(tmp_path, two_node_cluster, tiny_model)
+    config = cluster_config(tmp_path, two_node_cluster, tiny_model, **{"trainer.max_steps": LEARNING_STEPS})
     started = time.monotonic()
     launcher = launch(two_node_cluster, config, out)
     output, _ = launcher.communicate(timeout=600)
@@ -78,7 +83,7 @@ def test_two_node_async_run_learns(two_node_cluster: NetnsCluster, tiny_model: P
     keys = set().union(*records)
     assert {"system/node0/cpu_util", "system/node1/cpu_util", "system/node1/mem_util"} <= keys  # every node's use
     versions = [r["weights/version"] for r in records if "weights/version" in r]
-    assert versions and max(versions) == 25.0  # every step's weights reached the remote server
+    assert versions and max(versions) == LEARNING_STEPS  # every step's weights reached the remote server
     heldout = [r["success/heldout"] for r in records if "success/heldout" in r]
     assert max(heldout) - heldout[0] >= 0.20, heldout  # learns as the single-node demo does
     # Rollouts generated on node 1 after the first updates carry the new versions.
