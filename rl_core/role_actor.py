@@ -17,7 +17,7 @@ from pathlib import Path
 
 import ray
 
-from rl_core.processes import die_with_parent
+from rl_core.processes import die_with_parent, free_port
 
 
 class _Role:
@@ -46,8 +46,6 @@ class NodeRoles:
                 "hostname": socket.gethostname()}
 
     def free_port(self, host: str) -> int:
-        from rl_core.processes import free_port
-
         return free_port(host)
 
     def start(self, name: str, command: list[str], env: dict[str, str], log_file: str, cwd: str,

@@ -36,11 +36,13 @@ import httpx
 import torch
 import torch.distributed as dist
 
+from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV  # where the TCPStore listens on a cluster
 from rl_core.model_io import dtype_name, torch_dtype
-from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV  # noqa: F401  (where the TCPStore listens on a cluster)
 from rl_core.processes import free_port
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     name: str

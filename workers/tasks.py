@@ -236,7 +236,6 @@ def execute_run(self, run_id: int) -> str:
 def _summarise_ended_run(run_id: int) -> None:
     """Bring the ended run's leaderboard summary up to date now (runs/summaries.py), so no
     leaderboard read pays for it later. Best effort: a read would compute it anyway."""
-    from inflight.runs.models import Run
     from inflight.runs.summaries import refresh_summaries
 
     try:

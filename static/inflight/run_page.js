@@ -380,7 +380,7 @@
   // never opens; every (re)connect fetches it again for what was missed meanwhile.
   refetch();
   connect();
-  requestPanel(safetyPollMs()); // the socket's first open asks sooner; this covers one that never opens
+  requestPanel(safetyPollMs()); // the page was rendered with its panel: from here pushes ask, this is the safety poll
   if (page.wall_time_s !== null && page.wall_time_s !== undefined) setWallTime(page.wall_time_s);
   setInterval(showWallTime, 1000);
 })();

@@ -28,7 +28,6 @@ pytestmark = [
 SCREENSHOT = Path("/tmp/run_panel_push.png")
 
 
-
 def seconds_shown(text: str) -> int:
     """`1m 45s` / `45s` (the page's formatDuration below an hour) → seconds."""
     match = re.fullmatch(r"(?:(\d+)m )?(\d+)s", text.strip())

@@ -148,6 +148,19 @@ def test_ingest_eval_stores_per_problem_rows_once(owner) -> None:
         evaluations.ingest_eval(run.pk, {"step": 1}, [])
 
 
+def test_an_evaluation_row_json_cannot_carry_is_stored_value_by_value(owner) -> None:
+    """A per-problem `mean` of NaN has no JSON form: those rows go to PostgreSQL bound one value at
+    a time (runs.json_rows), and a re-sent line still adds nothing."""
+    run = make_run(owner)
+    rows = [{**ROWS[0], "mean": float("nan")}, ROWS[1]]
+    score = evaluations.ingest_eval(run.pk, EVAL_LINE, rows)
+    evaluations.ingest_eval(run.pk, EVAL_LINE, rows)
+    stored = {row.problem_id: row for row in EvalProblemResult.objects.filter(eval=score)}
+    assert sorted(stored) == ["p1", "p2"]
+    assert stored["p1"].mean != stored["p1"].mean and stored["p1"].samples == ROWS[0]["samples"]  # NaN kept
+    assert stored["p2"].mean == 0.0 and stored["p2"].extracted == [None, None]
+
+
 def test_leaderboard_uses_one_rule_for_best_and_last(owner, other_user, staff_user) -> None:
     a = make_run(owner)
     b = make_run(owner)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,9 +90,7 @@ def test_a_leftover_run_dir_is_moved_aside_not_mixed(tmp_path: Path) -> None:
     (run_dir / "metrics.jsonl").write_text('{"step": 0, "old": 1}\n')
     script = tmp_path / "engine.py"
     script.write_text("import sys, pathlib; out = pathlib.Path(sys.argv[4]); (out / 'status.json').write_text('{\"state\": \"succeeded\"}')\n")
-    import sys as _sys
-
-    supervisor = RunSupervisor(run_dir, "name: x\n", [_sys.executable, str(script)], NullReporter(), cwd=tmp_path, poll_s=0.05)
+    supervisor = RunSupervisor(run_dir, "name: x\n", [sys.executable, str(script)], NullReporter(), cwd=tmp_path, poll_s=0.05)
     assert supervisor.supervise() == Outcome("succeeded", "", 0)
     assert not (run_dir / "metrics.jsonl").exists() and (run_dir / "submitted_config.yaml").read_text() == "name: x\n"
     stale = [p for p in tmp_path.iterdir() if p.name.startswith("7.stale-")]
@@ -130,8 +132,6 @@ def test_a_resumed_run_is_delivered_while_it_runs_not_only_after_it_ends(tmp_pat
     """Resumed from checkpoint step 10 after an attempt that logged steps 1..14: the steps the
     resumed attempt logs reach the reporter while it still runs (the charts stay live), the
     dead attempt's steps 11..14 never do."""
-    import sys as _sys
-
     from tests.conftest import REPO_ROOT
 
     run_dir = tmp_path / "run"
@@ -148,7 +148,7 @@ def test_a_resumed_run_is_delivered_while_it_runs_not_only_after_it_ends(tmp_pat
 
     holder: dict = {}
     reporter = RecordingReporter(lambda: holder["supervisor"].process.poll() is None)
-    supervisor = RunSupervisor(run_dir, "name: x\n", [_sys.executable, str(script)], reporter, cwd=REPO_ROOT, poll_s=0.05, resume=True)
+    supervisor = RunSupervisor(run_dir, "name: x\n", [sys.executable, str(script)], reporter, cwd=REPO_ROOT, poll_s=0.05, resume=True)
     holder["supervisor"] = supervisor
     assert supervisor.supervise() == Outcome("succeeded", "", 0)
 
@@ -217,18 +217,15 @@ time.sleep(0.5)
 def test_a_line_is_delivered_when_it_is_written_not_at_the_next_poll(tmp_path: Path) -> None:
     """With a 3 s poll, each line still reaches the reporter within a fraction of a second of
     being written: the supervisor is woken by the write (workers/run_dir_watch.py)."""
-    import sys as _sys
-    import time as _time
-
     delays: list[float] = []
 
     class TimingReporter(NullReporter):
         def metrics(self, records):
-            delays.extend(_time.time() - float(r["t"]) for _, r in records)
+            delays.extend(time.time() - float(r["t"]) for _, r in records)
 
     script = tmp_path / "engine.py"
     script.write_text(PROMPT_ENGINE)
-    supervisor = RunSupervisor(tmp_path / "run", "name: x\n", [_sys.executable, str(script)], TimingReporter(), cwd=tmp_path, poll_s=3.0)
+    supervisor = RunSupervisor(tmp_path / "run", "name: x\n", [sys.executable, str(script)], TimingReporter(), cwd=tmp_path, poll_s=3.0)
     assert supervisor.supervise() == Outcome("succeeded", "", 0)
     assert len(delays) == 2
     assert max(delays) < 1.0, f"lines waited {delays} s for the supervisor"
@@ -250,10 +247,8 @@ def test_a_new_checkpoint_is_reported_once_and_existing_ones_are_not_news(tmp_pa
     supervisor = RunSupervisor(tmp_path, "", ["true"], reporter, cwd=tmp_path)
     supervisor.check_checkpoints()
     assert reporter.calls == 0
-    import os as _os
-
     (tmp_path / "checkpoints" / "step_000020").mkdir()
-    _os.utime(tmp_path / "checkpoints", ns=(1, 1))  # a distinct mtime even on a coarse clock
+    os.utime(tmp_path / "checkpoints", ns=(1, 1))  # a distinct mtime even on a coarse clock
     reporter.fail = True
     supervisor.check_checkpoints()  # not delivered: said again on the next poll
     reporter.fail = False
@@ -263,9 +258,6 @@ def test_a_new_checkpoint_is_reported_once_and_existing_ones_are_not_news(tmp_pa
 
 
 def test_the_run_dir_watch_names_the_run_that_wrote_a_watched_file(tmp_path: Path) -> None:
-    import threading
-    import time as _time
-
     from workers.run_dir_watch import RunDirWatch
 
     quiet, busy = tmp_path / "quiet", tmp_path / "busy"
@@ -280,14 +272,14 @@ def test_the_run_dir_watch_names_the_run_that_wrote_a_watched_file(tmp_path: Pat
         assert watch.wait(0.2) == set()
 
         def write_later() -> None:
-            _time.sleep(0.2)
+            time.sleep(0.2)
             with open(busy / "metrics.jsonl", "a") as handle:
                 handle.write("{}\n")
 
         threading.Thread(target=write_later).start()
-        started = _time.monotonic()
+        started = time.monotonic()
         assert watch.wait(5.0) == {busy}
-        assert _time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 2.0
         assert other.wait(1.0) == {busy}
         other.close()
         with open(busy / "metrics.jsonl", "a") as handle:

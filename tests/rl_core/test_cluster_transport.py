@@ -13,9 +13,10 @@ import pytest
 import redis
 import torch
 
+from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV
 from rl_core.contracts import RolloutSample
 from rl_core.stream import STREAM_REDIS_PASSWORD_ENV, RedisStreamReader, RedisStreamWriter, start_redis_server
-from rl_core.weight_sync import ADVERTISED_ADDRESS_ENV, ParamSpec, WeightBroadcaster, WeightSyncError, create_group
+from rl_core.weight_sync import ParamSpec, WeightBroadcaster, WeightSyncError, create_group
 
 
 def sample(index: int) -> RolloutSample:

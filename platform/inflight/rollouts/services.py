@@ -13,14 +13,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-import psycopg
 from django.db import connection, transaction
 
 from inflight.live.broadcast import _group_send, run_group
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
-from inflight.runs.json_rows import model_fields, rows_document, select_from_document
+from inflight.runs.json_rows import model_fields, rows_source, server_bound_cursor
 from inflight.runs.models import Run
 from rl_core.config import RolloutStoreConfig
 
@@ -199,18 +198,11 @@ def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
     run_id = rows[0].run_id
     inserted: list[StoredRollout] = []
     stored = 0
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    with server_bound_cursor() as cursor:
         for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
             chunk = {row.line: row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
-            document = rows_document(list(chunk.values()), fields)
-            columns, select = select_from_document(fields)
-            if document is not None:
-                cursor.execute(_insert_and_count_sql(columns, select), [document, run_id])
-            else:
-                one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
-                cursor.execute(_insert_and_count_sql(columns, "VALUES " + ", ".join([one_row] * len(chunk))),
-                               [getattr(row, f.attname) for row in chunk.values() for f in fields] + [run_id])
+            columns, source, params = rows_source(list(chunk.values()), fields)
+            cursor.execute(_insert_and_count_sql(columns, source), [*params, run_id])
             for pk, line, stored in cursor.fetchall():
                 if pk is None:
                     continue  # no row was new: the joined row only carries `stored`

@@ -7,11 +7,10 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-import psycopg
-from django.db import connection, transaction
+from django.db import transaction
 
 from inflight.live.broadcast import _group_send, run_group
-from inflight.runs.json_rows import model_fields, rows_document, select_from_document
+from inflight.runs.json_rows import model_fields, rows_source, server_bound_cursor
 from inflight.runs.models import EvalProblemResult, EvalScore
 
 _EVAL_FIELDS = ("benchmark", "step", "k", "mean_at_k", "pass_at_k", "num_problems", "num_samples")
@@ -63,12 +62,6 @@ def _insert_problem_rows(rows: list[EvalProblemResult]) -> None:
     """An evaluation's per-problem rows, those not stored yet (a re-sent line adds nothing), as one
     JSON document (`json_rows`): 200 runs' evaluations arrive together and their quoted samples
     were the burst that held every run's metrics back (bench/platform_scale.py)."""
-    fields = model_fields(EvalProblemResult)
-    columns, select = select_from_document(fields)
-    document = rows_document(rows, fields)
-    if document is None:  # a value JSON cannot carry: Django binds them one by one
-        EvalProblemResult.objects.bulk_create(rows, ignore_conflicts=True)
-        return
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:  # bound on the server
-        cursor.execute(f"INSERT INTO {EvalProblemResult._meta.db_table} ({columns}) {select} ON CONFLICT (eval_id, problem_id) DO NOTHING", [document])
+    columns, source, params = rows_source(rows, model_fields(EvalProblemResult))
+    with server_bound_cursor() as cursor:
+        cursor.execute(f"INSERT INTO {EvalProblemResult._meta.db_table} ({columns}) {source} ON CONFLICT (eval_id, problem_id) DO NOTHING", params)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
+import psycopg
 from django.db import connection, models
 
 
@@ -22,19 +24,31 @@ def model_fields(model: type[models.Model]) -> tuple[models.Field, ...]:
     return tuple(f for f in model._meta.concrete_fields if not f.primary_key)
 
 
-def rows_document(rows: Sequence[models.Model], fields: Sequence[models.Field]) -> str | None:
-    """The rows' column values as one JSON array of objects (a JSONField's value goes in as the
-    JSON it is); None when a value has no JSON form (NaN, infinity): the caller then binds the
-    values one by one."""
+def rows_source(rows: Sequence[models.Model], fields: tuple[models.Field, ...]) -> tuple[str, str, list[Any]]:
+    """(the column list, the rows as an INSERT's source, its parameters). The source is
+    `SELECT ... FROM jsonb_to_recordset(%s::jsonb)` over one JSON array of objects (a JSONField's
+    value goes in as the JSON it is); when a value has no JSON form (NaN, infinity) it is
+    `VALUES (...), ...` with every value bound on its own as its field prepares it, typed as its column."""
+    columns, select = _select_from_document(fields)
     try:
-        return json.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows], allow_nan=False)
+        return columns, select, [json.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows], allow_nan=False)]
     except ValueError:
-        return None
+        one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+        values = [f.get_db_prep_save(getattr(row, f.attname), connection) for row in rows for f in fields]
+        return columns, "VALUES " + ", ".join([one_row] * len(rows)), values
 
 
 @functools.cache
-def select_from_document(fields: tuple[models.Field, ...]) -> tuple[str, str]:
-    """(the column list, `SELECT <columns> FROM jsonb_to_recordset(%s::jsonb) ...`) for `fields`."""
+def _select_from_document(fields: tuple[models.Field, ...]) -> tuple[str, str]:
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     record_type = ", ".join(f"{connection.ops.quote_name(f.column)} {f.db_type(connection)}" for f in fields)
     return columns, f"SELECT {columns} FROM jsonb_to_recordset(%s::jsonb) AS r({record_type})"
+
+
+@contextmanager
+def server_bound_cursor() -> Iterator[psycopg.Cursor]:
+    """A psycopg cursor on Django's connection (its transaction, its error translation) that binds
+    parameters on the server, unlike Django's own cursors."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        yield cursor
