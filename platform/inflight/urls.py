@@ -16,5 +16,11 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/", include("inflight.api.urls")),
     path("favicon.ico", RedirectView.as_view(url=static("inflight/favicon.ico"), permanent=True)),
+    path("", include("inflight.accounts.urls")),
+    path("", include("inflight.inbox.urls")),
+    path("", include("inflight.datasets.urls")),
     path("", include("inflight.web.urls")),
 ]
+
+# An address nothing answers gets the site's 404 page (or the API's JSON error), not Django's.
+handler404 = "inflight.web.views.page_not_found"

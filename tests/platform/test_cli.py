@@ -99,7 +99,7 @@ def test_login_submit_watch_runs_logs_download_a_real_run(
     downloaded = cli("download", str(run_id), "-o", str(target), "--checkpoint", "latest").stdout
     assert "checkpoints/step_000004/" in downloaded
     wide_header = (target / "metrics_wide.csv").read_text().splitlines()[0].split(",")
-    assert wide_header[:3] == ["line", "step", "t"] and "train/loss" in wide_header and "success/heldout" in wide_header
+    assert wide_header[:2] == ["step", "t"] and "train/loss" in wide_header and "success/heldout" in wide_header
     assert (target / "metrics.csv").read_text().startswith("step,t,name,value,line")
     assert json.loads((target / "run.json").read_text())["status"] == "succeeded"
     checkpoint = target / "checkpoints" / "step_000004"

@@ -144,11 +144,11 @@ def test_wide_csv_has_one_column_per_metric(owner_api, other_api, owner) -> None
     assert response.status_code == 200 and response["Content-Type"] == "text/csv"
     assert f'filename="run-{run.pk}-metrics_wide.csv"' in response["Content-Disposition"]
     table = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+    # One row per step (issue 33): step 1's training line and its held-out line are one row.
     assert table == [
-        ["line", "step", "t", "success/heldout", "train/loss", "train/reward_mean"],
-        ["0", "1", "10.0", "", "0.5", "0.25"],
-        ["1", "1", "11.0", "0.75", "", ""],
-        ["2", "2", "12.0", "", "0.4", "0.5"],
+        ["step", "t", "success/heldout", "train/loss", "train/reward_mean"],
+        ["1", "11.0", "0.75", "0.5", "0.25"],
+        ["2", "12.0", "", "0.4", "0.5"],
     ]
     long = b"".join(owner_api.get(f"/api/runs/{run.pk}/export/metrics.csv").streaming_content).decode().splitlines()
     assert long[0] == "step,t,name,value,line" and len(long) == 6  # the long form is unchanged

@@ -44,21 +44,26 @@ def _csv_lines(run: Run) -> Iterator[str]:
 
 
 def _wide_csv_lines(run: Run) -> Iterator[str]:
-    """One row per line of metrics.jsonl (line, step, t) with one column per metric name, empty
-    where that line did not log the metric: the shape pandas/spreadsheets chart directly. Rows
-    arrive ordered by line, so each is written as soon as the next line starts."""
+    """One row per trainer step (step, t) with one column per metric name, empty where that step
+    logged no value: the shape pandas/spreadsheets chart directly. A step is logged over several
+    metrics.jsonl lines (training, system, held-out evaluation): they are merged into its one row,
+    the later line's value winning where two give the same metric, and `t` is the step's last.
+    Points arrive ordered by (step, line), so each row is written as soon as the next step starts."""
     names = sorted(MetricPoint.objects.filter(run_id=run.pk).values_list("name", flat=True).distinct())
     column = {name: index for index, name in enumerate(names)}
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(["line", "step", "t", *names])
+    writer.writerow(["step", "t", *names])
     current: list[Any] | None = None
-    for step, t, name, value, line in _metric_rows(run):
-        if current is None or current[0] != line:
+    points = MetricPoint.objects.filter(run_id=run.pk).order_by("step", "line", "name").values_list("step", "t", "name", "value")
+    for step, t, name, value in points.iterator(chunk_size=5000):
+        if current is None or current[0] != step:
             if current is not None:
                 writer.writerow(current)
-            current = [line, step, t, *([""] * len(names))]
-        current[3 + column[name]] = value
+            current = [step, t, *([""] * len(names))]
+        if t is not None and (current[1] is None or t > current[1]):
+            current[1] = t
+        current[2 + column[name]] = value
         if buffer.tell() > 64 * 1024:
             yield buffer.getvalue()
             buffer.seek(0)

@@ -214,6 +214,10 @@ def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("web:run_detail", run_id=run_id)
 
 
+# Session key of the tags a user typed that were refused: the run page shows them back.
+LABELS_DRAFT_KEY = "labels-draft-{run_id}"
+
+
 @login_required
 @require_POST
 @base_views.page_404
@@ -232,7 +236,17 @@ def run_edit(request: HttpRequest, run_id: int) -> HttpResponse:
     except PermissionDenied as exc:
         return base_views._error_page(request, 403, str(exc))
     except actions.BadActionInput as exc:
-        messages.error(request, str(exc))
+        # What was valid is saved all the same: a refused tag never loses the note typed with it,
+        # and the tags as typed come back in the form (its details open) to be corrected.
+        valid = {key: value for key, value in changes.items() if key not in exc.errors}
+        saved = ""
+        if valid:
+            actions.update_run(run, request.user, valid)
+            saved = " " + " and ".join(sorted(valid)).capitalize() + " saved."
+        if "tags" in exc.errors:
+            request.session[LABELS_DRAFT_KEY.format(run_id=run.pk)] = request.POST.get("tags", "")[:2000]
+        problems = "; ".join(f"{key}: {message}" for key, items in exc.errors.items() for message in items)
+        messages.error(request, f"Not saved: {problems}.{saved}")
     else:
         messages.success(request, "Archived." if changes.get("archived") else "Saved.")
     return redirect("web:run_detail", run_id=run_id)

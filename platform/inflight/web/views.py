@@ -60,6 +60,16 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
     return _error_page(request, 403, message + ".")
 
 
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Every address nothing answers (`/runs/abc/`, a mistyped path): the site's own 404 page in
+    its layout, saying which address and where to go, instead of Django's bare one (the root
+    urlconf's `handler404`). The API and the pages' JSON endpoints answer in the JSON error shape."""
+    message = f"No page at {request.path[:200]}"
+    if request.path.startswith("/api/") or request.path.endswith(".json"):
+        return error_response(404, message)
+    return render(request, "inflight/error.html", {"status": 404, "message": message + ".", "not_found_path": request.path[:200]}, status=404)
+
+
 def json_login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """A JSON endpoint of the pages: 401 (not a redirect) when signed out, Http404 → JSON 404,
     in the platform's one error shape (`api.errors`)."""

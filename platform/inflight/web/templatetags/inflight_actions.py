@@ -28,6 +28,11 @@ def run_cluster(run: Any) -> dict[str, Any] | None:
 @register.inclusion_tag("inflight/_run_actions.html", takes_context=True)
 def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
     user = context["request"].user
+    # Tags refused by the last save, as typed (run_actions.run_edit): shown back to be corrected.
+    from inflight.web.run_actions import LABELS_DRAFT_KEY
+
+    session = getattr(context["request"], "session", None)
+    draft = session.pop(LABELS_DRAFT_KEY.format(run_id=run.pk), None) if session is not None else None
     visible = runs_visible_to(user)
     parent = visible.filter(pk=run.parent_id).first() if run.parent_id else None
     return {
@@ -43,5 +48,6 @@ def run_actions_panel(context: template.Context, run: Any) -> dict[str, Any]:
         "checkpoints": actions.run_checkpoints(run),
         "cluster": run_cluster(run),
         "resume_problem": actions.resume_problem(run) if run.is_resumable else None,
-        "tags_text": ", ".join(run.tags or []),
+        "tags_text": ", ".join(run.tags or []) if draft is None else draft,
+        "labels_draft": draft is not None,
     }
