@@ -9,6 +9,10 @@ folder is on sys.path when run as `python bench/NAME.py`).
   batching, HistoPipe), metric points and the WebSocket latency probe (ingest, rollouts), the
   ~125M model and the weight-update measurements (reference and vLLM weight updates).
 
+- `parse_bench_args`: every bench's `--smoke` flag (its smallest real settings: CI runs them all,
+  bench/smoke.py), and `smoke_demo_config`, the demo's config at its smallest real settings for
+  the benches that run the demo.
+
 Run as a script only as the bare receiver of `bare_broadcast` (`--bare-receiver`).
 """
 
@@ -44,6 +48,45 @@ from tests.rl_core.server_process import ServerProcess, start_server_process  # 
 
 if TYPE_CHECKING:
     import torch
+
+
+# --- --smoke: every bench at its smallest real settings (bench/smoke.py, `make bench-smoke`) ---
+
+
+def parse_bench_args(parser: argparse.ArgumentParser, smoke: dict[str, object], argv: list[str] | None = None) -> argparse.Namespace:
+    """`parser.parse_args` plus `--smoke`: the bench's smallest real settings, seconds, the same code
+    path. `smoke` maps argument names (dest) to their values then; a flag given on the command
+    line still wins. The benches that need more than flags read `args.smoke` themselves."""
+    settings = " ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in smoke.items() if value not in (True, False))
+    switches = " ".join(f"--{dest.replace('_', '-')}" for dest, value in smoke.items() if value is True)
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"Smallest real settings, seconds (CI's `make bench-smoke`): {' '.join(filter(None, (settings, switches))) or 'see the docstring'}.")
+    if parser.parse_known_args(argv)[0].smoke:
+        parser.set_defaults(**smoke)
+    return parser.parse_args(argv)
+
+
+# The demo (examples/tiny-cpu.yaml) at its smallest real settings: every role, a held-out
+# evaluation at step 0, mid-run and at the end, a few optimizer steps (the first is a start-up
+# step: a per-step time needs three).
+DEMO_CONFIG = REPO_ROOT / "examples" / "tiny-cpu.yaml"
+SMOKE_DEMO_OVERRIDES = (
+    "trainer.max_steps=4", "trainer.samples_per_step=16", "trainer.warmup_steps=1", "trainer.checkpoint_every=0",
+    "actor.groups_in_flight=2", "task.heldout_size=8", "eval.heldout_k=1", "eval.heldout_every_n_steps=2",
+)
+
+
+def smoke_demo_config(folder: Path, config: Path = DEMO_CONFIG) -> Path:
+    """`config` with SMOKE_DEMO_OVERRIDES applied, written into `folder`; its path."""
+    import yaml
+
+    from rl_core.config import apply_overrides
+
+    data = apply_overrides(yaml.safe_load(Path(config).read_text()), list(SMOKE_DEMO_OVERRIDES))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"smoke-{Path(config).name}"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 # --- processes ---------------------------------------------------------------------------
@@ -162,6 +205,24 @@ def prepare_model(args: argparse.Namespace) -> torch.nn.Module:
 
 
 # --- metric points and the live WebSocket latency (ingest, rollouts) -----------------------
+
+
+@contextmanager
+def live_run(owner, name: str, config: dict | None = None, worker_name: str = "bench@localhost") -> Iterator:
+    """A run through the life a worker gives it: submitted (`services.create_run`, its checks and
+    the per-user active-run limit), claimed, running while the block ingests into it, then
+    succeeded, so a bench measures any number of runs one after the other as a user's runs come
+    and go (INFLIGHT_MAX_ACTIVE_RUNS_PER_USER counts only the ones not ended)."""
+    from inflight.runs import services
+    from inflight.runs.models import RunStatus
+
+    run = services.create_run(owner, name, config or {})
+    services.claim_run(run.pk, worker_name)
+    run = services.transition_run(run.pk, RunStatus.RUNNING)
+    try:
+        yield run
+    finally:
+        services.finish_run(run.pk, RunStatus.SUCCEEDED)
 
 
 METRICS_PER_LINE = 20
@@ -313,28 +374,31 @@ def keep_decoding(url: str, stop: threading.Event) -> None:
     asyncio.run(loop())
 
 
-def updates_while_decoding(url: str, named: list[tuple[str, torch.Tensor]], updates: int, bucket_bytes: int) -> tuple[list[float], list[float]]:
+def updates_while_decoding(url: str, named: list[tuple[str, torch.Tensor]], updates: int, bucket_bytes: int,
+                           sender: object | None = None, first_version: int = 1) -> tuple[list[float], list[float]]:
     """Broadcast `updates` new weight versions to the server at `url` while it keeps decoding;
-    returns the server's pause and the trainer's broadcast time per update."""
+    returns the server's pause and the trainer's broadcast time per update. `sender`: the
+    trainer-side sender to use (default: a gloo `WeightBroadcaster`; `weight_handoff.SameDeviceSender`)."""
     import torch
 
     from rl_core.weight_sync import WeightBroadcaster
 
     stop = threading.Event()
     decoder = threading.Thread(target=keep_decoding, args=(url, stop), daemon=True)
-    broadcaster = WeightBroadcaster([url], bucket_bytes=bucket_bytes)
+    broadcaster = sender or WeightBroadcaster([url], bucket_bytes=bucket_bytes)
     try:
         broadcaster.connect()
         decoder.start()
         time.sleep(2.0)  # updates land mid-decode, as in a run
         pauses, broadcasts = [], []
-        for version in range(1, updates + 1):
+        for version in range(first_version, first_version + updates):
             with torch.no_grad():
                 for _, tensor in named:
                     tensor.mul_(1.0001)
             figures = broadcaster.broadcast(named, version)
             pauses.append(figures["weights/update_pause_s"])
-            broadcasts.append(figures["weights/broadcast_s"])
+            # The trainer's side of the update: the broadcast, or the write into the shared segment.
+            broadcasts.append(figures.get("weights/broadcast_s", figures.get("weights/handoff_write_s", 0.0)))
     finally:
         stop.set()
         decoder.join(120)

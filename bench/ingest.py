@@ -20,7 +20,11 @@ measures side by side in this one run:
 Goals: ingest_points_per_s >= 20,000 (at 2,000-point batches, ~100 metrics lines of 20
 metrics: what one 250 ms tail of a busy run holds), ws_latency_p95_ms <= 200.
 
-    .venv/bin/python bench/ingest.py [--points 200000] [--latency-batches 60]
+Every measurement has a run of its own, which lives as a worker runs it (`benchlib.live_run`:
+submitted through `services.create_run` with its per-user limit, claimed, running, succeeded) and
+has ended before the next is submitted: one user's runs one after the other, as a lab's come and go.
+
+    .venv/bin/python bench/ingest.py [--points 200000] [--latency-batches 60] [--smoke]
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import statistics
 import sys
 import time
 
-from benchlib import METRICS_PER_LINE, make_points, platform_services, ws_latency  # first: it puts the checkout on sys.path
+from benchlib import METRICS_PER_LINE, live_run, make_points, parse_bench_args, platform_services, ws_latency  # first: it puts the checkout on sys.path
 
 
 def ingest_orm(run_id: int, points) -> None:
@@ -54,7 +58,13 @@ def ingest_orm(run_id: int, points) -> None:
 def throughput(owner, total_points: int, batch_points: int, mode: str) -> float:
     from inflight.runs import services
 
-    run = services.create_run(owner, f"bench-{mode}-{batch_points}", {})
+    with live_run(owner, f"bench-{mode}-{batch_points}") as run:
+        return _throughput(run, total_points, batch_points, mode)
+
+
+def _throughput(run, total_points: int, batch_points: int, mode: str) -> float:
+    from inflight.runs import services
+
     lines_per_batch = max(1, batch_points // METRICS_PER_LINE)
     batches = [make_points(i * lines_per_batch, lines_per_batch) for i in range(max(1, total_points // batch_points))]
     if mode == "duplicate":
@@ -76,7 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=200_000, help="Points per throughput measurement.")
     parser.add_argument("--latency-batches", type=int, default=60, help="Batches sent to the WebSocket client.")
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={"points": 2_000, "latency_batches": 4})
 
     with platform_services("ingest"):
         from django.contrib.auth import get_user_model
@@ -85,20 +95,18 @@ def main() -> int:
 
         # Latency first: after the throughput rows the table holds millions of points and
         # autovacuum works through them, which would measure the bench's own backlog.
-        from inflight.runs import services
-
-        latency_run = services.create_run(owner, "bench-latency", {})
         # Side by side: the consumer's pacing as shipped (burst 1.5) and a fixed 250 ms window
         # (burst 1.0: push only when the last push is >= 250 ms old, else at the window's end).
         from inflight.live import consumers
 
         shipped_burst = consumers.PUSH_BURST
         consumers.PUSH_BURST = 1.0
-        window_run = services.create_run(owner, "bench-latency-window", {})
-        window_latencies, _ = asyncio.run(ws_latency(owner, window_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
+        with live_run(owner, "bench-latency-window") as window_run:
+            window_latencies, _ = asyncio.run(ws_latency(owner, window_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
         window_latencies.sort()
         consumers.PUSH_BURST = shipped_burst
-        latencies, push_times = asyncio.run(ws_latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
+        with live_run(owner, "bench-latency") as latency_run:
+            latencies, push_times = asyncio.run(ws_latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=0.25))
         latencies.sort()
         most_pushes_in_1s = max(sum(1 for t in push_times if start <= t < start + 1.0) for start in push_times)
 
