@@ -20,7 +20,8 @@ Runs a whole RL run standalone, in this order:
    SIGTERM / Ctrl-C → graceful stop of all children → `cancelled`. The trainer reaching
    `trainer.max_steps`, or `max_wall_time_s` passing (the trainer then stops at the next
    step boundary and checkpoints), ends the run `succeeded` once the actor's final
-   evaluation is written.
+   evaluation is written; status.json's `ended_reason` says which of the two it was
+   (`max_steps` or `wall_time`), or `cancelled`, `failed`, `hung`.
 
 No orphans: children stay in the launcher's process group (one signal to the group
 reaches all of them), and each child gets PR_SET_PDEATHSIG=SIGTERM so that even a
@@ -56,8 +57,10 @@ from rl_core.run_dir import (
     REDIS_DIR,
     REDIS_LOG_FILE,
     REDIS_PASSWORD_FILE,
+    EndedReason,
     RunState,
     clear_previous_attempt,
+    ended_sentence,
     latest_checkpoint,
     log_path,
     parse_ready_line,
@@ -79,6 +82,8 @@ CONSOLE_LOG_EVERY_S = 5.0  # progress lines when the console is not a terminal
 
 class LaunchError(RuntimeError):
     """A run that cannot start or must stop; the message is what status.json shows."""
+
+    ended_reason: EndedReason = "failed"
 
 
 # --- 1. validation before anything starts ------------------------------------------
@@ -298,9 +303,22 @@ class Launcher:
         self._console_step = 0
         self._console_pending: dict[str, float] = {}
         self._console_last = 0.0
+        self.wall_time_stop = False  # the launcher asked the trainer to stop: max_wall_time_s passed
 
-    def set_status(self, state: RunState, error: str | None = None, detail: str | None = None) -> None:
-        write_status(self.run_dir, state, error, detail)
+    def ended_reason(self, state: str, error: LaunchError | None) -> EndedReason:
+        """Why the run ended: a succeeded run finished its steps unless the wall-time budget
+        stopped its trainer first (the trainer's last published version says which)."""
+        if state == "cancelled":
+            return "cancelled"
+        if state != "succeeded":
+            return error.ended_reason if error is not None else "failed"
+        progress = read_progress(self.run_dir)
+        finished = progress is not None and progress.version >= self.config.trainer.max_steps
+        return "wall_time" if self.wall_time_stop and not finished else "max_steps"
+
+    def set_status(self, state: RunState, error: str | None = None, detail: str | None = None,
+                   ended_reason: EndedReason | None = None, ended_detail: str | None = None) -> None:
+        write_status(self.run_dir, state, error, detail, ended_reason, ended_detail)
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -429,6 +447,7 @@ class Launcher:
                 wall = self.config.max_wall_time_s
                 if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):
                     request_stop(self.run_dir, "max_wall_time_s reached")
+                    self.wall_time_stop = True
                 if self.host.remote and now >= self._next_node_check:
                     self.check_nodes()
                     self._next_node_check = now + NODE_CHECK_EVERY_S
@@ -503,6 +522,7 @@ class Launcher:
             signal.signal(signum, self.on_signal)
         self.set_status("starting")
         state, error = "failed", None
+        launch_error: LaunchError | None = None
         # W&B / TensorBoard copies of metrics.jsonl (monitoring.mirror.sinks), fed on a thread of their own.
         mirror = None
         if self.config.monitoring.mirror.sinks:
@@ -515,6 +535,7 @@ class Launcher:
             state = self.supervise()
         except LaunchError as exc:
             state, error = ("cancelled", None) if self.stop_signal is not None else ("failed", str(exc))
+            launch_error = exc
         except Exception as exc:  # noqa: BLE001 - any launcher bug still stops the children and says why
             state, error = "failed", f"launcher error: {exc!r}"
         finally:
@@ -525,11 +546,16 @@ class Launcher:
                 mirror.close()
         if self.console is not None:
             self.console.close()
-        self.set_status(state, error)
+        reason = self.ended_reason(state, launch_error)
+        progress = read_progress(self.run_dir)
+        detail = ended_sentence(reason, progress.version if progress else 0, self.config.trainer.max_steps, self.config.max_wall_time_s)
+        self.set_status(state, error, ended_reason=reason, ended_detail=detail)
         if error:
             print(f"run failed: {error}", file=sys.stderr, flush=True)
         else:
-            print(f"run {state}: {self.run_dir}", flush=True)
+            print(f"run {state} ({detail}): {self.run_dir}", flush=True)
+        # A budget stop exits 0 like a finished run: its checkpoint and final evaluation are
+        # written as configured; status.json's `ended_reason` and the line above say it stopped early.
         return {"succeeded": 0, "cancelled": 130}.get(state, 1)
 
 

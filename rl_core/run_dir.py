@@ -124,6 +124,32 @@ def parse_ready_line(line: str) -> str | None:
 RunState = Literal["starting", "running", "succeeded", "failed", "cancelled"]
 FINAL_STATES: tuple[RunState, ...] = ("succeeded", "failed", "cancelled")
 
+# Why a run ended, beside its state: `succeeded` alone hid a run its wall-time budget stopped at
+# step 16 of 1000. The launcher writes the first five; `lost` is the platform's (its worker died).
+EndedReason = Literal["max_steps", "wall_time", "cancelled", "failed", "hung", "lost"]
+ENDED_REASONS: dict[str, str] = {
+    "max_steps": "finished its steps",
+    "wall_time": "stopped by its wall-time budget",
+    "cancelled": "cancelled",
+    "failed": "failed",
+    "hung": "failed: a role stopped answering",
+    "lost": "lost with its worker",
+}
+
+
+def ended_sentence(reason: str | None, step: int | None = None, max_steps: int | None = None,
+                   max_wall_time_s: float | None = None) -> str:
+    """Why a run ended, in words: the run page, the API's `ended`, both CLIs and status.json's
+    `ended_detail` say the same sentence. "" for a run that has not ended."""
+    if not reason:
+        return ""
+    sentence = ENDED_REASONS.get(reason, reason)
+    if reason == "wall_time" and max_wall_time_s is not None:
+        sentence += f" (max_wall_time_s {max_wall_time_s:g} s)"
+    if step is not None and reason in ("max_steps", "wall_time", "cancelled", "failed", "hung"):
+        sentence += f" at step {step}" + (f" of {max_steps}" if max_steps else "")
+    return sentence
+
 
 class RunStatusRecord(BaseModel):
     """`status.json`, written by the launcher at each change of state."""
@@ -135,6 +161,10 @@ class RunStatusRecord(BaseModel):
     # What a `starting` run waits for, in words (a cluster run's placement group): the platform
     # shows it beside the status, so a run that waits for machines says so.
     detail: str | None = None
+    # Set with a final state: why the run ended (`EndedReason`) and that in words with its step
+    # (`ended_sentence`), e.g. "stopped by its wall-time budget (max_wall_time_s 60 s) at step 16 of 1000".
+    ended_reason: EndedReason | None = None
+    ended_detail: str | None = None
 
 
 class ClusterRole(BaseModel):
@@ -192,8 +222,10 @@ def _read_record(path: Path, model: type[Record]) -> Record | None:
         return None
 
 
-def write_status(run_dir: str | Path, state: RunState, error: str | None = None, detail: str | None = None) -> None:
-    record = RunStatusRecord(state=state, error=error, pid=os.getpid(), updated=time.time(), detail=detail)
+def write_status(run_dir: str | Path, state: RunState, error: str | None = None, detail: str | None = None,
+                 ended_reason: EndedReason | None = None, ended_detail: str | None = None) -> None:
+    record = RunStatusRecord(state=state, error=error, pid=os.getpid(), updated=time.time(), detail=detail,
+                             ended_reason=ended_reason, ended_detail=ended_detail)
     write_json_atomic(Path(run_dir) / STATUS_FILE, record.model_dump(mode="json"))
 
 

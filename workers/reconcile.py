@@ -99,7 +99,10 @@ def reconcile_run(run: Run, timeout_s: float = 60.0) -> str:
         try:
             if final == RunStatus.CANCELLED and run.status in (RunStatus.STARTING, RunStatus.RUNNING):
                 services.transition_run(run.pk, RunStatus.CANCELLING)
-            services.transition_run(run.pk, final, error=error)
+            # The engine's own account of why it ended, when the end recorded is the one it wrote.
+            ended = (status.ended_reason or "") if status is not None and state == final else ""
+            services.transition_run(run.pk, final, error=error, ended_reason=ended,
+                                    ended_detail=(status.ended_detail or "") if status is not None and ended else "")
             break
         except services.IllegalTransition:
             continue  # someone else moved it meanwhile (the sweep, a cancel): decide again

@@ -81,6 +81,8 @@ class Outcome:
     status: str  # succeeded | failed | cancelled
     error: str = ""
     exit_code: int | None = None
+    ended_reason: str = ""  # status.json's (run_dir.EndedReason); "" when the run wrote none
+    ended_detail: str = ""
 
 
 # Lines of train_logprobs.jsonl held in memory while their stream lines are not delivered.
@@ -455,7 +457,8 @@ class RunSupervisor:
         if self.cancel_sent_at is not None:
             return Outcome("cancelled", "", exit_code)
         if state in FINAL_STATES and not (state == "succeeded" and exit_code != 0):
-            return Outcome(state, error if state != "succeeded" else "", exit_code)
+            assert status is not None
+            return Outcome(state, error if state != "succeeded" else "", exit_code, status.ended_reason or "", status.ended_detail or "")
         if exit_code == 0 and state is None:
             return Outcome("failed", "the run exited without writing status.json", exit_code)
         reason = f"exited with code {exit_code}" if exit_code is None or exit_code >= 0 else f"killed by signal {-exit_code}"

@@ -228,7 +228,7 @@ def execute_run(self, run_id: int) -> str:
         logger.exception("run %s: supervision failed", run_id)
         supervisor.signal_group(9)
         outcome = Outcome("failed", f"worker error: {exc}")
-    _until_recorded(lambda: services.finish_run(run_id, outcome.status, outcome.error))
+    _until_recorded(lambda: services.finish_run(run_id, outcome.status, outcome.error, outcome.ended_reason, outcome.ended_detail))
     _summarise_ended_run(run_id)
     return outcome.status
 

@@ -1,7 +1,8 @@
 """`inflight`: log in, submit and watch runs, read their logs, stop/resume them, download results.
 
 Every command is a few calls of the JSON API; failures print one line (`inflight: error: ...`)
-and exit 1 (2 for a wrong command line, 130 when interrupted).
+and exit 1 (2 for a wrong command line, 130 when interrupted). Watching a run exits 0 only when it
+finished its steps; 3 when its wall-time budget stopped it first (`EXIT_STOPPED_BY_BUDGET`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 LAUNCHER_LOG = "supervisor_child.log"  # the engine launcher's output, which the worker keeps
 WATCHED_METRICS = ("train/reward_mean", "success/mean", "train/loss", "success/heldout")
 DEFAULT_LOG_BYTES = 16 * 1024
+# A run its wall-time budget stopped early ended well but did not do what was asked (its steps):
+# a script running `submit --watch && ...` must be able to tell it from a finished run, and from a failure.
+EXIT_STOPPED_BY_BUDGET = 3
 
 
 class UsageError(Exception):
@@ -90,7 +94,8 @@ def _run_url(client: Client, run_id: int) -> str:
 
 def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0) -> int:
     """Print status changes and, each poll, the newest training step, any held-out scores and
-    alerts, until the run ends. 0 when it succeeded, 1 otherwise."""
+    alerts, until the run ends, then why it ended. 0 when it finished its steps, 3 when its
+    wall-time budget stopped it first, 1 otherwise."""
     run = client.get(f"/api/runs/{run_id}/")
     max_steps = (run.get("config") or {}).get("trainer", {}).get("max_steps")
     cursor, status, started = 0, None, time.monotonic()
@@ -125,8 +130,11 @@ def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0) -> int:
                 out.write(f"  ! alert {where}{alert['title']}: {alert['message']}\n")
         out.flush()
         if status in FINAL_STATES:
-            out.write(f"run {run_id} {status} · {_run_url(client, run_id)}\n")
-            return 0 if status == "succeeded" else 1
+            ended = f" ({run['ended']})" if run.get("ended") else ""
+            out.write(f"run {run_id} {status}{ended} · {_run_url(client, run_id)}\n")
+            if status != "succeeded":
+                return 1
+            return EXIT_STOPPED_BY_BUDGET if run.get("ended_reason") == "wall_time" else 0
         time.sleep(poll_s)
 
 
@@ -303,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("config", help="a run config (e.g. examples/tiny-cpu.yaml)")
     submit.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. --set trainer.max_steps=20 (repeatable)")
     submit.add_argument("--name", help="run name (default: the config's name)")
-    submit.add_argument("--watch", action="store_true", help="stream the run's progress until it ends (exit 0 only if it succeeded)")
+    submit.add_argument("--watch", action="store_true", help="stream the run's progress until it ends (exit 0 only if it finished its steps, 3 if its wall-time budget stopped it)")
     submit.set_defaults(handler=cmd_submit)
 
     runs = commands.add_parser("runs", help="list runs, newest first")

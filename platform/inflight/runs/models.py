@@ -11,6 +11,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from rl_core.run_dir import ENDED_REASONS
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued", "Queued"
@@ -68,6 +70,14 @@ class Run(models.Model):
     )
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True)
     error = models.TextField(blank=True, default="", help_text="Why the run failed or was lost.")
+    ended_reason = models.CharField(
+        max_length=16, blank=True, default="", choices=[(code, label) for code, label in ENDED_REASONS.items()],
+        help_text="Why an ended run ended (rl_core.run_dir.EndedReason): its steps done, its wall-time budget, cancelled, failed, hung, lost; empty while it has not ended.",
+    )
+    ended_detail = models.CharField(
+        max_length=300, blank=True, default="",
+        help_text="That in words with the step it ended at (run_dir.ended_sentence), e.g. 'stopped by its wall-time budget (max_wall_time_s 60 s) at step 16 of 1000'.",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -112,6 +122,11 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name} ({self.status})"
+
+    @property
+    def status_note(self) -> str:
+        """The words beside the status badge: what a starting run waits for, why an ended run ended."""
+        return self.status_detail or self.ended_detail
 
     @property
     def is_terminal(self) -> bool:

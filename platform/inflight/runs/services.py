@@ -42,6 +42,7 @@ from inflight.runs.safe_input import value_errors
 from inflight.runs.selectors import can_manage_run
 from inflight.task_queue import EXECUTE_RUN_TASK, app
 from rl_core.config import RunConfig, field_errors
+from rl_core.run_dir import ended_sentence
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def requeue_lost_messages(older_than_s: float | None = None) -> list[int]:
 
 
 def _broadcast_status(run: Run) -> None:
-    message = {"type": "run.status", "run_id": run.pk, "status": run.status, "error": run.error, "detail": run.status_detail}
+    message = {"type": "run.status", "run_id": run.pk, "status": run.status, "error": run.error, "detail": run.status_note}
     _group_send(run_group(run.pk), message)
     _group_send(user_runs_group(run.owner_id), message)
 
@@ -227,8 +228,12 @@ def transition_run(
     error: str | None = None,
     worker_name: str | None = None,
     run_dir: str | None = None,
+    ended_reason: str = "",
+    ended_detail: str = "",
 ) -> Run:
-    """Move a run to `new_status`; raises IllegalTransition if the state machine forbids it."""
+    """Move a run to `new_status`; raises IllegalTransition if the state machine forbids it.
+    An end records why (`ended_reason`, run_dir.ENDED_REASONS; by default what the status says:
+    cancelled, failed, lost, or a succeeded run's steps done); a restart (queued) forgets it."""
     run = Run.objects.select_for_update().get(pk=run_id)
     if new_status not in RunStatus.values:
         raise IllegalTransition(f"unknown status {new_status!r}")
@@ -245,7 +250,12 @@ def transition_run(
         fields.append("started_at")
     if new_status in TERMINAL_STATUSES:
         run.finished_at = now
-        fields.append("finished_at")
+        run.ended_reason = ended_reason or {RunStatus.SUCCEEDED: "max_steps"}.get(new_status, str(new_status))
+        run.ended_detail = (ended_detail or ended_sentence(run.ended_reason))[:300]
+        fields += ["finished_at", "ended_reason", "ended_detail"]
+    elif run.ended_reason:
+        run.ended_reason, run.ended_detail = "", ""
+        fields += ["ended_reason", "ended_detail"]
     if error is not None:
         run.error = error
         fields.append("error")
@@ -288,7 +298,7 @@ def claim_run(run_id: int, worker_name: str, worker_incarnation: str = "") -> Ru
 
 
 @transaction.atomic
-def finish_run(run_id: int, status: str, error: str = "") -> Run:
+def finish_run(run_id: int, status: str, error: str = "", ended_reason: str = "", ended_detail: str = "") -> Run:
     """Record how a supervised run ended. A run already `lost` (its worker was presumed dead)
     stays lost; a run that ended `cancelled` passes through `cancelling` if nobody else set it.
 
@@ -302,7 +312,7 @@ def finish_run(run_id: int, status: str, error: str = "") -> Run:
     try:
         if status == RunStatus.CANCELLED and run.status != RunStatus.CANCELLING:
             transition_run(run_id, RunStatus.CANCELLING)
-        return transition_run(run_id, status, error=error)
+        return transition_run(run_id, status, error=error, ended_reason=ended_reason, ended_detail=ended_detail)
     except IllegalTransition:
         logger.warning("run %s ended %s, which its status %s does not allow; keeping %s", run_id, status, run.status, run.status)
         return run

@@ -28,7 +28,7 @@ def run_panel_json(request: HttpRequest, run_id: int) -> HttpResponse:
     row = status_rows([run])[0]
     row.update(
         worker_name=run.worker_name or "",
-        detail=run.status_detail,
+        detail=run.status_note,
         can_stop=not run.is_terminal and run.status != "cancelling",
         actions_html=render_to_string("inflight/_run_actions_live.html", {"run": run}, request=request),
     )
