@@ -178,6 +178,13 @@ class InferenceConfig(_Section):
         description="Process groups (TCP connections with gloo) the trainer's weight broadcast spreads its buckets over. "
         "Unset: 2 with gloo (one connection is bound by one core's packet work), 1 with NCCL.",
     )
+    weight_handoff: Literal["auto", "same_device", "collective"] = Field(
+        "auto",
+        description="How the trainer's weights reach the servers. same_device: through memory both share, the server "
+        "pausing only for a copy on its device (a /dev/shm segment on CPU, a CUDA IPC handle on one GPU shared with "
+        "trainer.share_inference_gpus; one node, reference engine). collective: a torch.distributed broadcast "
+        "(gloo or NCCL; across devices and nodes, and vLLM). auto: same_device wherever it applies, else collective.",
+    )
 
 
 class ActorConfig(_Section):

@@ -37,6 +37,7 @@ from rl_core.kv_cache import compact_slots, followers_first  # which slot each r
 from rl_core.model_io import model_dtype
 from rl_core.shared_decode import extended_history_hash, prompt_history_hash, representatives
 from rl_core.speculation import DraftLengthController
+from rl_core.weight_sync import synchronize_device  # the one device wait before an update's clock stops
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +266,9 @@ class ReferenceEngine:
             try:
                 yield handle
             finally:
+                # The block's device work (an NCCL receive, a device copy) is queued, not done,
+                # when it returns: the decode loop resumes, and the clock stops, once it is done.
+                synchronize_device(self.device)
                 handle.pause_s = time.perf_counter() - handle.started
                 with self._cond:
                     self._pause_requests -= 1

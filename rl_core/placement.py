@@ -10,6 +10,9 @@ that names the fields and the numbers when the node cannot hold the run. A CPU r
 gets `CUDA_VISIBLE_DEVICES=""` everywhere, so no process grabs a GPU by accident.
 `trainer.share_inference_gpus` colocates the trainer ranks on the servers' GPUs
 instead (one GPU for everything, as `scripts/gpu_smoke.sh` does on a 1-GPU machine).
+The placement also picks how weights reach the servers (`choose_weight_handoff`): in memory
+both sides see when they share one device (`weight_handoff.py`), else a torch.distributed
+broadcast (`weight_sync.py`, gloo or NCCL).
 
 Inside each process the devices are renumbered from 0 by `CUDA_VISIBLE_DEVICES`:
 a server uses `cuda` (its tensor-parallel workers `cuda:0..tp-1`), and a trainer rank
@@ -60,6 +63,7 @@ class Placement:
     trainer_ranks: list[ProcessPlacement] = field(default_factory=list)  # one process per rank, in rank order
     shared_gpus: bool = False  # trainer ranks colocated on the servers' GPUs
     weight_sync_backend: str = "gloo"  # torch.distributed backend of the trainer -> servers broadcast
+    weight_handoff: str = "collective"  # "same_device" (weight_handoff.py) or "collective" (the broadcast above)
 
     @property
     def gpus_used(self) -> int:
@@ -72,7 +76,7 @@ class Placement:
         lines = [f"{p.role}: {'GPUs ' + p.cuda_visible_devices if p.gpus else 'CPU'}" for p in processes]
         lines.append(
             f"tensor_parallel_size={self.tensor_parallel_size} trainer_world_size={self.trainer_world_size} "
-            f"zero_stage={self.zero_stage} weight_sync={self.weight_sync_backend} "
+            f"zero_stage={self.zero_stage} weight_handoff={self.weight_handoff} weight_sync={self.weight_sync_backend} "
             f"shared_gpus={self.shared_gpus} unused_gpus={list(self.unused_gpus)}"
         )
         return "\n".join(lines)
@@ -93,6 +97,38 @@ class Placement:
             "MASTER_ADDR": master_address,
             "MASTER_PORT": str(master_port),
         }
+
+
+def same_device_obstacle(config: RunConfig) -> str | None:
+    """Why the trainer and the servers of `config` do not share one device (None: they do, so
+    weights can be handed over in memory both see, `weight_handoff.py`): one node, the reference
+    engine, and every server on the trainer's device (all on the CPU, or one server on the one
+    GPU the trainer shares with `trainer.share_inference_gpus`)."""
+    inference, trainer = config.inference, config.trainer
+    if config.cluster.enabled:
+        return "cluster.enabled puts the roles on several nodes"
+    if inference.engine != "reference":
+        return f"inference.engine {inference.engine!r} takes weights over the process group only"
+    if inference.device == "cpu" and trainer.device == "cpu":
+        return None
+    if not (inference.device.startswith("cuda") and trainer.device.startswith("cuda") and trainer.share_inference_gpus):
+        return (f"the servers ({inference.device!r}) and the trainer ({trainer.device!r}) are on different devices "
+                "(on one GPU: trainer.share_inference_gpus)")
+    if inference.num_servers != 1:
+        return f"inference.num_servers={inference.num_servers}: only server 0 is on the trainer's GPU"
+    return None
+
+
+def choose_weight_handoff(config: RunConfig) -> str:
+    """`inference.weight_handoff` resolved: "same_device" or "collective"; PlacementError when
+    same_device is asked where it cannot be."""
+    wanted = config.inference.weight_handoff
+    obstacle = same_device_obstacle(config)
+    if wanted == "same_device" and obstacle is not None:
+        raise PlacementError(f"inference.weight_handoff 'same_device' needs the trainer and every server on one device: {obstacle}")
+    if wanted == "collective" or obstacle is not None:
+        return "collective"
+    return "same_device"
 
 
 def detect_gpus() -> list[int]:
@@ -177,6 +213,7 @@ def check_placement(config: RunConfig, available_gpus: Sequence[int] | int) -> P
         )
     if problems:
         raise PlacementError("; ".join(problems))
+    handoff = choose_weight_handoff(config)
 
     # --- does the node hold it? ------------------------------------------------------
     needed = inference.num_servers * per_server + (0 if shared else trainer_gpus)
@@ -214,6 +251,7 @@ def check_placement(config: RunConfig, available_gpus: Sequence[int] | int) -> P
         trainer_ranks=ranks,
         shared_gpus=shared,
         weight_sync_backend=sync_backend,
+        weight_handoff=handoff,
     )
 
 

@@ -32,6 +32,7 @@ from rl_core.contracts import GenerationResult, SamplingParams
 from rl_core.engine import EngineConfig, ReferenceEngine
 from rl_core.processes import freeze_startup_objects, run_event_loop
 from rl_core.run_dir import ready_line
+from rl_core.weight_handoff import SegmentReceiver
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, MAX_STREAMS, WeightReceiver
 
 
@@ -79,6 +80,9 @@ class WeightUpdateRequest(_Body):
     version: int = Field(ge=0, description="Policy version the new weights are.")
     params: list[dict[str, Any]] = Field(min_length=1, description="[{name, dtype, shape}] in broadcast order.")
     bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, description="Bucket size the trainer packs with.")
+    segment: dict[str, Any] | None = Field(
+        None, description="Same-device handoff (weight_handoff.py): the trainer's segment {kind, name, nbytes[, cuda_ipc]} "
+        "holding the weights; no process group is involved. Absent: the weights come over the process group.")
 
 
 class AbortRequest(_Body):
@@ -147,6 +151,8 @@ class EngineCollector:
 
 def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceiver | None = None) -> FastAPI:
     app = FastAPI(title="Inflight inference server")
+    # Another engine's receiver (vLLM's workers) takes updates over the process group only.
+    segment_receiver = SegmentReceiver(engine) if receiver is None else None
     receiver = receiver or WeightReceiver(engine)
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine))
@@ -251,6 +257,15 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
         body = await parse_body(request, WeightUpdateRequest)
         if isinstance(body, JSONResponse):
             return body
+        if body.segment is not None:
+            if segment_receiver is None:
+                return error_response(400, "segment: this server takes weight updates over the process group only "
+                                      "(inference.weight_handoff: collective)")
+            try:
+                pause_s = await asyncio.to_thread(segment_receiver.receive, body.version, body.params, body.segment)
+            except ValueError as exc:
+                return error_response(400, str(exc))
+            return {"version": engine.version, "pause_s": pause_s}
         if receiver.group is None:
             return error_response(409, "no process group: POST /init_process_group first")
         try:

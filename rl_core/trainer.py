@@ -452,6 +452,22 @@ class Trainer:
         self.publish(done=True)
 
 
+def make_weight_sender(config: RunConfig, run_dir: Path, servers: list[str], handoff: str | None, sync_backend: str) -> Any:
+    """Rank 0's sender of the weights: in memory shared with the servers when they are on its
+    device (`weight_handoff.SameDeviceSender`), else the process-group broadcast."""
+    from rl_core.placement import choose_weight_handoff
+
+    if (handoff or choose_weight_handoff(config)) == "same_device":
+        from rl_core.weight_handoff import SameDeviceSender
+        from rl_core.weight_segments import remove_run_segments, run_segment_tag
+
+        remove_run_segments(run_dir, only_dead_owners=True)  # what a killed trainer of this run left
+        return SameDeviceSender(servers, run_segment_tag(run_dir), device=config.trainer.device)
+    from rl_core.weight_sync import WeightBroadcaster
+
+    return WeightBroadcaster(servers, backend=sync_backend, streams=config.inference.weight_sync_streams)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m rl_core trainer", description="Trainer of a run (started by `run`).")
     parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
@@ -463,6 +479,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume", action="store_true", help="Continue from checkpoints/latest.")
     parser.add_argument("--weight-sync-backend", default="gloo", choices=["gloo", "nccl"],
                         help="torch.distributed backend of the weight broadcast (placement.py picks it).")
+    parser.add_argument("--weight-handoff", default=None, choices=["same_device", "collective"],
+                        help="How weights reach the servers (default: as the run's placement picks it from "
+                             "inference.weight_handoff, placement.choose_weight_handoff).")
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
@@ -486,9 +505,7 @@ def main(argv: list[str]) -> int:
     if args.await_servers:  # the model is loaded: now the servers are needed
         servers = wait_for_servers(run_dir, SERVERS_WAIT_S)
     if servers and ranks.rank == 0:
-        from rl_core.weight_sync import WeightBroadcaster
-
-        broadcaster = WeightBroadcaster(servers, backend=args.weight_sync_backend, streams=config.inference.weight_sync_streams)
+        broadcaster = make_weight_sender(config, run_dir, servers, args.weight_handoff, args.weight_sync_backend)
         broadcaster.connect()
     trainer = Trainer(config, run_dir, backend, reader, sink, broadcaster, ranks)
     if checkpoint is not None:

@@ -43,6 +43,14 @@ from rl_core.processes import free_port
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 
 
+def synchronize_device(device: torch.device | str | None) -> None:
+    """Wait for the work queued on `device` (CUDA runs kernels asynchronously). Every update
+    timing calls it before it stops its clock: without it an NCCL broadcast or a device copy
+    would be timed at its launch, not at its end. A no-op on CPU."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
@@ -234,6 +242,13 @@ class HttpWeightSyncEndpoint:
             {"version": version, "params": [spec.to_json() for spec in params], "bucket_bytes": bucket_bytes},
         )
 
+    def request_segment_update(self, version: int, params: list[ParamSpec], segment: Any) -> dict[str, Any]:
+        """A same-device update (`weight_handoff.py`): the weights are in `segment` (its descriptor)."""
+        return self._post(
+            "/request_weight_update",
+            {"version": version, "params": [spec.to_json() for spec in params], "segment": segment.to_json()},
+        )
+
     def close(self) -> None:
         self._http.close()
 
@@ -361,6 +376,7 @@ class WeightBroadcaster:
             in_flight.append((self.group.broadcast(flat, number), flat))
         for work, _ in in_flight:
             self._wait(work, names, errors)
+        synchronize_device(self.device or device)
         broadcast_s = time.perf_counter() - broadcast_started
         for thread in threads:
             thread.join(self.timeout_s)
@@ -371,6 +387,7 @@ class WeightBroadcaster:
             "weights/broadcast_s": broadcast_s,
             "weights/update_total_s": time.perf_counter() - started,
             "weights/version": float(version),
+            "weights/same_device_handoff": 0.0,
         }
 
     def _wait(self, work: Any, names: list[str], errors: list[BaseException | None]) -> None:
