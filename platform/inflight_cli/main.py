@@ -11,8 +11,10 @@ import argparse
 import getpass
 import json
 import os
+import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence, TextIO
@@ -92,13 +94,29 @@ def _run_url(client: Client, run_id: int) -> str:
 # ---------------------------------------------------------------- watch
 
 
-def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0) -> int:
+def _latest_step(client: Client, run: dict[str, Any]) -> int | None:
+    """The newest step a run logged: the highest step of its latest stored batch of points (one
+    small read), or None before its first metrics."""
+    if run.get("step") is not None:
+        return int(run["step"])
+    seq = int(run.get("metrics_seq") or 0)
+    if seq <= 0:
+        return None
+    page = client.get(f"/api/runs/{run['id']}/metrics/", since_seq=seq - 1, format="records")
+    return max((int(point["step"]) for point in page["points"]), default=None)
+
+
+def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0, since_seq: int = 0) -> int:
     """Print status changes and, each poll, the newest training step, any held-out scores and
     alerts, until the run ends, then why it ended. 0 when it finished its steps, 3 when its
     wall-time budget stopped it first, 1 otherwise."""
     run = client.get(f"/api/runs/{run_id}/")
     max_steps = (run.get("config") or {}).get("trainer", {}).get("max_steps")
-    cursor, status, started = 0, None, time.monotonic()
+    # A resumed run is watched from where the resume found it (`since_seq`): the superseded
+    # attempt's steps are not replayed, and no step is printed below one already printed (the
+    # worker drops a superseded attempt's points after the new attempt has started writing).
+    cursor, status, started = since_seq, None, time.monotonic()
+    shown_step = -1
     alerts_seen: set[int] = set()
     while True:
         run = client.get(f"/api/runs/{run_id}/")  # status first: metrics read after a final status are complete
@@ -112,15 +130,17 @@ def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0) -> int:
             for point in page["points"]:
                 by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
             for step, values in sorted(by_step.items()):
-                if "success/heldout" in values:
-                    out.write(f"  step {step}: held-out success {_fmt(values['success/heldout'])}\n")
-            trained = [step for step, values in by_step.items() if "train/loss" in values or "train/reward_mean" in values]
+                if "success/heldout" in values and step > shown_step:
+                    out.write(f"  step {step}: success/heldout {_fmt(values['success/heldout'])}\n")
+            trained = [step for step, values in by_step.items() if ("train/loss" in values or "train/reward_mean" in values) and step > shown_step]
             if trained:
                 step = max(trained)
                 values = by_step[step]
-                shown = [f"{label} {_fmt(values[name])}" for name, label in (("train/reward_mean", "reward"), ("success/mean", "success"), ("train/loss", "loss")) if name in values]
+                # Full metric names, as the run page, the API and the CSV name them.
+                shown = [f"{name} {_fmt(values[name])}" for name in ("train/reward_mean", "success/mean", "train/loss") if name in values]
                 progress = f"{step}/{max_steps}" if max_steps else str(step)
                 out.write(f"  step {progress}  " + "  ".join(shown) + "\n")
+                shown_step = step
             if not page["truncated"]:
                 break
         for alert in reversed(client.get(f"/api/runs/{run_id}/alerts/", limit=50)["alerts"]):  # newest first → oldest first
@@ -192,11 +212,14 @@ def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
     if not page["runs"]:
         out.write("no runs\n")
         return 0
-    rows = [["ID", "STATUS", "NAME", "OWNER", "STEPS", "WALL", "CREATED"]]
+    rows = [["ID", "STATUS", "NAME", "OWNER", "STEP", "WALL", "CREATED"]]
     for run in page["runs"]:
         wall = run.get("wall_time_s")
+        # Progress: the newest step logged of trainer.max_steps ("-/100" before the first step).
+        max_steps = (run.get("config") or {}).get("trainer", {}).get("max_steps")
+        step = _latest_step(client, run)
         rows.append([
-            str(run["id"]), run["status"], run["name"], run["owner"], _fmt((run.get("config") or {}).get("trainer", {}).get("max_steps")),
+            str(run["id"]), run["status"], run["name"], run["owner"], f"{_fmt(step)}/{_fmt(max_steps)}",
             f"{wall:.0f}s" if isinstance(wall, (int, float)) else "-", str(run["created_at"])[:19].replace("T", " "),
         ])
     _table(rows, out)
@@ -220,7 +243,8 @@ def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
     run = client.post(f"/api/runs/{args.run}/resume/")
     out.write(f"run {run['id']} {run['status']} again (resume {run.get('resume_count')}) · {_run_url(client, run['id'])}\n")
     out.flush()
-    return watch(client, run["id"], out) if args.watch else 0
+    # Only what the resumed attempt logs: the points stored so far are the earlier attempts'.
+    return watch(client, run["id"], out, since_seq=int(run.get("metrics_seq") or 0)) if args.watch else 0
 
 
 def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
@@ -261,34 +285,69 @@ def cmd_download(args: argparse.Namespace, out: TextIO) -> int:
     client = _client()
     run = client.get(f"/api/runs/{args.run}/")
     target = Path(args.output or f"run-{run['id']}")
-    target.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Everything lands in a hidden folder beside the target first and is moved into place only
+    # once every file came: a download that fails half-way (a missing checkpoint, a dropped
+    # connection, Ctrl-C) leaves no partial folder that looks like a complete one.
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    written: list[tuple[str, int]] = []
+    try:
+        _download_into(client, run, staging, args, written)
+        _move_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for relative, size in written:
+        out.write(f"{target / relative}\t{size} bytes\n")
+    return 0
+
+
+def _download_into(client: Client, run: dict[str, Any], folder: Path, args: argparse.Namespace, written: list[tuple[str, int]]) -> None:
     kinds = [] if args.no_metrics else ["metrics.csv", "metrics_wide.csv", "evals.jsonl"] + (["rollouts.jsonl"] if args.rollouts else [])
     for kind in kinds:
-        size = client.download(f"/api/runs/{run['id']}/export/{kind}", target / kind)
-        out.write(f"{target / kind}\t{size} bytes\n")
-    (target / "run.json").write_text(json.dumps(run, indent=1))
-    if args.checkpoint:
-        listed = client.get(f"/api/runs/{run['id']}/checkpoints/")["checkpoints"]
-        if not listed:
-            raise ApiFailure(f"run {run['id']} has no checkpoint on disk")
-        if args.checkpoint == "all":
-            steps = [item["step"] for item in listed]
-        elif args.checkpoint == "latest":
-            steps = [next((item["step"] for item in listed if item["latest"]), listed[-1]["step"])]
-        elif args.checkpoint.isdigit():
-            steps = [int(args.checkpoint)]
-        else:
-            raise UsageError(f"--checkpoint {args.checkpoint!r}: give latest, all or a step number")
-        folder = target / "checkpoints"
-        folder.mkdir(exist_ok=True)
-        for step in steps:
-            archive = folder / f"step_{step:06d}.tar"
-            size = client.download(f"/api/runs/{run['id']}/checkpoints/{step}/download/", archive)
-            with tarfile.open(archive) as tar:
-                tar.extractall(folder, filter="data")  # refuses absolute paths, links out, devices
-            archive.unlink()
-            out.write(f"{folder / f'step_{step:06d}'}/\t{size} bytes\n")
-    return 0
+        written.append((kind, client.download(f"/api/runs/{run['id']}/export/{kind}", folder / kind)))
+    (folder / "run.json").write_text(json.dumps(run, indent=1))
+    if not args.checkpoint:
+        return
+    listed = client.get(f"/api/runs/{run['id']}/checkpoints/")["checkpoints"]
+    if not listed:
+        raise ApiFailure(f"run {run['id']} has no checkpoint on disk")
+    if args.checkpoint == "all":
+        steps = [item["step"] for item in listed]
+    elif args.checkpoint == "latest":
+        steps = [next((item["step"] for item in listed if item["latest"]), listed[-1]["step"])]
+    elif args.checkpoint.isdigit():
+        steps = [int(args.checkpoint)]
+    else:
+        raise UsageError(f"--checkpoint {args.checkpoint!r}: give latest, all or a step number")
+    checkpoints = folder / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    for step in steps:
+        archive = checkpoints / f"step_{step:06d}.tar"
+        size = client.download(f"/api/runs/{run['id']}/checkpoints/{step}/download/", archive)
+        with tarfile.open(archive) as tar:
+            tar.extractall(checkpoints, filter="data")  # refuses absolute paths, links out, devices
+        archive.unlink()
+        written.append((f"checkpoints/step_{step:06d}/", size))
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    """`staging` becomes `target`; into an existing folder (a second download of the same run),
+    each file or checkpoint folder replaces the one of the same name."""
+    if not target.exists():
+        staging.rename(target)
+        return
+    for entry in sorted(staging.rglob("*"), key=lambda path: len(path.parts)):
+        relative = entry.relative_to(staging)
+        destination = target / relative
+        if entry.is_dir():
+            if relative.parts[0] == "checkpoints" and len(relative.parts) == 2 and destination.exists():
+                shutil.rmtree(destination)  # a checkpoint is replaced whole, never merged
+            if not destination.exists():
+                entry.rename(destination)
+        elif entry.exists():
+            entry.replace(destination)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- parser

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -189,3 +190,64 @@ def test_set_overrides_are_typed() -> None:
         apply_overrides({"name": "x"}, ["name.first=y"])
 
 
+
+
+def _logged_run(owner, name: str, status: str, steps: range, max_steps: int = 20):
+    """A run as the worker leaves it, without an engine: its status and one training line per step."""
+    from inflight.runs.models import Run
+
+    run = Run.objects.create(owner=owner, name=name, status=status, config={"name": name, "trainer": {"max_steps": max_steps}})
+    _log_steps(run.pk, steps)
+    return run
+
+
+def _log_steps(run_id: int, steps: range) -> None:
+    from inflight.runs import services
+    from inflight.runs.models import Run
+
+    first_line = Run.objects.get(pk=run_id).metrics_seq * 100  # past every line already stored
+    services.ingest_metrics(run_id, [
+        point for offset, step in enumerate(steps)
+        for point in services.points_from_metrics_record(first_line + offset, {"t": 1_700_000_000.0 + step, "step": step, "train/loss": 1.0 / step, "train/reward_mean": step / 20, "success/mean": 0.5})
+    ])
+
+
+def test_progress_is_step_of_max_full_names_and_never_backwards(daphne_server: str, token: str, owner, tmp_path: Path, wait: Callable[..., Any]) -> None:  # noqa: F811
+    """Issue 33: `runs` shows the step reached of max_steps (it showed max_steps as STEPS); the
+    progress lines name metrics as the page and the API do; a watch never goes back to a step it
+    already printed, as a resumed run's attempt re-training steps 11-14 made it do."""
+    from inflight.runs.models import Run
+
+    cli = Cli(tmp_path, {"INFLIGHT_URL": daphne_server, "INFLIGHT_TOKEN": token})
+    done = _logged_run(owner, "done", "succeeded", range(1, 8))
+    _logged_run(owner, "waiting", "queued", range(0))
+    listing = cli("runs").stdout
+    assert listing.splitlines()[0].split()[4] == "STEP"
+    assert any(line.split()[:2] == [str(done.pk), "succeeded"] and "7/20" in line.split() for line in listing.splitlines()), listing
+    assert any("waiting" in line and "-/20" in line.split() for line in listing.splitlines()), listing
+
+    watched = cli("watch", str(done.pk)).stdout
+    assert "step 7/20  train/reward_mean 0.35  success/mean 0.5  train/loss 0.1429" in watched, watched
+
+    running = _logged_run(owner, "resumed", "running", range(1, 15))
+    watcher = subprocess.Popen([str(INFLIGHT), "watch", str(running.pk)], cwd=tmp_path, env=cli.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # it has printed step 14
+    _log_steps(running.pk, range(11, 13))  # the resumed attempt trains steps 11 and 12 again
+    time.sleep(2.5)
+    _log_steps(running.pk, range(13, 16))
+    time.sleep(2.5)
+    Run.objects.filter(pk=running.pk).update(status="succeeded")
+    out, err = watcher.communicate(timeout=60)
+    shown = [int(match) for match in re.findall(r"step (\d+)/20", out)]
+    assert shown and shown == sorted(shown) and shown[0] == 14 and shown[-1] == 15, out
+
+
+def test_a_failed_download_leaves_no_partial_folder(daphne_server: str, token: str, owner, tmp_path: Path) -> None:  # noqa: F811
+    cli = Cli(tmp_path, {"INFLIGHT_URL": daphne_server, "INFLIGHT_TOKEN": token})
+    run = _logged_run(owner, "no-checkpoint", "succeeded", range(1, 4))
+    failed = cli("download", str(run.pk), "--checkpoint", "latest", check=False)  # metrics come, then no checkpoint
+    assert failed.returncode == 1 and "has no checkpoint on disk" in failed.stderr
+    assert not (tmp_path / f"run-{run.pk}").exists() and not list(tmp_path.glob(f".run-{run.pk}*")), list(tmp_path.iterdir())
+    cli("download", str(run.pk))
+    assert (tmp_path / f"run-{run.pk}" / "metrics_wide.csv").read_text().splitlines()[0].startswith("step,t,")
+    assert not list(tmp_path.glob(f".run-{run.pk}*"))
