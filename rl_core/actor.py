@@ -69,6 +69,9 @@ class Window:
     tokens: int = 0
     groups: int = 0
     dropped_groups: int = 0
+    # Groups whose advantages are all 0 (every answer equally right or wrong): nothing to learn
+    # from them. Their share is the platform's `no_learning_signal` alert's early sign.
+    zero_advantage_groups: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -178,6 +181,7 @@ class Actor:
                 metadata={"epoch": epoch, "extracted": score.extracted},
             ))
         self.window.groups += 1
+        self.window.zero_advantage_groups += all(a == 0.0 for a in advantages)
         if self.config.actor.drop_zero_advantage_groups and all(a == 0.0 for a in advantages):
             self.window.dropped_groups += 1
             return []
@@ -289,6 +293,8 @@ class Actor:
                 "rollout/versions_per_sequence/mean": sum(w.versions_per_sequence) / len(w.versions_per_sequence),
                 "rollout/groups": float(w.groups),
             })
+        if w.groups:
+            metrics["rollout/zero_advantage_share"] = w.zero_advantage_groups / w.groups
         if w.dropped_groups:
             metrics["rollout/dropped_zero_advantage_groups"] = float(w.dropped_groups)
         metrics.update(self.router.metrics())

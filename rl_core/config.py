@@ -450,6 +450,11 @@ class AlertsConfig(_Section):
     )
     stall_s: float = Field(120.0, gt=0, description="Throughput stalled: no metrics for this many seconds while running.")
     eval_drop: float = Field(0.1, gt=0, description="An evaluation's mean@k fell this far below its best for the benchmark.")
+    no_signal_window: int = Field(
+        10, ge=1,
+        description="No learning signal: alert when this many values in a row of `train/reward_mean` are 0, of "
+        "`rollout/zero_advantage_share` are 1 (every group all right or all wrong) or of `train/grad_norm` are 0.",
+    )
 
 
 class MirrorConfig(_Section):

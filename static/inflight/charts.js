@@ -74,8 +74,9 @@
   // What a chart's data asks of its layout, from the traces about to be drawn: a log y axis when
   // every value is positive and they span decades (a catch-all chart of metrics of different
   // scales, a throughput that starts near 0), and whether every series is constant (a panel that
-  // would be a flat line: drawn small, after the others).
-  function fitChart(layout, traces) {
+  // would be a flat line: drawn small, after the others). `keepFull`: a learning signal's chart
+  // (web/charts.py `learning_signal`) is never drawn small: a reward stuck at 0 is what to see first.
+  function fitChart(layout, traces, keepFull) {
     var low = Infinity, high = -Infinity, flat = true, any = false, longest = 0;
     traces.forEach(function (trace) {
       var first = null;
@@ -88,7 +89,7 @@
         if (first === null) first = v; else if (Math.abs(v - first) > 1e-12 * Math.max(1, Math.abs(first))) flat = false;
       });
     });
-    var result = { log: any && low > 0 && high / low > LOG_SPAN, flat: any && flat && longest >= 3 };  // a young run's first points are not "flat"
+    var result = { log: any && low > 0 && high / low > LOG_SPAN, flat: !keepFull && any && flat && longest >= 3 };  // a young run's first points are not "flat"
     if (result.log) layout.yaxis.type = "log";
     if (result.flat) { layout.height = 130; layout.margin.b = 28; layout.showlegend = false; layout.xaxis.title = { text: "" }; }
     return result;
@@ -96,8 +97,8 @@
 
   // Draw (or redraw) a chart card's plot, fitted to its data (fitChart): the run page and the
   // compare page both draw through here.
-  function draw(plot, traces, layout) {
-    var fit = fitChart(layout, traces);
+  function draw(plot, traces, layout, keepFull) {
+    var fit = fitChart(layout, traces, keepFull);
     var card = plot.closest ? plot.closest(".chart-card") : null;
     if (card) {
       card.classList.toggle("chart-flat", fit.flat);

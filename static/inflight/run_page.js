@@ -340,7 +340,7 @@
       var chartLayout = C.layout(controls.axis, entry.group.y);
       // Alerts are marked where they fired (rollouts.js draws the marks).
       if (window.inflightAlertMarks) chartLayout.shapes = window.inflightAlertMarks(controls.axis, ctx);
-      C.draw(plot, entry.traces, chartLayout);
+      C.draw(plot, entry.traces, chartLayout, !!entry.group.learning_signal);
     });
     var info = document.getElementById("points-info");
     info.dataset.buckets = String(buckets);

@@ -1,7 +1,9 @@
 """The built-in alert rules, as pure functions of metric lines and rolling windows (no database).
 
-Each check returns the conditions that hold now: `{(rule, key): Firing}`; a rule absent from
-the result for a metric the line carries is a condition that no longer holds (its episode ends).
+Each check returns the conditions that hold now: `{(rule, key): Firing}`, and those it shows to be
+clear (`Verdicts.clear`: the episode ends). A rule on a measured level is neither while the level
+sits between its threshold and its recovery margin (`RECOVERED_SHARE`): one reward collapse
+hovering at the threshold is one episode and one alert, not one per crossing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,22 @@ RULES = {
     "stale_dropped": "stale samples dropped",
     "stalled": "throughput stalled",
     "eval_drop": "evaluation score fell from its best",
+    "no_learning_signal": "no learning signal",
 }
+# A drop rule (reward/held-out collapse, eval_drop) clears once the drop is back under this share
+# of its threshold, and entropy_collapse once the entropy is back above entropy_min / this share:
+# clearly recovered, not one step across the line (which fired four alerts for one collapse).
+RECOVERED_SHARE = 0.5
+# `no_learning_signal`: the watched values that mean nothing can be learned, each "none" when
+# |value - its none| <= NO_SIGNAL_EPS over the whole window. A reward of exactly 0 (wrong answer
+# format), every finished group's advantages 0 (all right or all wrong: share 1), a zero gradient.
+NO_SIGNAL_WATCHED = (
+    ("train/reward_mean", 0.0, "the training reward is 0"),
+    ("rollout/zero_advantage_share", 1.0, "every group's advantages are 0 (all its answers equally right or wrong)"),
+    ("train/grad_norm", 0.0, "the gradient norm is 0"),
+)
+NO_SIGNAL_EPS = 1e-9
+NO_SIGNAL_STATE = "no_learning_signal"  # its key in the rolling windows (metric names hold a "/")
 NONFINITE_WATCHED = ("train/loss", "train/grad_norm")
 # (rule, metric, window setting, drop setting)
 COLLAPSES = (
@@ -75,7 +92,7 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
                 f"{metric}: mean of the last {size} is {mean:.3f}, {best - mean:.3f} below its best {best:.3f} (threshold {drop})",
                 {"metric": metric, "mean": mean, "best": best, "drop": best - mean, "threshold": drop},
             )
-        elif mean is not None:
+        elif mean is not None and best is not None and best - mean < drop * RECOVERED_SHARE:
             out.clear.add((rule, ""))
     entropy = record.get("train/entropy")
     if isinstance(entropy, (int, float)):
@@ -87,7 +104,7 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
                 f"train/entropy: mean of the last {size} steps is {mean:.4f}, below {cfg.entropy_min}",
                 {"entropy": mean, "window": size, "threshold": cfg.entropy_min},
             )
-        elif mean is not None:
+        elif mean is not None and mean >= cfg.entropy_min / RECOVERED_SHARE:
             out.clear.add(("entropy_collapse", ""))
     lag = record.get("policy_lag/max")
     if isinstance(lag, (int, float)):
@@ -103,7 +120,37 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
             )
         else:
             out.clear.add(("stale_dropped", ""))
+    _check_learning_signal(record, cfg, windows, out)
     return out
+
+
+def _check_learning_signal(record: dict[str, Any], cfg: AlertsConfig, windows: dict[str, Any], out: Verdicts) -> None:
+    """`no_learning_signal`: the last `no_signal_window` values of a watched metric all say
+    "nothing to learn" (NO_SIGNAL_WATCHED). One episode for the run whichever metrics say it (a
+    reward of 0 makes every advantage and the gradient 0 too: one cause, one alert); it clears
+    once every watched metric that has a full window shows a signal again."""
+    size = int(cfg.no_signal_window)
+    state = windows.setdefault(NO_SIGNAL_STATE, {})
+    seen = False
+    for metric, none_value, _words in NO_SIGNAL_WATCHED:
+        value = record.get(metric)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        seen = True
+        recent = (state.get(metric, {}).get("recent", []) + [abs(float(value) - none_value) <= NO_SIGNAL_EPS])[-size:]
+        state[metric] = {"recent": recent, "none": len(recent) == size and all(recent), "signal": len(recent) == size and not any(recent)}
+    if not seen:
+        return
+    silent = [metric for metric, _none, _words in NO_SIGNAL_WATCHED if state.get(metric, {}).get("none")]
+    if silent:
+        words = "; ".join(words for metric, _none, words in NO_SIGNAL_WATCHED if metric in silent)
+        out.firing[("no_learning_signal", "")] = Firing(
+            f"nothing to learn from for the last {size} values: {words}. Check the answer format the reward expects, "
+            f"the task's difficulty for this model, and actor.group_size",
+            {"metrics": silent, "window": size},
+        )
+    elif all(entry.get("signal") for entry in state.values()):
+        out.clear.add(("no_learning_signal", ""))
 
 
 def eval_drop_watches(benchmark: str) -> bool:
@@ -124,7 +171,7 @@ def check_eval(benchmark: str, step: int, k: int, mean_at_k: float, best_earlier
             f"{benchmark} mean@{k} {mean_at_k:.3f} at step {step} is {best_earlier - mean_at_k:.3f} below its best {best_earlier:.3f}",
             {"benchmark": benchmark, "mean_at_k": mean_at_k, "best": best_earlier, "threshold": cfg.eval_drop},
         )
-    else:
+    elif best_earlier is None or best_earlier - mean_at_k < cfg.eval_drop * RECOVERED_SHARE:
         out.clear.add(pair)
     return out
 

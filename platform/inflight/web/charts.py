@@ -8,14 +8,16 @@ Each chart holds metrics of one unit and scale, so none squashes another on a li
 trainer step apart from the sub-second weight-update pause). `y` is the axis title.
 Whatever the grouping, charts.js `fitChart` gives a chart whose positive values span decades a
 log axis (the catch-all chart of an unknown prefix too), and draws a chart whose every series
-stays constant small, after the others.
+stays constant small, after the others — except a chart marked `learning_signal` (reward and
+success, evaluations, loss, gradient norm): one of those stuck at a constant (a reward of 0 from
+step 1, a zero gradient) is the run failing to learn, the thing its page must show first, not demote.
 """
 
 from __future__ import annotations
 
 CHART_GROUPS: list[dict[str, object]] = [
-    {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)", r"^train/reward_mean$"], "y": "rate"},
-    {"id": "eval", "title": "Evaluations (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score"},
+    {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)", r"^train/reward_mean$", r"^rollout/zero_advantage_share$"], "y": "rate", "learning_signal": True},
+    {"id": "eval", "title": "Evaluations (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score", "learning_signal": True},
     {"id": "lag_share", "title": "Trained tokens by policy lag (share per step)", "patterns": [r"^policy_lag/share/"], "y": "share"},
     {"id": "lag", "title": "Policy lag (versions)", "patterns": [r"^policy_lag/", r"^rollout/versions_per_sequence/"], "y": "versions"},
     {"id": "stale", "title": "Dropped as stale (samples, share of tokens)", "patterns": [r"^train/dropped_stale"], "y": "count / share"},
@@ -29,10 +31,10 @@ CHART_GROUPS: list[dict[str, object]] = [
     {"id": "lr", "title": "Learning rate", "patterns": [r"^train/lr$"], "y": "lr"},
     {"id": "util", "title": "CPU / GPU utilisation", "patterns": [r"^system/.*util"], "y": "%"},
     {"id": "gpu_mem", "title": "GPU memory", "patterns": [r"^system/gpu\d+/mem"], "y": "memory"},
-    {"id": "loss", "title": "Loss", "patterns": [r"^train/loss$"], "y": "loss"},
+    {"id": "loss", "title": "Loss", "patterns": [r"^train/loss$"], "y": "loss", "learning_signal": True},
     {"id": "entropy", "title": "Entropy & KL", "patterns": [r"^train/(entropy|kl)$"], "y": "nats"},
     {"id": "ess", "title": "ESS & clip fraction", "patterns": [r"^train/(ess|clip_fraction)$"], "y": "fraction"},
-    {"id": "grad_norm", "title": "Gradient norm", "patterns": [r"^train/grad_norm$"], "y": "norm"},
+    {"id": "grad_norm", "title": "Gradient norm", "patterns": [r"^train/grad_norm$"], "y": "norm", "learning_signal": True},
     {"id": "spec", "title": "Speculation (HistoSpec): acceptance", "patterns": [r"^spec/(acceptance_rate|mean_accepted_len)$"], "y": "rate / tokens"},
     {"id": "spec_tokens", "title": "Speculation (HistoSpec): drafted tokens", "patterns": [r"^spec/"], "y": "tokens"},
     {"id": "sched", "title": "Scheduling (HistoPipe, tail batching)", "patterns": [r"^sched/"], "y": "value"},
