@@ -45,6 +45,7 @@ from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig, config_to_yaml, lo
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
+from rl_core.weight_segments import remove_run_segments
 from rl_core.role_hosts import LocalHost, RoleHost
 from rl_core.resume import ResumeError, record_resume
 from rl_core.run_dir import (
@@ -541,6 +542,8 @@ class Launcher:
         finally:
             # Actor first (stop new traffic), then trainer, servers, redis last.
             stop_children(list(reversed(self.children)))
+            # A trainer killed while making its weight segment leaves it named: the run's end removes it.
+            remove_run_segments(self.run_dir)
             self.host.close()
             if mirror is not None:
                 mirror.close()
