@@ -255,7 +255,8 @@ class TrainerConfig(_Section):
     share_inference_gpus: bool = Field(
         False, description="Put the trainer ranks on the inference servers' GPUs instead of GPUs of their own "
         "(a 1-GPU machine: lower inference.gpu_memory_utilization to leave the trainer room). Weight updates "
-        "then go over gloo, since NCCL refuses two ranks on one GPU."
+        "then go through CUDA IPC with one server (inference.weight_handoff), else over gloo, since NCCL refuses two "
+        "ranks on one GPU."
     )
     threads: int = Field(1, ge=1, description="torch intra-op threads of the trainer on CPU.")
     loss: Literal["pipelinerl", "grpo_clip"] = Field(

@@ -27,6 +27,8 @@ CHART_GROUPS: list[dict[str, object]] = [
     {"id": "actor_queue", "title": "Actor: groups in flight, finished, unconsumed", "patterns": [r"^rollout/(in_flight|groups|unconsumed|dropped_zero_advantage_groups)$"], "y": "groups / samples"},
     {"id": "samples", "title": "Samples written (actor) and consumed (trainer)", "patterns": [r"^rollout/samples_written$", r"^train/samples_consumed$"], "y": "samples"},
     {"id": "step_time", "title": "Trainer step time", "patterns": [r"^train/step_s$"], "y": "seconds"},
+    # Which way a run's weights reach its servers (the placement picks it: inference.weight_handoff).
+    {"id": "handoff", "title": "Weight handoff: 1 = same device (shared memory, CUDA IPC), 0 = process group", "patterns": [r"^weights/same_device_handoff$"], "y": "path"},
     {"id": "pause", "title": "Weight-update pause", "patterns": [r"^weights/"], "y": "seconds"},
     {"id": "lr", "title": "Learning rate", "patterns": [r"^train/lr$"], "y": "lr"},
     {"id": "util", "title": "CPU / GPU utilisation", "patterns": [r"^system/.*util"], "y": "%"},
