@@ -102,6 +102,8 @@ INSTALLED_APPS = [
     "inflight.live",
     "inflight.rollouts",
     "inflight.alerts",
+    "inflight.inbox",
+    "inflight.datasets",
     "axes",
     "ninja",  # the API's OpenAPI schema and docs page (api/schema.py); listed so its vendored Swagger UI is served, no CDN
 ]
@@ -148,6 +150,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "inflight.inbox.context_processors.inbox",
             ],
         },
     },
@@ -222,6 +225,11 @@ def _roots(name: str, default: str) -> list[Path]:
 INFLIGHT_MODELS_ROOTS = _roots(
     "INFLIGHT_MODELS_ROOTS", os.path.dirname(os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny").rstrip("/")) or "var/models"
 )
+# Users' uploaded datasets (`inflight.datasets`): `<dir>/<user id>/<name>.jsonl`; a run may read
+# only its owner's folder. Relative paths are under the repo root.
+INFLIGHT_DATASETS_DIR = Path(os.environ.get("INFLIGHT_DATASETS_DIR", "var/datasets"))
+if not INFLIGHT_DATASETS_DIR.is_absolute():
+    INFLIGHT_DATASETS_DIR = REPO_ROOT / INFLIGHT_DATASETS_DIR
 INFLIGHT_DATA_ROOTS = _roots("INFLIGHT_DATA_ROOTS", os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data"))
 # Hugging Face hub ids a run may name as model.path (exact ids, comma-separated; none by default).
 INFLIGHT_HUB_MODELS = _env_list("INFLIGHT_HUB_MODELS", "")

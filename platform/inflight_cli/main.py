@@ -21,7 +21,7 @@ from typing import Any, Sequence, TextIO
 
 import yaml
 
-from inflight_cli import credentials
+from inflight_cli import credentials, datasets
 from inflight_cli.client import ApiFailure, Client
 
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -408,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--rollouts", action="store_true", help="also the stored rollouts (rollouts.jsonl)")
     download.add_argument("--no-metrics", action="store_true", help="skip metrics and evaluations")
     download.set_defaults(handler=cmd_download)
+    datasets.add_commands(commands)
     return parser
 
 

@@ -57,3 +57,11 @@ def ensure_demo_user(username: str, password: str, token_key: str) -> tuple[Abst
         token = create_token(user, "demo", key=token_key)
     token.key = token_key
     return user, token
+
+
+def revoke_token(user: AbstractBaseUser, token_id: int) -> ApiToken | None:
+    """Delete one of `user`'s own tokens (refused from then on); None if `user` has no such token."""
+    token = ApiToken.objects.filter(user=user, pk=token_id).first()
+    if token is not None:
+        token.delete()
+    return token

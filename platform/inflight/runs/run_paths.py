@@ -31,6 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
+from inflight.datasets.roots import datasets_root, user_folder
 from rl_core.config import RunConfig, StreamConfig
 from rl_core.run_dir import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir, checkpoint_step
 
@@ -156,6 +157,15 @@ def _checkpoint_error(user: AbstractBaseUser, path: Path, on_worker: bool) -> tu
     return None, real
 
 
+def _is_own_dataset(user: AbstractBaseUser, path: Path, on_worker: bool) -> bool:
+    """Whether `path` (normalised, under the datasets root) lies in `user`'s own datasets folder;
+    on the worker also once resolved, so a link placed there cannot reach another user's files."""
+    own = user_folder(user.pk)
+    if not _under(path, own) or path == own:
+        return False
+    return not on_worker or _under(Path(os.path.realpath(path)), Path(os.path.realpath(own)))
+
+
 def checked_paths(user: AbstractBaseUser, config: RunConfig, *, on_worker: bool = False) -> tuple[dict[str, list[str]], dict[str, str]]:
     """(errors keyed by field, resolved absolute paths keyed by field) of a run `user` submits."""
     errors: dict[str, list[str]] = {}
@@ -187,10 +197,13 @@ def checked_paths(user: AbstractBaseUser, config: RunConfig, *, on_worker: bool 
         path = _absolute(value)
         if path is None:
             errors[field] = ["must not contain '..' after a folder name"]
+        elif _under(path, datasets_root()):
+            if not _is_own_dataset(user, path, on_worker):
+                errors[field] = ["is not one of your datasets (each user's uploads are theirs alone; upload yours under Datasets)"]
         elif any(_under(path, root) for root in data_roots) and not _under(path, runs_dir()):
             pass  # kept as written: relative paths mean the same from the engine's working directory
         else:
-            errors[field] = [f"must be under the data roots ({_shown(data_roots)})"]
+            errors[field] = [f"must be under the data roots ({_shown(data_roots)}) or be one of your datasets"]
 
     stream = config.stream
     platform_url = settings.INFLIGHT_STREAM_REDIS_URL

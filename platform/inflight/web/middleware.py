@@ -31,6 +31,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 
 from inflight.api.errors import error_response
+from inflight.datasets.validation import upload_body_limit
 
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -50,7 +51,7 @@ class InputGuardMiddleware:
         return refusal if refusal is not None else self.get_response(request)
 
     def refusal(self, request: HttpRequest) -> HttpResponse | None:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = upload_body_limit(request.path_info, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
         raw_length = request.META.get("CONTENT_LENGTH") or "0"
         try:
             length = int(raw_length)
