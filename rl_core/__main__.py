@@ -13,6 +13,7 @@ import sys
 # command -> (module, function, one-line help). The function takes the argv tail.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "bootstrap-tiny": ("rl_core.tiny_model", "main", "Build the tiny Qwen2-style model + tokenizer offline and warm-start it."),
+    "build-model": ("rl_core.model_shapes", "main", "Build a randomly initialised model of a published shape (qwen2.5-0.5b|1.5b|7b) offline."),
     "run": ("rl_core.launcher", "main", "Run a whole RL run standalone: servers, actor, trainer."),
     "serve": ("rl_core.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),
     "actor": ("rl_core.actor_main", "main", "Run the rollout actor of a run (started by `run`)."),

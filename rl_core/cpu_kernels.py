@@ -75,7 +75,9 @@ def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     if os.environ.get(ENV_SWITCH, "onednn").strip().lower() == "torch":
         return False
     return (device.type == "cpu" and dtype in _DTYPES and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            # oneDNN has no bf16 inner product without AVX512-BF16/AMX: it raises, not falls back
+            and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def use_onednn_linear(model: torch.nn.Module) -> int:

@@ -36,7 +36,7 @@ from rl_core.config import RunConfig
 from rl_core.loss import model_token_logprobs, reference_token_logprobs
 from rl_core.packed_attention import PackedLayout, load_packed_attention_model
 from rl_core.processes import free_port
-from rl_core.model_io import copy_side_files, model_dtype
+from rl_core.model_io import copy_side_files, model_dtype, use_tf32_matmul
 from rl_core.torch_backend import lr_multiplier
 
 TORCH_EXTENSIONS_DEFAULT = Path.home() / ".cache" / "inflight" / "torch_extensions"
@@ -119,6 +119,7 @@ class DeepSpeedBackend:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self._deepspeed = deepspeed
         device = torch.device(t.device)
+        use_tf32_matmul(device)  # float32 work DeepSpeed keeps (masters, a float32 run) on the tensor cores
         if device.type == "cuda":
             # One GPU per rank; CUDA_VISIBLE_DEVICES (placement.py) decides which.
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", device.index or 0)))

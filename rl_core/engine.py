@@ -34,7 +34,7 @@ from rl_core.engine_config import ENGINE_COUNTERS, Drafter, EngineConfig
 from rl_core.engine_sampling import PositionUniforms, check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prefixes, split_shared_prompts
 from rl_core.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
-from rl_core.model_io import model_dtype
+from rl_core.model_io import model_dtype, use_tf32_matmul
 from rl_core.shared_decode import extended_history_hash, prompt_history_hash, representatives
 from rl_core.speculation import DraftLengthController
 from rl_core.weight_sync import synchronize_device  # the one device wait before an update's clock stops
@@ -145,6 +145,7 @@ class ReferenceEngine:
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"model directory {model_dir} has no config.json (not an HF model dir)")
+        use_tf32_matmul(device)  # a float32 model on an Ampere+ GPU: tensor-core matmuls
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_dtype(dtype), attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         return cls(model.to(device), tokenizer, config=config, drafter=drafter)

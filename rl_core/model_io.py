@@ -6,7 +6,9 @@ weight sync (each used to keep its own copy):
   the wire also carries float64 buffers;
 - `copy_side_files`: the files of an HF model directory that are not weights (tokenizer,
   chat template, generation config), copied into every checkpoint so that it is a
-  complete, servable model directory.
+  complete, servable model directory;
+- `use_tf32_matmul`: float32 matrix products on the tensor cores of an Ampere or later GPU,
+  for every process that computes with a model (engine, both trainer backends).
 """
 
 from __future__ import annotations
@@ -51,3 +53,19 @@ def copy_side_files(model_dir: str | Path, checkpoint_dir: str | Path) -> None:
         source = source_dir / name
         if source.is_file() and not (target_dir / name).exists():
             shutil.copy2(source, target_dir / name)
+
+
+def use_tf32_matmul(device: torch.device | str) -> bool:
+    """On an Ampere-or-later CUDA device, let float32 matmuls and convolutions run as TF32
+    (`set_float32_matmul_precision("high")`): ~8x the float32 rate on the tensor cores, 10-bit
+    mantissa products accumulated in float32, the precision PyTorch and vLLM use for float32
+    training and serving on such cards. Left alone elsewhere (a CPU, an older GPU: no TF32
+    there); process-wide, so called once the process knows its device. True where it is set."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability(device)[0] < 8:
+        return False
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    return True

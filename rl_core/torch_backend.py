@@ -3,6 +3,13 @@
 Checkpoints are HF directories (`model.safetensors` + config + tokenizer files), so a
 checkpoint can be served by `python -m rl_core serve --model` as is, plus
 `optimizer.pt` (optimizer + LR schedule state + version) for exact resumption.
+
+A model in bfloat16 or float16 trains against float32 master weights (`MasterWeights`): the
+optimizer updates float32 copies, gradients accumulate into float32, and the model's weights
+are the masters rounded after every step. Adam's steps at a typical RL learning rate (1e-6)
+are ~1e-6 per weight, two orders below a bfloat16 weight's rounding step (~1e-4 at 0.02):
+applied to the bfloat16 weights directly they round away, step after step, and the model
+does not train at all.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import torch
 
 from rl_core.cpu_kernels import use_onednn_linear
 from rl_core.loss import model_token_logprobs, reference_token_logprobs
-from rl_core.model_io import copy_side_files, model_dtype
+from rl_core.model_io import copy_side_files, model_dtype, use_tf32_matmul
 from rl_core.packed_attention import PackedLayout, load_packed_attention_model
 
 if TYPE_CHECKING:
@@ -37,6 +44,43 @@ def lr_multiplier(step: int, warmup_steps: int, schedule: str, total_steps: int)
     raise ValueError(f"trainer.schedule: unknown schedule {schedule!r}")
 
 
+class MasterWeights:
+    """float32 masters of a low-precision model's trainable parameters: each parameter's
+    gradient is added into its master's float32 gradient as soon as backward produces it (a
+    post-accumulate hook; the low-precision gradient is freed at once), the optimizer steps the
+    masters, and `publish` rounds them back into the model."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter]) -> None:
+        self.parameters = parameters
+        self.masters = [parameter.detach().float().clone() for parameter in parameters]
+        for parameter, master in zip(parameters, self.masters):
+            parameter.register_post_accumulate_grad_hook(self._accumulator(master))
+
+    @staticmethod
+    def _accumulator(master: torch.Tensor):
+        def accumulate(parameter: torch.Tensor) -> None:
+            if master.grad is None:
+                master.grad = parameter.grad.float()
+            else:
+                master.grad.add_(parameter.grad)
+            parameter.grad = None
+
+        return accumulate
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        for parameter, master in zip(self.parameters, self.masters):
+            parameter.copy_(master)
+
+    @torch.no_grad()
+    def load(self, masters: list[torch.Tensor]) -> None:
+        if len(masters) != len(self.masters):
+            raise ValueError(f"{len(masters)} master weights in the checkpoint, the model has {len(self.masters)}")
+        for master, saved in zip(self.masters, masters):
+            master.copy_(saved)
+        self.publish()
+
+
 class TorchBackend:
     def __init__(
         self,
@@ -55,6 +99,7 @@ class TorchBackend:
         if not (self.model_path / "config.json").is_file():
             raise FileNotFoundError(f"model.path: {self.model_path} is not an HF model directory (no config.json)")
         self.device = torch.device(device)
+        use_tf32_matmul(self.device)
         # Attention only where a packed row's mask allows, whatever config.json names (packed_attention.py).
         self.model = load_packed_attention_model(self.model_path, model_dtype(dtype)).to(self.device)
         self.model.train()
@@ -66,8 +111,11 @@ class TorchBackend:
             self.reference = load_packed_attention_model(self.model_path, model_dtype(dtype)).to(self.device)
             self.reference.eval().requires_grad_(False)
             use_onednn_linear(self.reference)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        # float32 models step their own weights; lower precisions step float32 masters.
+        self.master_weights = MasterWeights(trainable) if model_dtype(dtype) != torch.float32 else None
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+            self.master_weights.masters if self.master_weights else trainable, lr=lr, weight_decay=weight_decay
         )
         self.base_lr = lr
         self.warmup_steps = warmup_steps
@@ -123,10 +171,12 @@ class TorchBackend:
 
     def optimizer_step(self) -> dict[str, float]:
         lr = self._set_lr()
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self.master_weights.masters if self.master_weights else [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.master_weights:
+            self.master_weights.publish()
         self.version += 1
         return {"grad_norm": float(grad_norm), "lr": lr}
 
@@ -145,7 +195,10 @@ class TorchBackend:
         directory_path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(directory_path), safe_serialization=True)
         copy_side_files(self.model_path, directory_path)
-        torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, directory_path / "optimizer.pt")
+        extra = {"optimizer": self.optimizer.state_dict(), "version": self.version}
+        if self.master_weights:  # the rounded model alone would lose what the masters hold below its precision
+            extra["master_weights"] = [master.cpu() for master in self.master_weights.masters]
+        torch.save(extra, directory_path / "optimizer.pt")
 
     def load_checkpoint(self, directory: str) -> None:
         """Weights, optimizer state and version from a directory `save_checkpoint` wrote."""
@@ -165,6 +218,11 @@ class TorchBackend:
         if "lm_head.weight" in missing and getattr(self.model.config, "tie_word_embeddings", False):
             self.model.tie_weights()
         extra = torch.load(directory_path / "optimizer.pt", map_location=self.device, weights_only=False)
+        if self.master_weights:
+            if "master_weights" in extra:
+                self.master_weights.load(extra["master_weights"])
+            else:  # a checkpoint written in float32: its weights are the masters
+                self.master_weights.load([parameter.detach().float() for parameter in self.master_weights.parameters])
         self.optimizer.load_state_dict(extra["optimizer"])
         self.version = int(extra["version"])
         self._set_lr()
