@@ -45,6 +45,7 @@ from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig, config_to_yaml, lo
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
+from rl_core.provenance import record_launch
 from rl_core.weight_segments import remove_run_segments
 from rl_core.role_hosts import LocalHost, RoleHost
 from rl_core.resume import ResumeError, record_resume
@@ -440,7 +441,7 @@ class Launcher:
                 now = time.monotonic()
                 if now >= next_sample:
                     progress = read_progress(self.run_dir)
-                    sample = sampler.sample()
+                    sample = sampler.sample(roles=None if self.host.remote else {child.name: child.process.pid for child in self.children})
                     if self.host.remote:  # every node of a cluster run, not only the launcher's
                         sample.update(self.host.node_metrics())  # type: ignore[attr-defined]
                     sink.log(progress.version if progress else 0, sample)
@@ -620,6 +621,7 @@ def main(argv: list[str]) -> int:
         # Children read config.yaml; they get the model as an absolute path.
         config.model.path = str(model_path)
         prepare_run_dir(run_dir, config, args.resume)
+        record_launch(run_dir, resume=args.resume)  # rl_core/provenance.py: code, packages, host, command
     except LaunchError as exc:
         print(f"cannot start the run: {exc}", file=sys.stderr)
         return 2

@@ -54,6 +54,7 @@ TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-to
 TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)
 WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb); W&B names it itself under DIR
 WANDB_RUN_ID_FILE = "wandb_run_id"  # the W&B run id of the mirror, so a resumed run continues that W&B run
+PROVENANCE_FILE = "provenance.jsonl"  # launcher → worker: one `provenance.ProvenanceRecord` per launch (code, packages, host, command)
 
 
 def log_path(run_dir: str | Path, process: str) -> Path:

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from inflight.alerts import services as alert_services
+from inflight.provenance.services import ingest_provenance
 from inflight.runs import evaluations, run_paths, services
 from inflight.runs.models import Run, RunStatus
 from rl_core.run_dir import CHECKPOINTS_DIR, METRICS_FILE
@@ -175,6 +176,10 @@ class PlatformReporter:
         run = self._call(lambda: Run.objects.get(pk=self.run_id))
         if run.status == RunStatus.STARTING:
             self._call(services.transition_run, self.run_id, RunStatus.RUNNING)
+        try:  # what ran it (rl_core/provenance.py wrote it before the run's children started)
+            self._call(ingest_provenance, self.run_id, run_paths.run_dir(self.run_id))
+        except Exception:  # noqa: BLE001 - the run page says "not recorded"; the run goes on
+            logger.exception("run %s: its provenance was not stored", self.run_id)
 
     def cancel_requested(self) -> bool:
         status = self._call(self.statuses.status_of, self.run_id)

@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "inflight.alerts",
     "inflight.inbox",
     "inflight.datasets",
+    "inflight.provenance",
     "axes",
     "ninja",  # the API's OpenAPI schema and docs page (api/schema.py); listed so its vendored Swagger UI is served, no CDN
 ]

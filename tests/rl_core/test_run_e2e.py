@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.metrics_file import read_metrics
+from rl_core.provenance import read_provenance
 from rl_core.stream import FileStreamReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -47,6 +48,10 @@ def test_short_run_then_resume(tiny_model: Path, tmp_path: Path) -> None:
                 "weights/update_pause_s", "reward/mean", "success/mean", "rollout/tokens_per_s",
                 "rollout/in_flight", "rollout/versions_per_sequence/max", "success/heldout", "system/cpu_util"):
         assert key in keys, key
+    for role in ("trainer", "server0", "actor"):  # per process, not only per node (system_metrics.py)
+        assert f"system/proc/{role}/cpu_percent" in keys and f"system/proc/{role}/rss_mb" in keys, role
+    launches = read_provenance(out)  # what ran it: provenance.jsonl, one line per launch
+    assert len(launches) == 1 and launches[0].command[-5:] == ["run", str(config), "--out", str(out), "--quiet"]
     versions = {r["weights/version"] for r in records if "weights/version" in r}
     assert {1.0, 2.0, 3.0} <= versions  # every step was broadcast
     assert max(r["policy_lag/max"] for r in records if "policy_lag/max" in r) <= 1  # max_lag holds per token
@@ -72,6 +77,7 @@ def test_short_run_then_resume(tiny_model: Path, tmp_path: Path) -> None:
     consumed = [r["train/samples_consumed"] for r in records if "train/loss" in r]
     assert consumed == sorted(consumed) and consumed[-1] >= 5 * 8
     assert (out / "checkpoints" / "latest").resolve().name == "step_000005"
+    assert [launch.resume for launch in read_provenance(out)] == [False, True]
 
 
 def test_run_over_an_embedded_redis_stream(tiny_model: Path, tmp_path: Path) -> None:
