@@ -11,6 +11,7 @@ from rl_core.actor import Actor
 from rl_core.config import RunConfig, load_run_config
 from rl_core.metrics import JsonlSink
 from rl_core.processes import freeze_startup_objects, run_event_loop
+from rl_core.watchdog import start_heartbeat
 from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, stream_redis_url, wait_for_servers
 from rl_core.stream import open_writer
 
@@ -39,6 +40,7 @@ def main(argv: list[str]) -> int:
                              "(the launcher starts the actor while the servers load).")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
+    start_heartbeat(run_dir, "actor")  # the launcher's watchdog: a stopped actor stops beating
     config = load_run_config(run_dir)
     servers = [url for url in args.servers.split(",") if url]
     if args.await_servers:

@@ -456,6 +456,11 @@ class AlertsConfig(_Section):
         description="No learning signal: alert when this many values in a row of `train/reward_mean` are 0, of "
         "`rollout/zero_advantage_share` are 1 (every group all right or all wrong) or of `train/grad_norm` are 0.",
     )
+    role_silent_s: float = Field(
+        30.0, gt=0,
+        description="Stalled: alert when one of the run's roles (a server, a trainer rank, the actor) has answered "
+        "nothing for this many seconds (the launcher's `watchdog/silent_s/<role>`); `monitoring.hang_limit_s` later fails the run.",
+    )
 
 
 class MirrorConfig(_Section):
@@ -474,6 +479,14 @@ class MonitoringConfig(_Section):
     rollouts: RolloutStoreConfig = Field(default_factory=RolloutStoreConfig, description="Rollouts kept for the viewer.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Built-in alert rules.")
     mirror: MirrorConfig = Field(default_factory=MirrorConfig, description="Mirror metrics to W&B / TensorBoard.")
+    # Minutes, not seconds: a role answers from a thread or its HTTP loop even through a large
+    # model's long step or generation, so this measures silence, never how long work takes.
+    hang_limit_s: float = Field(
+        300.0, ge=10,
+        description="Fail the run, naming the role, when one of its roles has answered nothing for this many seconds: an "
+        "inference server's GET /health, a trainer rank's or the actor's heartbeat (a stopped or wedged process). "
+        "A slow step or generation keeps answering and never trips it.",
+    )
 
 
 class RunConfig(_Section):

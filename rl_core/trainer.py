@@ -47,6 +47,7 @@ from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, samples_with_gradient, scoring_temperature
 from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
 from rl_core.processes import freeze_startup_objects
+from rl_core.watchdog import start_trainer_heartbeat
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
     CHECKPOINT_STATE_FILE,
@@ -485,6 +486,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
+    start_trainer_heartbeat(run_dir)  # the launcher's watchdog: a stopped rank stops beating
     config = load_run_config(run_dir)
     torch.set_num_threads(config.trainer.threads)
     torch.manual_seed(config.seed)

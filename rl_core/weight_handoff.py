@@ -19,7 +19,6 @@ as soon as they mapped it (`weight_segments.py` says what removes a leftover).
 from __future__ import annotations
 
 import base64
-import itertools
 import mmap
 import os
 import threading
@@ -45,7 +44,6 @@ from rl_core.weight_sync import (
 
 HandoffKind = Literal["shared_memory", "cuda_ipc"]
 SEGMENT_ALIGN_BYTES = 256  # every parameter starts on this boundary (any dtype's view, coalesced CUDA copies)
-_CUDA_SEGMENT_NUMBERS = itertools.count(1)  # a CUDA segment's name: its trainer's, numbered
 
 
 def segment_layout(specs: list[ParamSpec]) -> tuple[list[int], int]:
@@ -78,7 +76,8 @@ _CUDA_IPC_BYTES = {"handle", "ref_counter_handle", "event_handle"}
 class SegmentDescriptor:
     """Where a server finds the segment: `kind` shared_memory (`name`: its file under /dev/shm)
     or cuda_ipc (`cuda_ipc`: the allocation's IPC handle, bytes as base64); `nbytes` its size;
-    `name` also identifies a CUDA segment, so a server maps each segment once."""
+    `name` (numbered per trainer, never reused) also identifies a CUDA segment, so a server maps
+    each segment once."""
 
     kind: HandoffKind
     name: str
@@ -148,7 +147,7 @@ class SharedSegment:
         self._mapping: mmap.mmap | None = None
         if device.type == "cuda":
             self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            name = f"{segment_name(tag)}-cuda{next(_CUDA_SEGMENT_NUMBERS)}"
+            name = segment_name(tag)  # a CUDA segment has no file: the name only identifies it
             self.descriptor = SegmentDescriptor("cuda_ipc", name, nbytes, _cuda_ipc_fields(self.buffer))
             return
         if device.type != "cpu":

@@ -1,8 +1,9 @@
 """Names and clean-up of the shared-memory segments of a same-device weight handoff.
 
 A CPU run whose trainer and servers share the node hands weights over through one file under
-/dev/shm (`weight_handoff.py`). Its name says whose it is: `inflight-weights-<run tag>-<pid>`,
-the run tag a digest of the run directory's resolved path, the pid the trainer's. Both sides
+/dev/shm (`weight_handoff.py`). Its name says whose it is: `inflight-weights-<run tag>-<pid>-<n>`,
+the run tag a digest of the run directory's resolved path, the pid the trainer's, n its count of
+segments (a new parameter list gets a new segment, never an old name a server has mapped). Both sides
 unlink it as soon as they have mapped it (a mapping outlives the name), so a SIGKILL of either
 side leaves at most the segment of an update that was never received; the launcher, which
 outlives both, removes whatever is left of its run when the run ends (`remove_run_segments`), and a
@@ -14,6 +15,7 @@ Standard library only: the launcher imports it without torch.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 from pathlib import Path
@@ -22,7 +24,8 @@ SEGMENT_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "inflight-weights-"
 # What a server accepts as a segment name: no path separators, so a request cannot point a
 # server at any file but a handoff segment under SEGMENT_DIR.
-SEGMENT_NAME_PATTERN = re.compile(r"^inflight-weights-[A-Za-z0-9_.-]+-[0-9]+$")
+SEGMENT_NAME_PATTERN = re.compile(r"^inflight-weights-[A-Za-z0-9_.-]+-[0-9]+-[0-9]+$")
+_SEGMENT_NUMBERS = itertools.count(1)
 
 
 def run_segment_tag(run_dir: str | Path) -> str:
@@ -30,15 +33,15 @@ def run_segment_tag(run_dir: str | Path) -> str:
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
 
 
-def segment_name(tag: str, pid: int | None = None) -> str:
-    """The segment name of process `pid` (default: this one) for run tag `tag`."""
-    return f"{SEGMENT_PREFIX}{tag}-{os.getpid() if pid is None else pid}"
+def segment_name(tag: str, pid: int | None = None, number: int | None = None) -> str:
+    """Segment `number` (default: this process's next) of process `pid` (default: this one) for run tag `tag`."""
+    return f"{SEGMENT_PREFIX}{tag}-{os.getpid() if pid is None else pid}-{next(_SEGMENT_NUMBERS) if number is None else number}"
 
 
 def check_segment_name(name: str) -> Path:
     """The path of a segment named by a peer, or ValueError when the name is not a segment's."""
     if not SEGMENT_NAME_PATTERN.match(name):
-        raise ValueError(f"segment name {name!r} is not a weight-handoff segment ({SEGMENT_PREFIX}<tag>-<pid>)")
+        raise ValueError(f"segment name {name!r} is not a weight-handoff segment ({SEGMENT_PREFIX}<tag>-<pid>-<n>)")
     return SEGMENT_DIR / name
 
 
@@ -50,7 +53,7 @@ def run_segments(tag: str) -> list[Path]:
 
 
 def _owner_alive(path: Path) -> bool:
-    pid = int(path.name.rsplit("-", 1)[1])
+    pid = int(path.name.rsplit("-", 2)[1])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

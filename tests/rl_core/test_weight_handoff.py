@@ -67,7 +67,8 @@ def test_layout_aligns_every_parameter_and_descriptors_name_the_bad_field() -> N
     specs = [ParamSpec("a", "float32", (3,)), ParamSpec("b", "bfloat16", (5, 7)), ParamSpec("c", "float64", (1,))]
     offsets, nbytes = segment_layout(specs)
     assert offsets == [0, SEGMENT_ALIGN_BYTES, 2 * SEGMENT_ALIGN_BYTES] and nbytes == 3 * SEGMENT_ALIGN_BYTES
-    good = {"kind": "shared_memory", "name": segment_name("abc", 12), "nbytes": 64}
+    good = {"kind": "shared_memory", "name": segment_name("abc", 12, 1), "nbytes": 64}
+    assert segment_name("abc") != segment_name("abc")  # never a name a server has mapped already
     assert SegmentDescriptor.from_json(good).to_json() == good
     for bad, field in [({**good, "kind": "nfs"}, "segment.kind"), ({**good, "nbytes": 0}, "segment.nbytes"),
                        ({**good, "name": "../../etc/passwd"}, "segment.name"), ({**good, "name": "inflight-weights-x/../y-1"}, "segment.name"),
@@ -117,6 +118,16 @@ def test_every_update_leaves_the_engine_bit_for_bit_equal_to_the_trainer(untrain
             assert figures["weights/update_pause_s"] > 0
             # Both sides mapped the segment: its name is gone already, the mapping still works.
             assert run_segments(tag) == []
+        # Another parameter list (here the same one reversed: the same size) gets a segment of its
+        # own, which the server maps instead of copying on from the one it mapped before.
+        perturb(trainer_model, 4)
+        sender.broadcast(list(trainer_model.named_parameters())[::-1], 4)
+        served = engine.model.state_dict()
+        assert all(torch.equal(served[name], parameter) for name, parameter in trainer_model.named_parameters())
+        perturb(trainer_model, 5)
+        sender.broadcast(trainer_model.named_parameters(), 5)
+        served = engine.model.state_dict()
+        assert all(torch.equal(served[name], parameter) for name, parameter in trainer_model.named_parameters())
     finally:
         sender.close()
         engine.stop()
@@ -177,7 +188,7 @@ def test_a_server_takes_a_same_device_update_in_flight(untrained_tiny_model: Pat
         with httpx.Client(base_url=server.url, trust_env=False) as http:
             params = [{"name": "model.norm.weight", "dtype": "float32", "shape": list(trainer_model.model.norm.weight.shape)}]
             answer = http.post("/request_weight_update", json={"version": 9, "params": params, "segment": {
-                "kind": "shared_memory", "name": segment_name("gone", 1), "nbytes": 4096}})
+                "kind": "shared_memory", "name": segment_name("gone", 1, 1), "nbytes": 4096}})
             assert answer.status_code == 400 and "segment.name: cannot open" in answer.json()["error"]["message"]
             answer = http.post("/request_weight_update", json={"version": 9, "params": params, "segment": {"kind": "pipe"}})
             assert answer.status_code == 400 and "segment.kind" in answer.json()["error"]["message"]
@@ -255,7 +266,7 @@ def test_a_killed_trainer_leaves_the_server_serving(untrained_tiny_model: Path, 
 def test_segments_of_dead_owners_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
     tag = run_segment_tag(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
-    mine, theirs = (Path("/dev/shm") / segment_name(tag)), (Path("/dev/shm") / segment_name(tag, int(dead)))
+    mine, theirs = (Path("/dev/shm") / segment_name(tag)), (Path("/dev/shm") / segment_name(tag, int(dead), 1))
     mine.write_bytes(b"x")
     theirs.write_bytes(b"x")
     try:
