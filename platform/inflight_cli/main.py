@@ -21,7 +21,7 @@ from typing import Any, Sequence, TextIO
 
 import yaml
 
-from inflight_cli import credentials, datasets
+from inflight_cli import credentials, datasets, mirrors
 from inflight_cli.client import ApiFailure, Client
 
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
@@ -307,6 +307,8 @@ def _download_into(client: Client, run: dict[str, Any], folder: Path, args: argp
     for kind in kinds:
         written.append((kind, client.download(f"/api/runs/{run['id']}/export/{kind}", folder / kind)))
     (folder / "run.json").write_text(json.dumps(run, indent=1))
+    if args.mirrors:
+        mirrors.download_mirrors(client, run, folder, written)
     if not args.checkpoint:
         return
     listed = client.get(f"/api/runs/{run['id']}/checkpoints/")["checkpoints"]
@@ -407,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--checkpoint", metavar="latest|all|STEP", help="also fetch checkpoint folders into <folder>/checkpoints/")
     download.add_argument("--rollouts", action="store_true", help="also the stored rollouts (rollouts.jsonl)")
     download.add_argument("--no-metrics", action="store_true", help="skip metrics and evaluations")
+    download.add_argument("--mirrors", action="store_true", help="also the run's W&B / TensorBoard mirror folders (run-<id>-wandb/: `wandb sync` it)")
     download.set_defaults(handler=cmd_download)
     datasets.add_commands(commands)
     return parser

@@ -1,62 +1,101 @@
-"""Token authentication and JSON plumbing shared by the API views."""
+"""Token authentication and the pieces every API route shares: its router, the JSON body parser,
+typed query parameters and pagination links.
+
+Every route is a django-ninja operation on an `ApiRouter` (see docs/ARCHITECTURE.md, "JSON API"):
+`Authorization: Token <key>` is checked before anything else; the session cookie is not read, so
+no cross-site page can act with a signed-in user's rights and CSRF cannot apply.
+"""
 
 from __future__ import annotations
 
-import functools
-import logging
-from typing import Any, Callable
+from typing import Any, Optional
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
-from django.db import InterfaceError, OperationalError
-from django.http import Http404, HttpRequest
-from django.http.request import RawPostDataException
+from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
-from django.views.decorators.csrf import csrf_exempt
+from ninja import Router
+from ninja.operation import PathView
+from ninja.parser import Parser
+from ninja.security import APIKeyHeader
+from pydantic import BeforeValidator
+from pydantic_core import PydanticUseDefault
+from typing_extensions import Annotated
 
 from inflight.accounts.services import authenticate_token
-from inflight.api.errors import ApiError, error_response, json_response
-from inflight.runs.safe_input import MAX_INT, UnsafeInput, load_json
+from inflight.api.errors import ApiError, error_response
+from inflight.runs.safe_input import UnsafeInput, load_json
 
-logger = logging.getLogger(__name__)
-
-
-def read_json_body(request: HttpRequest) -> dict[str, Any]:
-    not_json = f"send JSON (Content-Type: application/json), not {(request.content_type or '')[:80]}"
-    try:
-        body = request.body
-    except RequestDataTooBig as exc:
-        raise ApiError(413, f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from exc
-    except RawPostDataException as exc:
-        # A multipart body was already streamed into request.POST (the input guard reads form
-        # bodies for NUL checks), so Django cannot give the raw bytes back: it was not JSON anyway.
-        raise ApiError(415, not_json) from exc
-    if not body:
-        return {}
-    if request.content_type not in ("application/json", ""):
-        raise ApiError(415, not_json)
-    try:
-        data = load_json(body)
-    except UnsafeInput as exc:
-        raise ApiError(400, str(exc)) from exc
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return data
+NOT_JSON = "send JSON (Content-Type: application/json), not {content_type}"
 
 
-def int_param(request: HttpRequest, name: str, default: int | None = None, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
-    raw = request.GET.get(name)
-    if raw is None or raw == "":
-        return default
-    if len(raw) > 40:
-        raise ApiError(400, f"query parameter {name!r} must be an integer between {minimum} and {maximum}")
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"query parameter {name!r} must be an integer, got {raw!r}") from exc
-    if not minimum <= value <= maximum:
-        raise ApiError(400, f"query parameter {name!r} must be an integer between {minimum} and {maximum}")
+class TokenHeader(APIKeyHeader):
+    """`Authorization: Token <key>` (the demo prints a key; `manage.py create_token USER` makes one)."""
+
+    param_name = "Authorization"
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        scheme, _, token = (key or "").partition(" ")
+        user = authenticate_token(token.strip()) if scheme.lower() == "token" else None
+        if user is not None:
+            request.user = user  # the views and services read request.user, as the pages' views do
+        return user
+
+
+class JsonBodyParser(Parser):
+    """Bodies are JSON objects, read with the platform's bounded loader (depth, size, NaN)."""
+
+    def parse_body(self, request: HttpRequest) -> dict[str, Any]:
+        if request.content_type not in ("application/json", ""):
+            raise ApiError(415, NOT_JSON.format(content_type=(request.content_type or "")[:80]))
+        try:
+            data = load_json(request.body)
+        except UnsafeInput as exc:
+            raise ApiError(400, str(exc)) from exc
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        return data
+
+
+class _MethodCheckingPathView(PathView):
+    """A path's operations; another method answers 405 in the API's error shape, with `Allow`
+    listing the path's methods in their declared order."""
+
+    def _sync_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        if self._find_operation(request) is None:
+            methods = list(dict.fromkeys(method for operation in self.operations for method in operation.methods))
+            response = error_response(405, f"method {request.method} not allowed; use {', '.join(methods)}")
+            response["Allow"] = ", ".join(methods)
+            return response
+        return super()._sync_view(request, *args, **kwargs)
+
+    def clone(self) -> PathView:  # the API binds clones of its routers' paths
+        cloned = super().clone()
+        cloned.__class__ = _MethodCheckingPathView
+        return cloned
+
+
+class ApiRouter(Router):
+    """The router of a group of /api/ routes (mounted by api/routes.py). Answers are serialised by
+    alias, so a field named by a Python keyword (`pass`) is sent and documented under its name."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(by_alias=True, **kwargs)
+
+    def add_api_operation(self, path: str, methods: list[str], view_func: Any, **kwargs: Any) -> None:
+        self.path_operations.setdefault(path, _MethodCheckingPathView())
+        super().add_api_operation(path, methods, view_func, **kwargs)
+
+
+def _blank_is_default(value: Any) -> Any:
+    # `?limit=` (an empty value, as a form leaves it) means "not given", as it always has.
+    if value == "":
+        raise PydanticUseDefault()
     return value
+
+
+# A query parameter's integer: an empty value takes the default; bounds go in Query(ge=, le=).
+QueryInt = Annotated[int, BeforeValidator(_blank_is_default)]
+OptionalQueryInt = Annotated[Optional[int], BeforeValidator(_blank_is_default)]
 
 
 def page_links(request: HttpRequest, count: int, offset: int, limit: int) -> dict[str, Any]:
@@ -78,54 +117,5 @@ def page_links(request: HttpRequest, count: int, offset: int, limit: int) -> dic
     }
 
 
-def api_view(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., HttpResponseBase]]:
-    """Token-authenticated JSON endpoint: `Authorization: Token <key>`.
-
-    401 without a valid token, 405 for other methods, ApiError → its status, Http404 → 404,
-    PermissionDenied → 403; an unexpected error is logged and answered 500 as JSON."""
-
-    def decorate(view: Callable[..., Any]) -> Callable[..., HttpResponseBase]:
-        @csrf_exempt  # token auth, no cookies: CSRF cannot apply
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            try:
-                return handle(request, *args, **kwargs)
-            except (OperationalError, InterfaceError) as exc:
-                # PostgreSQL is away: say so (503, retry later) instead of an internal error.
-                logger.warning("API %s %s: database unavailable: %s", request.method, request.path, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-                response = error_response(503, "the database is unavailable; try again in a few seconds")
-                response["Retry-After"] = "5"
-                return response
-
-        def handle(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            if request.method not in methods:
-                response = error_response(405, f"method {request.method} not allowed; use {', '.join(methods)}")
-                response["Allow"] = ", ".join(methods)
-                return response
-            header = request.headers.get("Authorization", "")
-            scheme, _, key = header.partition(" ")
-            user = authenticate_token(key.strip()) if scheme.lower() == "token" else None
-            if user is None:
-                response = error_response(401, "authentication required: send the header 'Authorization: Token <key>'")
-                response["WWW-Authenticate"] = "Token"
-                return response
-            request.user = user
-            try:
-                result = view(request, *args, **kwargs)
-            except ApiError as exc:
-                return error_response(exc.status, exc.message, **exc.extra)
-            except Http404 as exc:  # selectors.visible_run_or_404 and friends
-                return error_response(404, str(exc) or "not found")
-            except PermissionDenied as exc:
-                return error_response(403, str(exc) or "permission denied")
-            except (OperationalError, InterfaceError):
-                raise
-            except Exception:
-                logger.exception("API error in %s %s", request.method, request.path)
-                return error_response(500, "internal error; the server log has the details")
-            # A download (StreamingHttpResponse, FileResponse) passes through as the view built it.
-            return result if isinstance(result, HttpResponseBase) else json_response(result)
-
-        return wrapper
-
-    return decorate
+def body_too_big() -> HttpResponse:
+    return error_response(413, f"the body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")

@@ -1,11 +1,6 @@
 """API reads of a run's own files: its process logs and its checkpoints (for `inflight logs` and
 `inflight download`; token auth like the rest of /api/, other users' runs answer 404).
 
-    GET /api/runs/<id>/logs/                          → {"run", "files": [{"name", "size"}], "count"}
-    GET /api/runs/<id>/logs/<name>  ?offset=N|tail=N&max_bytes=M
-                                    → {"run", "name", "offset", "next_offset", "size", "text"}
-    GET /api/runs/<id>/checkpoints/<step>/download/   → the checkpoint folder as an uncompressed tar
-
 Logs are read from `<runs dir>/<id>/logs/` (the launcher's output is `supervisor_child.log`, each
 engine process has `<process>.log`); follow one by asking again with offset=<next_offset>. Only
 regular files directly in those folders are served: names are checked against a pattern and
@@ -21,11 +16,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from django.http import HttpRequest, StreamingHttpResponse
+from ninja import Query
 
-from inflight.api.auth import api_view, int_param
+from inflight.api import schema
+from inflight.api.auth import ApiRouter, OptionalQueryInt, QueryInt
 from inflight.api.errors import ApiError
 from inflight.runs import run_paths, selectors
+from inflight.runs.safe_input import MAX_INT
 from rl_core.run_dir import LOGS_DIR
+
+router = ApiRouter(tags=["runs"])
 
 LOG_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}\.log$")
 DEFAULT_LOG_TAIL_BYTES = 16 * 1024
@@ -45,23 +45,31 @@ def _log_files(run_id: int) -> list[Path]:
     return sorted(path for path in entries if LOG_NAME_RE.match(path.name) and path.is_file() and not path.is_symlink())
 
 
-@api_view("GET")
+def download(content_type: str, what: str) -> dict[str, Any]:
+    """The OpenAPI description of a route whose 200 answer is a file, not JSON."""
+    return {"responses": {200: {"description": what, "content": {content_type: {"schema": {"type": "string", "format": "binary"}}}}}}
+
+
+@router.get("/runs/{int:run_id}/logs/", response={200: schema.LogList, **schema.ERRORS}, url_name="run-logs", summary="The run's process logs")
 def run_logs(request: HttpRequest, run_id: int) -> Any:
     run = selectors.visible_run_or_404(request.user, run_id)
     files = [{"name": path.name, "size": path.stat().st_size} for path in _log_files(run.pk)]
     return {"run": run.pk, "files": files, "count": len(files)}
 
 
-@api_view("GET")
-def run_log_chunk(request: HttpRequest, run_id: int, name: str) -> Any:
+@router.get("/runs/{int:run_id}/logs/{name}", response={200: schema.LogChunk, **schema.ERRORS}, url_name="run-log",
+            summary="A piece of one log (follow with offset=next_offset)")
+def run_log_chunk(
+    request: HttpRequest, run_id: int, name: str,
+    offset: OptionalQueryInt = Query(None, ge=0, le=MAX_INT, description="Read from this byte."),
+    tail: OptionalQueryInt = Query(None, ge=0, le=MAX_INT, description=f"Read the last N bytes (default {DEFAULT_LOG_TAIL_BYTES} when no offset)."),
+    max_bytes: QueryInt = Query(MAX_LOG_CHUNK_BYTES, ge=1, le=MAX_LOG_CHUNK_BYTES, description="At most this many bytes."),
+) -> Any:
     run = selectors.visible_run_or_404(request.user, run_id)
     path = _logs_dir(run.pk) / name
     if not LOG_NAME_RE.match(name) or path not in _log_files(run.pk):
         names = ", ".join(p.name for p in _log_files(run.pk)) or "none yet"
         raise ApiError(404, f"run {run.pk} has no log {name[:80]!r} (logs: {names})")
-    max_bytes = int_param(request, "max_bytes", default=MAX_LOG_CHUNK_BYTES, minimum=1, maximum=MAX_LOG_CHUNK_BYTES)
-    offset = int_param(request, "offset")
-    tail = int_param(request, "tail")
     if offset is not None and tail is not None:
         raise ApiError(400, "send either 'offset' (read from there) or 'tail' (the last N bytes), not both")
     with path.open("rb") as log:
@@ -112,7 +120,8 @@ def _tar_stream(folder: Path, arcname: str) -> Iterator[bytes]:
     yield b"\0" * (2 * tarfile.BLOCKSIZE)  # end of archive
 
 
-@api_view("GET")
+@router.get("/runs/{int:run_id}/checkpoints/{int:step}/download/", response=schema.ERRORS, url_name="run-checkpoint-download",
+            summary="One checkpoint folder as a tar archive", openapi_extra=download("application/x-tar", "An uncompressed tar of checkpoints/step_NNNNNN/."))
 def checkpoint_download(request: HttpRequest, run_id: int, step: int) -> Any:
     run = selectors.visible_run_or_404(request.user, run_id)
     folder = run_paths.checkpoint_path(run.pk, step)

@@ -11,22 +11,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from inflight.runs.statuses import ACTIVE_STATUSES, TERMINAL_STATUSES, RunStatus  # noqa: F401 - re-exported: the model's choices
 from rl_core.run_dir import ENDED_REASONS
 
-
-class RunStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    STARTING = "starting", "Starting"
-    RUNNING = "running", "Running"
-    CANCELLING = "cancelling", "Cancelling"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    LOST = "lost", "Lost"
-
-
-TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST})
-ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING})
 
 # The state machine, enforced by `services.transition_run`. A run that finishes
 # before the worker saw it running may go straight from `starting` to an end state;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inflight.web import rollout_views, run_actions, run_live_views, views
+from inflight.web import mirror_views, rollout_views, run_actions, run_live_views, views
 
 app_name = "web"
 
@@ -31,5 +31,6 @@ urlpatterns = [
     path("runs/<int:run_id>/evals/<int:eval_id>/problem.json", rollout_views.eval_problem_json, name="run_eval_problem"),
     path("runs/<int:run_id>/alerts.json", rollout_views.alerts_json, name="run_alerts"),
     path("runs/<int:run_id>/export/<str:kind>", rollout_views.run_export, name="run_export"),
+    path("runs/<int:run_id>/mirrors/<str:kind>.tar.gz", mirror_views.run_mirror, name="run_mirror"),
     path("settings/alerts/", rollout_views.alert_settings, name="alert_settings"),
 ]
