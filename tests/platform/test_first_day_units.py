@@ -73,3 +73,49 @@ def test_the_wide_csv_has_one_row_per_step(owner, owner_web) -> None:
         ["5", "11.0", "0.75", "80.0", "0.5"],
         ["6", "12.0", "", "", "0.4"],
     ]
+
+
+LEARNING_DYNAMICS = {"actor.max_lag": 2, "actor.advantage": "group_mean_std", "trainer.warmup_steps": 20, "trainer.schedule": "cosine", "trainer.samples_per_step": 64}
+
+
+def _dynamics(config: dict) -> dict:
+    return {path: config[path.split(".")[0]][path.split(".")[1]] for path in LEARNING_DYNAMICS}
+
+
+def test_every_entry_point_gets_the_same_run_defaults(owner, owner_api, owner_web, tmp_path) -> None:
+    """Issue 33: the API (the README's own example), a minimal YAML on the create page's YAML tab,
+    the form and the engine's command line all resolve a silent field to the same value."""
+    from inflight.runs.models import Run
+    from rl_core.config import load_config
+
+    api = owner_api.post("/api/runs/", json.dumps({"name": "from-api", "config": {"trainer": {"max_steps": 20}}}), content_type="application/json")
+    assert api.status_code == 201, api.content
+    assert _dynamics(Run.objects.get(pk=api.json()["id"]).config) == LEARNING_DYNAMICS
+
+    yaml_tab = owner_web.post("/runs/new/", {"mode": "yaml", "config_yaml": "name: from-yaml\ntrainer:\n  max_steps: 20\n"})
+    assert yaml_tab.status_code == 302, yaml_tab.content.decode()[-2000:]
+    assert _dynamics(Run.objects.get(name="from-yaml").config) == LEARNING_DYNAMICS
+
+    # The form opens with them (from the demo preset, which no longer restates them) ...
+    form = owner_web.get("/runs/new/").content.decode()
+    assert 'name="actor.max_lag" id="f-actor.max_lag" value="2"' in form
+    # ... and so does the form with no preset at all: a run's defaults alone.
+    bare = owner_web.get("/runs/new/?preset=").content.decode()
+    assert 'name="trainer.samples_per_step" id="f-trainer.samples_per_step" value="64"' in bare
+
+    minimal = tmp_path / "minimal.yaml"
+    minimal.write_text("trainer:\n  max_steps: 20\n")
+    assert _dynamics(load_config(minimal).model_dump(mode="json")) == LEARNING_DYNAMICS
+    # Given values win over the defaults everywhere.
+    given = owner_api.post("/api/runs/", json.dumps({"name": "given", "config": {"actor": {"max_lag": 4}, "trainer": {"schedule": "constant"}}}), content_type="application/json")
+    config = Run.objects.get(pk=given.json()["id"]).config
+    assert config["actor"]["max_lag"] == 4 and config["trainer"]["schedule"] == "constant" and config["trainer"]["warmup_steps"] == 20
+
+
+def test_the_run_page_marks_defaulted_and_set_values(owner, owner_web) -> None:
+    run = services.create_run(owner, "marked", {"trainer": {"max_steps": 20, "lr": 3e-4}})
+    page = owner_web.get(f"/runs/{run.pk}/").content.decode()
+    assert '<tr class="config-set" data-path="trainer.max_steps">' in page
+    assert '<tr class="config-set" data-path="trainer.lr">' in page
+    assert '<tr class="config-default" data-path="trainer.schedule">' in page  # cosine: a run's default
+    assert '<tr class="config-default" data-path="actor.max_lag">' in page

@@ -33,8 +33,9 @@ pytestmark = [
 
 
 def demo_config(**overrides: Any) -> dict[str, Any]:
-    """The demo preset (examples/tiny-cpu.yaml) resolved, with dotted overrides."""
-    from rl_core.config import RunConfig
+    """The demo preset (examples/tiny-cpu.yaml) resolved as a submission is (a run's defaults
+    where it is silent), with dotted overrides."""
+    from rl_core.config import RunConfig, with_run_defaults
 
     data = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
     for dotted, value in overrides.items():
@@ -43,7 +44,7 @@ def demo_config(**overrides: Any) -> dict[str, Any]:
         for part in parents:
             node = node.setdefault(part, {})
         node[last] = value
-    return RunConfig.model_validate(data).model_dump(mode="json")
+    return RunConfig.model_validate(with_run_defaults(data)).model_dump(mode="json")
 
 
 def make_run(owner, name: str, status: str = "succeeded", records: list[dict[str, Any]] | None = None, **config: Any):

@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from inflight.runs.actions import deep_merge
 from inflight.runs.safe_input import UnsafeInput, load_yaml
-from rl_core.config import RunConfig
+from rl_core.config import RunConfig, run_default_values, with_run_defaults
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,7 +31,7 @@ PRESETS: tuple[tuple[str, str, str], ...] = (
     ("qwen2.5-math-1.5b-math", "Qwen2.5-Math-1.5B on MATH (GPU: vLLM + DeepSpeed)", "examples/qwen2.5-math-1.5b-math.yaml"),
 )
 # What the create page opens with when no preset is asked for: the demo's values (a run that
-# finishes on a laptop), not the schema's bare defaults (`?preset=` gives those).
+# finishes on a laptop); `?preset=` gives a run's defaults alone (rl_core.config.RUN_DEFAULTS).
 DEFAULT_PRESET = "tiny-cpu"
 
 
@@ -112,7 +112,7 @@ def build_sections(
     `raw` holds the strings the user typed (shown back as typed after an error);
     `errors` are keyed by dotted path and attached to the nearest field or section.
     """
-    values = values if values is not None else RunConfig().model_dump(mode="json")
+    values = values if values is not None else run_default_values()
     errors = dict(errors or {})
     raw = raw or {}
     top = FormSection(path="", title="Run", help="")
@@ -284,11 +284,26 @@ def parse_yaml_config(text: str) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def resolved_values(data: Mapping[str, Any]) -> dict[str, Any]:
-    """Full config values for display: validated defaults where possible, else the raw data over defaults."""
+    """Full config values for display, as a submission would resolve them (the run defaults where
+    `data` is silent): validated where possible, else the raw data over the defaults."""
     try:
-        return RunConfig.model_validate(dict(data)).model_dump(mode="json")
+        return RunConfig.model_validate(with_run_defaults(dict(data))).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - invalid input is shown as typed, with its errors
-        return deep_merge(RunConfig().model_dump(mode="json"), dict(data))
+        return deep_merge(run_default_values(), dict(data))
+
+
+def config_view_rows(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run page's config view: `[{"path", "value", "default"}]` per field of a stored config,
+    `default` true where the value is a run's default (rl_core.config.RUN_DEFAULTS over the
+    schema), so what the submitter chose stands out from what every run gets."""
+    from inflight.web.selectors import flatten_config
+
+    defaults = flatten_config(run_default_values())
+    missing = object()
+    return [
+        {"path": path, "value": value, "default": _comparable(defaults.get(path, missing)) == _comparable(value)}
+        for path, value in flatten_config(config).items()
+    ]
 
 
 def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -327,3 +342,42 @@ def _comparable(value: Any) -> Any:
         except ValueError:
             return value.strip()
     return value
+
+
+def unshown_paths(data: Mapping[str, Any]) -> list[str]:
+    """What a YAML config holds that the form has no input for, as dotted paths: a key the
+    schema does not know, a section given as something other than a mapping, a mapping where the
+    form has one input. The create page says so instead of dropping it when the form is edited."""
+    top_fields, sections, _ = build_sections()
+    leaves = {form_field.path for form_field in [*top_fields, *iter_fields(sections)]}
+    section_paths = set()
+
+    def walk_sections(items: list[FormSection]) -> None:
+        for section in items:
+            section_paths.add(section.path)
+            walk_sections(section.sections)
+
+    walk_sections(sections)
+    out: list[str] = []
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if path in leaves:
+                continue
+            if path in section_paths and isinstance(value, Mapping):
+                walk(value, path + ".")
+            elif path in section_paths and value is None:
+                continue  # an empty section: the defaults
+            else:
+                out.append(path)
+
+    walk(data, "")
+    return out
+
+
+def comment_lines(text: str) -> int:
+    """Lines of a YAML text that hold a comment (a line whose first non-blank is '#'): the form
+    has nowhere to keep them, so the page says they go when the form rewrites the YAML."""
+    return sum(1 for line in text.splitlines() if line.lstrip().startswith("#"))
+

@@ -12,6 +12,7 @@ urlpatterns = [
     path("", run_actions.run_list, name="run_list"),
     path("runs/status.json", views.runs_status_json, name="runs_status"),
     path("runs/new/", views.run_create, name="run_create"),
+    path("runs/new/sync.json", views.run_create_sync, name="run_create_sync"),
     path("runs/<int:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<int:run_id>/snapshot.json", views.run_snapshot_json, name="run_snapshot"),
     path("runs/<int:run_id>/status.json", views.run_status_json, name="run_status"),

@@ -14,13 +14,13 @@ import yaml
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from pydantic import ValidationError
 
-from inflight.api.errors import error_response
+from inflight.api.errors import error_response, json_response
 from inflight.live.selectors import run_snapshot_json as snapshot_json_text
 from inflight.runs.run_paths import checkpoints_of
 from inflight.runs.selectors import MAX_RUN_ID, runs_visible_to, visible_run_or_404, workers_with_liveness
@@ -31,14 +31,18 @@ from inflight.web.config_form import (
     available_presets,
     build_sections,
     config_from_post,
+    comment_lines,
+    config_view_rows,
     error_summary,
+    form_values,
     load_preset,
     parse_yaml_config,
     resolved_values,
+    unshown_paths,
 )
 from inflight.web.selectors import latest_evaluations, status_rows
 
-from rl_core.config import RunConfig, field_errors
+from rl_core.config import RunConfig, field_errors, with_run_defaults
 
 # Each run's snapshot is at most MAX_BUCKETS buckets per series (live/downsample.py), so a compare's
 # data stays bounded; 20 runs answer in well under 300 ms server time (bench/platform_scale.py).
@@ -63,9 +67,12 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """Every address nothing answers (`/runs/abc/`, a mistyped path): the site's own 404 page in
     its layout, saying which address and where to go, instead of Django's bare one (the root
-    urlconf's `handler404`). The API and the pages' JSON endpoints answer in the JSON error shape."""
+    urlconf's `handler404`). Under /api/ a plain 404 is left for `ApiErrorShapeMiddleware` to put
+    in the API's error shape; a page's JSON endpoint answers in that shape too."""
     message = f"No page at {request.path[:200]}"
-    if request.path.startswith("/api/") or request.path.endswith(".json"):
+    if request.path.startswith("/api/"):
+        return HttpResponseNotFound(message, content_type="text/plain")
+    if request.path.endswith(".json"):
         return error_response(404, message)
     return render(request, "inflight/error.html", {"status": 404, "message": message + ".", "not_found_path": request.path[:200]}, status=404)
 
@@ -153,10 +160,48 @@ def _create_context(request: HttpRequest, values: dict[str, Any], errors: dict[s
 
 def _schema_errors(data: dict[str, Any]) -> dict[str, list[str]]:
     try:
-        RunConfig.model_validate(data)
+        RunConfig.model_validate(with_run_defaults(data))
     except ValidationError as exc:
         return field_errors(exc)
     return {}
+
+
+def _apply_start_from(request: HttpRequest, data: dict[str, Any], errors: dict[str, list[str]]) -> None:
+    """The form's "start from checkpoint" choice, resolved here, server-side: the model is that
+    checkpoint's directory (one of the user's own runs'), or an error on `start_from`."""
+    start_from = request.POST.get("start_from", "")
+    if not start_from:
+        return
+    choice = next((c for c in checkpoints_of(request.user) if c.key == start_from), None)
+    if choice is None:
+        errors.setdefault("start_from", []).append("not a checkpoint of one of your runs")
+        return
+    model = data.setdefault("model", {})
+    if isinstance(model, dict):
+        model["path"] = choice.path
+        model["build_tiny_if_missing"] = False
+
+
+@json_login_required
+@require_POST
+def run_create_sync(request: HttpRequest) -> HttpResponse:
+    """The create page's Form and YAML tabs are one config in two views (static/inflight/config_sync.js):
+    `to=yaml` turns the posted form fields into the YAML tab's text; `to=form` turns `config_yaml`
+    into what each input shows (`values`), with what the form cannot show (`unshown`: dotted
+    paths; `comments`: comment lines), so the page says so rather than drop it. Parsed as a
+    submission is (config_from_post, parse_yaml_config, resolved_values); nothing is stored."""
+    target = request.POST.get("to", "")
+    if target == "yaml":
+        data, errors, _ = config_from_post(request.POST)
+        _apply_start_from(request, data, errors)
+        return json_response({"yaml": yaml.safe_dump(resolved_values(data), sort_keys=False), "errors": errors})
+    if target == "form":
+        text = request.POST.get("config_yaml", "")
+        data, problem = parse_yaml_config(text)
+        if problem or data is None:
+            return error_response(400, f"config_yaml: {problem}")
+        return json_response({"values": form_values(resolved_values(data)), "unshown": unshown_paths(data), "comments": comment_lines(text)})
+    return error_response(400, "to: use yaml (form fields to YAML) or form (config_yaml to form fields)")
 
 
 @login_required
@@ -186,17 +231,7 @@ def run_create(request: HttpRequest) -> HttpResponse:
     else:
         data, errors, raw = config_from_post(request.POST)
         yaml_text = ""
-    start_from = request.POST.get("start_from", "")
-    if start_from:
-        choice = next((c for c in checkpoints_of(request.user) if c.key == start_from), None)
-        if choice is None:
-            errors.setdefault("start_from", []).append("not a checkpoint of one of your runs")
-        else:
-            # Resolved here, server-side: the model is that checkpoint's directory.
-            model = data.setdefault("model", {})
-            if isinstance(model, dict):
-                model["path"] = choice.path
-                model["build_tiny_if_missing"] = False
+    _apply_start_from(request, data, errors)
     if not errors:
         try:
             run = create_run(request.user, "", data)
@@ -250,6 +285,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "run": run,
             "page": page,
             "config_yaml": json_to_yaml(run.config),
+            "config_rows": config_view_rows(run.config or {}),
             "evaluations": evaluations,
             "can_stop": not run.is_terminal and run.status != "cancelling",
         },

