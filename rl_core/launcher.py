@@ -45,9 +45,10 @@ from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig, config_to_yaml, lo
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus
-from rl_core.provenance import record_launch
 from rl_core.weight_segments import remove_run_segments
+from rl_core.provenance import record_launch
 from rl_core.role_hosts import LocalHost, RoleHost
+from rl_core.watchdog import RoleHung, Watchdog
 from rl_core.resume import ResumeError, record_resume
 from rl_core.run_dir import (
     CHECKPOINTS_DIR,
@@ -86,6 +87,12 @@ class LaunchError(RuntimeError):
     """A run that cannot start or must stop; the message is what status.json shows."""
 
     ended_reason: EndedReason = "failed"
+
+
+class HangError(LaunchError):
+    """A role answered nothing for `monitoring.hang_limit_s` (rl_core/watchdog.py)."""
+
+    ended_reason: EndedReason = "hung"
 
 
 # --- 1. validation before anything starts ------------------------------------------
@@ -306,6 +313,9 @@ class Launcher:
         self._console_pending: dict[str, float] = {}
         self._console_last = 0.0
         self.wall_time_stop = False  # the launcher asked the trainer to stop: max_wall_time_s passed
+        # Whether every role still answers, from the moment all servers are ready (start_all).
+        self.watchdog: Watchdog | None = None
+        self._next_watchdog_check = 0.0
 
     def ended_reason(self, state: str, error: LaunchError | None) -> EndedReason:
         """Why the run ended: a succeeded run finished its steps unless the wall-time budget
@@ -394,8 +404,34 @@ class Launcher:
         self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--await-servers")
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
         write_servers(self.run_dir, urls)
+        self.watch_roles(servers, urls)
         if self.host.remote:
             self.write_cluster_record()
+
+    def watch_roles(self, servers: list[Child], urls: list[str]) -> None:
+        """Every role is watched the same way wherever it runs (this node or a Ray node): a
+        server by its /health, a trainer rank and the actor by their heartbeat in the run directory."""
+        self.watchdog = Watchdog(self.run_dir, self.config.monitoring.hang_limit_s)
+        for server, url in zip(servers, urls):
+            self.watchdog.watch_server(server.name, url)
+        for child in self.children:
+            if child.name == "actor" or child.name.startswith("trainer"):
+                self.watchdog.watch_heartbeat(child.name)
+
+    def running_roles(self) -> set[str]:
+        return {child.name for child in self.children if child.process.poll() is None}
+
+    def check_watchdog(self, now: float) -> None:
+        """Fail the run naming a role that answered nothing for the hang limit (after the children's
+        exits were checked: a role that died is named by its exit code, not as silent)."""
+        if self.watchdog is None or now < self._next_watchdog_check:
+            return
+        self._next_watchdog_check = now + 1.0
+        try:
+            self.watchdog.check(time.monotonic(), self.running_roles())
+        except RoleHung as exc:
+            child = self.child(exc.role)
+            raise HangError(f"{exc}; last log lines of {child.log_path}:\n{log_tail(child.log_path)}") from exc
 
     def write_cluster_record(self) -> None:
         """`cluster.json`: each role's node, address and pid there (the run page's "where" table)."""
@@ -444,6 +480,8 @@ class Launcher:
                     sample = sampler.sample(roles=None if self.host.remote else {child.name: child.process.pid for child in self.children})
                     if self.host.remote:  # every node of a cluster run, not only the launcher's
                         sample.update(self.host.node_metrics())  # type: ignore[attr-defined]
+                    if self.watchdog is not None:  # the platform's `stalled` rule reads these
+                        sample.update(self.watchdog.metrics(time.monotonic(), self.running_roles()))
                     sink.log(progress.version if progress else 0, sample)
                     next_sample = now + SYSTEM_METRICS_EVERY_S
                 wall = self.config.max_wall_time_s
@@ -454,6 +492,7 @@ class Launcher:
                     self.check_nodes()
                     self._next_node_check = now + NODE_CHECK_EVERY_S
                 self.check_children()
+                self.check_watchdog(now)
                 trainer = self.child("trainer")
                 if trainer_done_at is None and trainer.process.poll() == 0:
                     trainer_done_at = now
@@ -541,6 +580,8 @@ class Launcher:
         except Exception as exc:  # noqa: BLE001 - any launcher bug still stops the children and says why
             state, error = "failed", f"launcher error: {exc!r}"
         finally:
+            if self.watchdog is not None:
+                self.watchdog.close()
             # Actor first (stop new traffic), then trainer, servers, redis last.
             stop_children(list(reversed(self.children)))
             # A trainer killed while making its weight segment leaves it named: the run's end removes it.

@@ -54,7 +54,13 @@ TRAIN_LOGPROBS_FILE = "train_logprobs.jsonl"  # trainer ranks → worker: per-to
 TENSORBOARD_DIR = "tensorboard"  # launcher's metric mirror (monitoring.mirror.sinks: tensorboard)
 WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb); W&B names it itself under DIR
 WANDB_RUN_ID_FILE = "wandb_run_id"  # the W&B run id of the mirror, so a resumed run continues that W&B run
+HEARTBEATS_DIR = "heartbeats"  # trainer ranks, actor → launcher's watchdog: heartbeats/<role>, rewritten every few seconds
 PROVENANCE_FILE = "provenance.jsonl"  # launcher → worker: one `provenance.ProvenanceRecord` per launch (code, packages, host, command)
+
+
+def heartbeat_path(run_dir: str | Path, role: str) -> Path:
+    """`heartbeats/<role>`: rewritten by the role's heartbeat thread (rl_core/watchdog.py)."""
+    return Path(run_dir) / HEARTBEATS_DIR / role
 
 
 def log_path(run_dir: str | Path, process: str) -> Path:
@@ -284,3 +290,5 @@ def clear_previous_attempt(run_dir: str | Path) -> None:
     nor the old servers' addresses."""
     for name in (PROGRESS_FILE, STOP_FILE, SERVERS_FILE, CLUSTER_FILE):
         (Path(run_dir) / name).unlink(missing_ok=True)
+    for beat in (Path(run_dir) / HEARTBEATS_DIR).glob("*"):  # an old attempt's beats are not this one's answers
+        beat.unlink(missing_ok=True)

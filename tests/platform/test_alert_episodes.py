@@ -99,4 +99,22 @@ def test_no_learning_signal_from_the_actors_advantages_and_its_recovery() -> Non
         ("no_learning_signal", 3), ("no_learning_signal", 12)]
 
 
+
+def test_a_role_that_stopped_answering_is_one_stalled_alert_naming_it(owner) -> None:
+    # The launcher's lines every 5 s keep arriving while server0 is SIGSTOPped: the run never went
+    # quiet, so "no metrics for stall_s" could not fire; the watchdog's silence does, once.
+    run = make_run(owner, role_silent_s=30)
+    silences = [0.4, 1.2, 11.0, 16.0, 21.0, 26.0, 31.0, 36.0, 41.0, 46.0]
+    records = [{"step": 3, "system/cpu_util": 50.0, "watchdog/silent_s": s, **({"watchdog/silent_s/server0": s} if s >= 11 else {})}
+               for s in silences]
+    alerts.evaluate_metric_lines(run.pk, lines(0, *records))
+    alert = Alert.objects.get(run=run)
+    assert (alert.rule, alert.key) == ("stalled", "watchdog")
+    assert "server0 for 31 s" in alert.message and alert.values["roles"] == {"server0": 31.0}
+    # It answers again: over; a second silence later is a second alert.
+    alerts.evaluate_metric_lines(run.pk, lines(10, {"step": 3, "watchdog/silent_s": 1.0},
+                                               {"step": 4, "watchdog/silent_s": 35.0, "watchdog/silent_s/trainer": 35.0}))
+    assert [a.values["roles"] for a in Alert.objects.filter(run=run).order_by("id")] == [{"server0": 31.0}, {"trainer": 35.0}]
+
+
 pytestmark = pytest.mark.django_db

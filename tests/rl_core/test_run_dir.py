@@ -14,7 +14,7 @@ def test_status_round_trips_with_the_documented_keys(tmp_path: Path) -> None:
     assert rd.read_status(tmp_path) is None
     rd.write_status(tmp_path, "failed", "boom")
     raw = json.loads((tmp_path / rd.STATUS_FILE).read_text())
-    assert set(raw) == {"state", "error", "pid", "updated", "detail"}
+    assert set(raw) == {"state", "error", "pid", "updated", "detail", "ended_reason", "ended_detail"}
     status = rd.read_status(tmp_path)
     assert status is not None and (status.state, status.error, status.pid) == ("failed", "boom", raw["pid"])
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temp file

@@ -14,6 +14,7 @@ from typing import Any
 from rl_core.config import AlertsConfig
 from rl_core.evaluation import HELDOUT_BENCHMARK
 from rl_core.metrics import NONFINITE_PREFIX
+from rl_core.watchdog import SILENT_METRIC
 
 RULES = {
     "nonfinite": "non-finite loss or gradient norm",
@@ -22,7 +23,7 @@ RULES = {
     "entropy_collapse": "entropy collapse",
     "policy_lag": "policy lag above max_lag",
     "stale_dropped": "stale samples dropped",
-    "stalled": "throughput stalled",
+    "stalled": "throughput stalled",  # key "": no metrics at all; key "watchdog": a role stopped answering
     "eval_drop": "evaluation score fell from its best",
     "no_learning_signal": "no learning signal",
 }
@@ -121,7 +122,28 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
         else:
             out.clear.add(("stale_dropped", ""))
     _check_learning_signal(record, cfg, windows, out)
+    _check_silent_roles(record, cfg, out)
     return out
+
+
+def _check_silent_roles(record: dict[str, Any], cfg: AlertsConfig, out: Verdicts) -> None:
+    """`stalled` (key "watchdog"): the launcher's watchdog says a role (a server, a trainer rank,
+    the actor) has answered nothing for `role_silent_s` (rl_core/watchdog.py): a stopped or wedged
+    process, which logs nothing itself while the launcher's own lines keep the run looking alive."""
+    longest = record.get(SILENT_METRIC)
+    if not isinstance(longest, (int, float)):
+        return
+    pair = ("stalled", "watchdog")
+    silent = {key.removeprefix(SILENT_METRIC + "/"): value for key, value in record.items()
+              if key.startswith(SILENT_METRIC + "/") and isinstance(value, (int, float)) and value >= cfg.role_silent_s}
+    if silent:
+        roles = ", ".join(f"{role} for {seconds:.0f} s" for role, seconds in sorted(silent.items()))
+        out.firing[pair] = Firing(
+            f"stopped answering: {roles} (threshold {cfg.role_silent_s:g} s); the run fails after monitoring.hang_limit_s",
+            {"roles": silent, "threshold": cfg.role_silent_s},
+        )
+    elif longest < cfg.role_silent_s * RECOVERED_SHARE:
+        out.clear.add(pair)
 
 
 def _check_learning_signal(record: dict[str, Any], cfg: AlertsConfig, windows: dict[str, Any], out: Verdicts) -> None:
