@@ -593,7 +593,8 @@ class Launcher:
             self.console.close()
         reason = self.ended_reason(state, launch_error)
         progress = read_progress(self.run_dir)
-        detail = ended_sentence(reason, progress.version if progress else 0, self.config.trainer.max_steps, self.config.max_wall_time_s)
+        cause = error.splitlines()[0].split(";")[0].split(":")[0][:120] if error else None
+        detail = ended_sentence(reason, progress.version if progress else 0, self.config.trainer.max_steps, self.config.max_wall_time_s, cause)
         self.set_status(state, error, ended_reason=reason, ended_detail=detail)
         if error:
             print(f"run failed: {error}", file=sys.stderr, flush=True)

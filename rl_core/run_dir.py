@@ -145,12 +145,15 @@ ENDED_REASONS: dict[str, str] = {
 
 
 def ended_sentence(reason: str | None, step: int | None = None, max_steps: int | None = None,
-                   max_wall_time_s: float | None = None) -> str:
+                   max_wall_time_s: float | None = None, cause: str | None = None) -> str:
     """Why a run ended, in words: the run page, the API's `ended`, both CLIs and status.json's
-    `ended_detail` say the same sentence. "" for a run that has not ended."""
+    `ended_detail` say the same sentence. `cause`: what failed, in a few words (the error's first
+    clause, e.g. "server0 stopped answering"). "" for a run that has not ended."""
     if not reason:
         return ""
     sentence = ENDED_REASONS.get(reason, reason)
+    if cause and reason in ("failed", "hung"):
+        sentence = f"failed: {cause}"
     if reason == "wall_time" and max_wall_time_s is not None:
         sentence += f" (max_wall_time_s {max_wall_time_s:g} s)"
     if step is not None and reason in ("max_steps", "wall_time", "cancelled", "failed", "hung"):

@@ -13,8 +13,7 @@ import pytest
 from rl_core.run_dir import ended_sentence, write_status
 from tests.platform.test_browser import CHROMIUM, daphne_server, playwright_session, signed_in_page  # noqa: F401 - fixtures used by name
 from tests.platform.test_cli import INFLIGHT, Cli
-from tests.platform.test_worker_supervisor import NullReporter
-from workers.supervisor import Outcome, RunSupervisor
+from workers.supervisor import NullReporter, Outcome, RunSupervisor
 
 BUDGET_STOP = ended_sentence("wall_time", 16, 1000, 60)
 SCREENSHOT = Path("/tmp/run_page_ended_reason.png")
@@ -33,6 +32,7 @@ def _ended_run(owner: Any, status: str, **ended: str) -> Any:
 def test_the_sentence_names_the_budget_and_the_step() -> None:
     assert BUDGET_STOP == "stopped by its wall-time budget (max_wall_time_s 60 s) at step 16 of 1000"
     assert ended_sentence("max_steps", 1000, 1000) == "finished its steps at step 1000 of 1000"
+    assert ended_sentence("hung", 3, 500, cause="server0 stopped answering") == "failed: server0 stopped answering at step 3 of 500"
     assert ended_sentence(None) == ""
 
 

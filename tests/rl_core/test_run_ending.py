@@ -62,6 +62,7 @@ def test_a_stopped_role_is_reported_then_fails_the_run_naming_it(tiny_model: Pat
     final = status(out)
     assert final["state"] == "failed" and final["ended_reason"] == "hung", final
     assert final["error"].startswith(f"{role} stopped answering"), final["error"]
+    assert final["ended_detail"].startswith(f"failed: {role} stopped answering at step ")
     assert f"monitoring.hang_limit_s {hang_limit_s}" in final["error"]
     assert hang_limit_s <= failed_after < hang_limit_s + 30
     # Before failing, the launcher's lines said which role was silent: the platform's `stalled` rule reads them.
