@@ -42,6 +42,11 @@
       cell.querySelector(".progress-bar").style.width = Math.round(share * 100) + "%";
       cell.querySelector(".progress-text").textContent = "step " + run.step + (run.max_steps ? " / " + run.max_steps : "");
     }
+    // The trend cells: the server draws the sparkline (numbers only, no user text) as on page load.
+    Object.keys(run.sparklines || {}).forEach(function (name) {
+      var spark = row.querySelector('[data-spark="' + name + '"]');
+      if (spark && spark.innerHTML !== run.sparklines[name]) spark.innerHTML = run.sparklines[name];
+    });
     Object.keys(run.latest || {}).forEach(function (key) {
       var value = run.latest[key];
       var target = row.querySelector('[data-latest="' + key + '"]');

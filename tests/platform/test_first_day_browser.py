@@ -79,3 +79,44 @@ def test_unknown_addresses_get_the_sites_404_page(daphne_server: str, browser: A
     assert page.is_visible(".topbar nav") and page.is_visible("#error-page a[href='/']")  # the site's layout, a way back
     page.screenshot(path=str(SCREENSHOTS / "not_found.png"), full_page=False)
     page.close()
+
+
+def test_the_run_list_sorts_by_its_figures_and_its_sparklines_move(daphne_server: str, browser: Any, owner, wait: Callable[..., Any]) -> None:  # noqa: F811
+    from inflight.runs import services
+    from test_first_hour_browser import curve, make_run
+
+    figures = {"low": (0.3, 0.9, 0.5), "high": (0.8, 0.1, 0.2), "mid": (0.5, 0.5, 0.9)}
+    for name, (heldout, reward, loss) in figures.items():
+        make_run(owner, name, records=curve(20, success__heldout=lambda s, v=heldout: v if s % 5 == 0 else None,
+                                            reward__mean=lambda s, v=reward: v, train__loss=lambda s, v=loss: v))
+    live = make_run(owner, "live", status="running", records=curve(10, reward__mean=lambda s: 0.1 * (s % 3), train__loss=lambda s: 1.0))
+
+    page = signed_in_page(browser, daphne_server, "/")
+
+    def order() -> list[str]:
+        return [name for name in page.eval_on_selector_all("#runs-table tbody tr td:nth-child(3) > a", "links => links.map(a => a.textContent)") if name != "live"]
+
+    page.click("a[data-sort=heldout]")
+    page.wait_for_url("**sort=-heldout**")
+    assert order() == ["high", "mid", "low"]
+    page.click("a[data-sort=heldout]")
+    page.wait_for_url("**sort=heldout**")
+    assert order() == ["low", "mid", "high"]
+    page.click("a[data-sort=reward]")
+    page.wait_for_url("**sort=-reward**")
+    assert order() == ["low", "mid", "high"]
+    page.goto(f"{daphne_server}/?sort=loss")
+    assert order() == ["high", "low", "mid"]
+    page.goto(f"{daphne_server}/?sort=-progress")
+    assert page.inner_text("#runs-table tbody tr:first-child td:nth-child(3)").startswith(("low", "high", "mid"))  # 20 steps before 10
+
+    # The live run's sparkline follows it (it was drawn once, at page load).
+    page.goto(f"{daphne_server}/")
+    cell = f'tr[data-run-id="{live.pk}"] [data-spark="reward/mean"]'
+    before = page.inner_html(cell)
+    points = [p for line, record in enumerate(curve(30, reward__mean=lambda s: 0.03 * s)[10:], start=100)
+              for p in services.points_from_metrics_record(line, record)]
+    services.ingest_metrics(live.pk, points)
+    wait(lambda: page.inner_html(cell) != before, timeout=20, message="the sparkline to move")
+    page.screenshot(path=str(SCREENSHOTS / "run_list_sorted.png"), full_page=False)
+    page.close()

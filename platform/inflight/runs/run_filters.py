@@ -14,14 +14,25 @@ from typing import Any, Mapping
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import F, QuerySet
+from django.db.models import F, FloatField, QuerySet
+from django.db.models.expressions import RawSQL
 
-from inflight.runs.models import Run, RunStatus
+from inflight.runs.models import RUN_WALL_TIME_SQL, Run, RunStatus
 
 RUN_SORT_KEYS = {
     "id": "id", "name": "name", "status": "status", "created": "created_at", "started": "started_at",
     "finished": "finished_at", "queue": "queue", "owner": "owner__username", "mode": "config__mode",
 }
+# The run list's figure columns, sortable in the database from what is stored per run: the latest
+# value of a metric is the last bucket of the live charts' summary (live.SnapshotBucket, one probe of
+# its (run, name, bucket) index per run), progress is the summary's max step over trainer.max_steps,
+# wall time the same expression the leaderboard sorts by. Key → the metric (None: computed below).
+METRIC_SORT_KEYS: dict[str, str | None] = {
+    "heldout": "success/heldout", "reward": "reward/mean", "loss": "train/loss", "tokens_per_s": "rollout/tokens_per_s",
+    "lag": "policy_lag/max", "kl": "train/kl", "progress": None, "wall": None,
+}
+# Sorted largest first when first clicked (a loss, a lag and a KL: smallest first).
+METRIC_SORT_DESCENDING_FIRST = ("heldout", "reward", "tokens_per_s", "progress", "wall")
 DEFAULT_SORT = "-created"
 
 
@@ -56,8 +67,8 @@ class RunFilters:
             raise BadFilter(f"status: unknown status {filters.status!r}; use one of {', '.join(RunStatus.values)}")
         if filters.archived not in ("0", "1", "all"):
             raise BadFilter("archived: use 0 (hide archived runs), 1 (only archived) or all")
-        if filters.sort.lstrip("-") not in RUN_SORT_KEYS:
-            raise BadFilter(f"sort: unknown column {filters.sort.lstrip('-')!r}; use one of {', '.join(RUN_SORT_KEYS)}")
+        if filters.sort.lstrip("-") not in RUN_SORT_KEYS and filters.sort.lstrip("-") not in METRIC_SORT_KEYS:
+            raise BadFilter(f"sort: unknown column {filters.sort.lstrip('-')!r}; use one of {', '.join([*RUN_SORT_KEYS, *METRIC_SORT_KEYS])}")
         return filters
 
     def query_string(self, **changes: str) -> str:
@@ -83,11 +94,30 @@ def filter_runs(runs: QuerySet[Run], filters: RunFilters, user: AbstractBaseUser
         runs = runs.filter(archived_at__isnull=True)
     elif filters.archived == "1":
         runs = runs.filter(archived_at__isnull=False)
-    column = RUN_SORT_KEYS[filters.sort.lstrip("-")]
+    key = filters.sort.lstrip("-")
     descending = filters.sort.startswith("-")
-    # Empty values (a run not started yet) sort last in both directions.
-    order = F(column).desc(nulls_last=True) if descending else F(column).asc(nulls_last=True)
+    expression = _metric_sort_expression(key) if key in METRIC_SORT_KEYS else F(RUN_SORT_KEYS[key])
+    # Empty values (a run not started yet, a metric not logged) sort last in both directions.
+    order = expression.desc(nulls_last=True) if descending else expression.asc(nulls_last=True)
     return runs.order_by(order, "-id")
+
+
+def _metric_sort_expression(key: str) -> RawSQL:
+    from inflight.live.models import SnapshotBucket, SnapshotCursor
+
+    run_id = f"{Run._meta.db_table}.id"
+    if key == "wall":
+        return RawSQL(RUN_WALL_TIME_SQL, [], output_field=FloatField())
+    if key == "progress":
+        return RawSQL(
+            f"(SELECT c.max_step FROM {SnapshotCursor._meta.db_table} c WHERE c.run_id = {run_id})::float"
+            f" / NULLIF(({Run._meta.db_table}.config -> 'trainer' ->> 'max_steps')::float, 0)",
+            [], output_field=FloatField(),
+        )
+    return RawSQL(
+        f"(SELECT b.last_value FROM {SnapshotBucket._meta.db_table} b WHERE b.run_id = {run_id} AND b.name = %s ORDER BY b.bucket DESC LIMIT 1)",
+        [METRIC_SORT_KEYS[key]], output_field=FloatField(),
+    )
 
 
 MAX_TAG_SUGGESTIONS = 1000

@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
 from inflight.runs.models import MetricPoint, Run
-from inflight.runs.run_filters import BadFilter, RunFilters, all_tags, filter_runs
+from inflight.runs.run_filters import METRIC_SORT_DESCENDING_FIRST, METRIC_SORT_KEYS, BadFilter, RunFilters, all_tags, filter_runs
 from inflight.runs.selectors import leaderboard_page, runs_visible_to, visible_run_or_404
 from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
 from inflight.web import views as base_views
@@ -42,7 +42,8 @@ def _sort_links(filters: RunFilters, columns: list[tuple[str, str]]) -> list[dic
     out = []
     for column, label in columns:
         active = column == key
-        following = (column if filters.sort.startswith("-") else f"-{column}") if active else f"-{column}" if column in ("created", "started", "id") else column
+        descending_first = column in ("created", "started", "id", *METRIC_SORT_DESCENDING_FIRST)
+        following = (column if filters.sort.startswith("-") else f"-{column}") if active else f"-{column}" if descending_first else column
         out.append({"key": column, "label": label, "active": active, "descending": filters.sort.startswith("-"), "query": filters.query_string(sort=following)})
     return out
 
@@ -95,6 +96,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
                      if key != "owner" or request.user.is_staff],
         "hidden_by_default": [key for key, (_, default) in LIST_PICKABLE_COLUMNS.items() if not default],
         "filters": filters, "columns": _sort_links(filters, columns), "tags": all_tags(visible),
+        # The figure columns sort too (in the database: runs.run_filters.METRIC_SORT_KEYS).
+        "metric_sorts": {link["key"]: link for link in _sort_links(filters, [(key, key) for key in METRIC_SORT_KEYS])},
         "statuses": Run._meta.get_field("status").choices, "any_runs": runs or visible.exists(),
         "filter_query": filters.query_string(), "page": _pager_links(page, filters.query_string()),
     })

@@ -192,6 +192,11 @@ def status_rows(runs: Iterable[Run], with_progress: bool = False) -> list[dict[s
         }
         if run.pk in progress:
             info = progress[run.pk]
-            row.update(step=info["step"], max_steps=info["max_steps"], latest=info["latest"])
+            # The sparklines as the page draws them (one drawing: the `sparkline` filter), so the
+            # list's trend cells follow a live run instead of staying as the page loaded them.
+            from inflight.web.templatetags.inflight_ui import sparkline
+
+            row.update(step=info["step"], max_steps=info["max_steps"], latest=info["latest"],
+                       sparklines={name: str(sparkline(values)) for name, values in info["sparklines"].items()})
         rows.append(row)
     return rows
