@@ -1,5 +1,6 @@
-"""API reads of a run's own files: its process logs and its checkpoints (for `inflight logs` and
-`inflight download`; token auth like the rest of /api/, other users' runs answer 404).
+"""API reads of a run's own files: its process logs, its checkpoints and its W&B/TensorBoard
+mirror folders (api/mirror_files.py) for `inflight logs` and `inflight download`; token auth like
+the rest of /api/, other users' runs answer 404.
 
 Logs are read from `<runs dir>/<id>/logs/` (the launcher's output is `supervisor_child.log`, each
 engine process has `<process>.log`); follow one by asking again with offset=<next_offset>. Only
@@ -21,6 +22,7 @@ from ninja import Query
 from inflight.api import schema
 from inflight.api.auth import ApiRouter, OptionalQueryInt, QueryInt
 from inflight.api.errors import ApiError
+from inflight.api.mirror_files import mirror_archive_response
 from inflight.runs import run_paths, selectors
 from inflight.runs.safe_input import MAX_INT
 from rl_core.run_dir import LOGS_DIR
@@ -118,6 +120,14 @@ def _tar_stream(folder: Path, arcname: str) -> Iterator[bytes]:
         if info.size % tarfile.BLOCKSIZE:
             yield b"\0" * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
     yield b"\0" * (2 * tarfile.BLOCKSIZE)  # end of archive
+
+
+@router.get("/runs/{int:run_id}/mirrors/{kind}/download/", response=schema.ERRORS, url_name="run-mirror-download",
+            summary="A metric mirror folder (wandb or tensorboard) as a .tar.gz",
+            openapi_extra=download("application/gzip", "A gzipped tar of the run's wandb/ or tensorboard/ folder (`wandb sync` its offline-run-* folder)."))
+def mirror_download(request: HttpRequest, run_id: int, kind: str) -> Any:
+    run = selectors.visible_run_or_404(request.user, run_id)
+    return mirror_archive_response(run.pk, kind)
 
 
 @router.get("/runs/{int:run_id}/checkpoints/{int:step}/download/", response=schema.ERRORS, url_name="run-checkpoint-download",
