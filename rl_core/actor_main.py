@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rl_core.actor import Actor
 from rl_core.config import RunConfig, load_run_config
@@ -16,10 +17,16 @@ from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, stream_redis_url, wait
 from rl_core.stream import open_writer
 
 
-async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) -> None:
+def actor_clients(server_urls: list[str]) -> list[Any]:
+    """One client per server, with no request deadline of their own: a long generation is no hang,
+    and a server that stops answering is the launcher's watchdog's to catch (rl_core/watchdog.py)."""
     from rl_core.client import InferenceClient
 
-    clients = [InferenceClient(url) for url in server_urls]
+    return [InferenceClient(url, timeout_s=None) for url in server_urls]
+
+
+async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) -> None:
+    clients = actor_clients(server_urls)
     writer = open_writer(config.stream.kind, run_dir, stream_redis_url(config.stream, run_dir))
     sink = JsonlSink(run_dir / METRICS_FILE)
     try:

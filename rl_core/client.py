@@ -23,6 +23,8 @@ KEEPALIVE_EXPIRY_S = 2.0  # seconds an idle pooled connection is kept by the cli
 # evaluation's 64 concurrent requests that walk was most of the actor's CPU (py-spy); with this
 # bound the 40-step demo's actor used 2.4 CPU-s instead of 5.0. A new localhost connection costs far less.
 MAX_IDLE_CONNECTIONS = 8
+# Reaching a server at all: a refused or unroutable address fails within this, whatever the request.
+CONNECT_DEADLINE_S = 10.0
 
 
 class ServerError(RuntimeError):
@@ -33,13 +35,19 @@ class ServerError(RuntimeError):
 
 
 class InferenceClient:
-    def __init__(self, base_url: str, timeout_s: float = 600.0, model: str | None = None) -> None:
+    """`timeout_s`: the longest one request may take, None for no limit of its own. A run's actor
+    passes None: a generation of a large model may rightly take long, and a server that stopped
+    answering is caught by the launcher's watchdog (rl_core/watchdog.py: its /health, not the
+    request's duration) which fails the run naming it; a standalone caller (the eval CLI, a bench)
+    keeps the default."""
+
+    def __init__(self, base_url: str, timeout_s: float | None = 600.0, model: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         # trust_env=False: a proxy from the environment must never sit between us and 127.0.0.1.
         # Idle pooled connections are dropped well before the server's keep-alive timeout
         # (server.SERVER_KEEPALIVE_S), so a request never races the server closing its connection.
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout_s, trust_env=False,
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=CONNECT_DEADLINE_S), trust_env=False,
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S, max_keepalive_connections=MAX_IDLE_CONNECTIONS),
         )
         self._model = model

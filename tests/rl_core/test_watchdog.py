@@ -78,3 +78,19 @@ def test_a_stopped_server_and_a_stopped_role_are_reported_then_named(tmp_path: P
         assert hung.value.role == "actor" and "wrote no heartbeat" in str(hung.value)
     finally:
         watchdog.close()
+
+
+def test_a_runs_actor_has_no_request_deadline_of_its_own_but_a_connect_one() -> None:
+    """A long generation of a large model is not a hang: the actor's requests wait as long as the
+    server answers its /health (the watchdog's deadline), while reaching a server stays bounded."""
+    import asyncio
+
+    from rl_core.actor_main import actor_clients
+    from rl_core.client import CONNECT_DEADLINE_S
+
+    clients = actor_clients(["http://127.0.0.1:9"])
+    try:
+        timeout = clients[0]._http.timeout
+        assert timeout.read is None and timeout.write is None and timeout.connect == CONNECT_DEADLINE_S
+    finally:
+        asyncio.run(clients[0].aclose())
