@@ -30,6 +30,8 @@ CHART_GROUPS: list[dict[str, object]] = [
     # Which way a run's weights reach its servers (the placement picks it: inference.weight_handoff).
     {"id": "handoff", "title": "Weight handoff: 1 = same device (shared memory, CUDA IPC), 0 = process group", "patterns": [r"^weights/same_device_handoff$"], "y": "path"},
     {"id": "pause", "title": "Weight-update pause", "patterns": [r"^weights/"], "y": "seconds"},
+    # rl_core/watchdog.py: seconds since the quietest role answered (a few normally; each role silent long enough by name).
+    {"id": "watchdog", "title": "Roles answering: longest silence (watchdog)", "patterns": [r"^watchdog/silent_s"], "y": "seconds"},
     {"id": "lr", "title": "Learning rate", "patterns": [r"^train/lr$"], "y": "lr"},
     {"id": "proc_cpu", "title": "CPU per process (trainer, servers, actor)", "patterns": [r"^system/proc/[^/]+/cpu_percent$"], "y": "% of one core"},
     {"id": "proc_mem", "title": "Memory per process (resident)", "patterns": [r"^system/proc/[^/]+/rss_mb$"], "y": "MiB"},
