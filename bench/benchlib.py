@@ -57,10 +57,17 @@ def parse_bench_args(parser: argparse.ArgumentParser, smoke: dict[str, object], 
     """`parser.parse_args` plus `--smoke`: the bench's smallest real settings, seconds, the same code
     path. `smoke` maps argument names (dest) to their values then; a flag given on the command
     line still wins. The benches that need more than flags read `args.smoke` themselves."""
-    settings = " ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in smoke.items() if value not in (True, False))
-    switches = " ".join(f"--{dest.replace('_', '-')}" for dest, value in smoke.items() if value is True)
+    flags = []
+    for dest, value in smoke.items():
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, (list, tuple)):
+            flags += [f"{flag} {item}" for item in value]
+        elif value is not False:
+            flags.append(f"{flag} {value}")
     parser.add_argument("--smoke", action="store_true",
-                        help=f"Smallest real settings, seconds (CI's `make bench-smoke`): {' '.join(filter(None, (settings, switches))) or 'see the docstring'}.")
+                        help=f"Smallest real settings, seconds (CI's `make bench-smoke`): {' '.join(flags) or 'see the docstring'}.")
     if parser.parse_known_args(argv)[0].smoke:
         parser.set_defaults(**smoke)
     return parser.parse_args(argv)
@@ -76,16 +83,22 @@ SMOKE_DEMO_OVERRIDES = (
 )
 
 
-def smoke_demo_config(folder: Path, config: Path = DEMO_CONFIG) -> Path:
-    """`config` with SMOKE_DEMO_OVERRIDES applied, written into `folder`; its path."""
+def demo_config_data(smoke: bool, config: Path = DEMO_CONFIG) -> dict:
+    """`config` (by default the demo's) as a dict, with SMOKE_DEMO_OVERRIDES applied under --smoke."""
     import yaml
 
     from rl_core.config import apply_overrides
 
-    data = apply_overrides(yaml.safe_load(Path(config).read_text()), list(SMOKE_DEMO_OVERRIDES))
+    return apply_overrides(yaml.safe_load(Path(config).read_text()), list(SMOKE_DEMO_OVERRIDES) if smoke else [])
+
+
+def smoke_demo_config(folder: Path, config: Path = DEMO_CONFIG) -> Path:
+    """`config` with SMOKE_DEMO_OVERRIDES applied, written into `folder`; its path."""
+    import yaml
+
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"smoke-{Path(config).name}"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml.safe_dump(demo_config_data(True, config), sort_keys=False))
     return path
 
 
@@ -133,6 +146,15 @@ def platform_services(name: str, fast_unsafe: bool = False) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def tiny_or_given_model(path: str | Path) -> Path:
+    """The model directory at `path`; the default tiny model (var/models/tiny) is built there first
+    if missing, any other directory is the caller's own."""
+    from rl_core.tiny_model import ensure_tiny_model
+
+    path = Path(path)
+    return ensure_tiny_model(path) if path.resolve() == (REPO_ROOT / DEFAULT_TINY_MODEL_DIR).resolve() else path
+
+
 def start_reference_server(model_dir: Path, timeout_s: float = 300.0, **flags: object) -> ServerProcess:
     """`python -m rl_core serve --model DIR --port 0 --threads 1` plus `--flag value` per keyword."""
     command = [sys.executable, "-m", "rl_core", "serve", "--model", str(model_dir), "--port", "0", "--threads", "1"]
@@ -160,6 +182,14 @@ class LengthProfile:
     runaway_factor: float = 4.0
     max_len: int = 320
     seed: int = 0
+
+    @classmethod
+    def scaled(cls, factor: float, seed: int = 0) -> LengthProfile:
+        """The default profile with every length times `factor` (--smoke: shorter responses, the same shape)."""
+        default = cls()
+        return cls(short_range=(max(4, round(default.short_range[0] * factor)), max(4, round(default.short_range[1] * factor))),
+                   long_range=(max(4, round(default.long_range[0] * factor)), max(4, round(default.long_range[1] * factor))),
+                   max_len=max(4, round(default.max_len * factor)), seed=seed)
 
     def base(self, prompt_id: str) -> float:
         rng = random.Random(f"{self.seed}:base:{prompt_id}")
@@ -195,13 +225,8 @@ def prompt_tokens(prompt_id: str, vocab_size: int) -> list[int]:
 def prepare_model(args: argparse.Namespace) -> torch.nn.Module:
     import torch
 
-    from rl_core.tiny_model import ensure_tiny_model
-
     torch.set_num_threads(args.threads)
-    model_dir = Path(args.model)
-    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
-        ensure_tiny_model(model_dir)
-    return load_model_without_eos(model_dir)
+    return load_model_without_eos(tiny_or_given_model(args.model))
 
 
 # --- metric points and the live WebSocket latency (ingest, rollouts) -----------------------

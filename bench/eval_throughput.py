@@ -17,7 +17,7 @@ nothing is synthesised. Prints a table, then
     RESULT eval_problems_per_s_hf <y>
     RESULT eval_speedup_vs_hf <x / y>
 
-    .venv/bin/python bench/eval_throughput.py      # ~2-5 min on the 2-core CPU sandbox
+    .venv/bin/python bench/eval_throughput.py      # ~2-5 min on the 2-core CPU sandbox (--smoke: seconds)
 """
 
 from __future__ import annotations
@@ -30,13 +30,12 @@ from pathlib import Path
 
 import torch
 
-from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
+from benchlib import REPO_ROOT, parse_bench_args, tiny_or_given_model  # noqa: E402  (first: it puts the checkout on sys.path)
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402
 from rl_core.evaluation import PROMPT_TEMPLATES, engine_generate, evaluate, get_benchmark, load_benchmark  # noqa: E402
 from rl_core.rewards import score_many  # noqa: E402
-from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
 
 
 def run_engine(model_dir: Path, benchmark: str, problems, k: int, sampling: SamplingParams, batch_size: int) -> tuple[float, float]:
@@ -99,12 +98,10 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--data-dir", default=str(REPO_ROOT.parent / "shared" / "data"))
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={"problems": 8, "k": 2, "batch_size": 16, "max_new_tokens": 16})
     torch.set_num_threads(1)
 
-    model_dir = Path(args.model)
-    if args.model == str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR):
-        ensure_tiny_model(model_dir)
+    model_dir = tiny_or_given_model(args.model)
     problems = load_benchmark(args.benchmark, args.data_dir, args.problems)
     sampling = SamplingParams(temperature=args.temperature, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
     score_many([("\\boxed{\\frac{1}{2}}", "0.5")])  # start the verifier worker outside the timings

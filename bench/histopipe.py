@@ -14,7 +14,7 @@ the parallelism: this box has 2 shared cores, so the servers' shares run one aft
 the step time is the *largest* share's CPU time — what it would be with each server on its own
 device. A prompt keeps its length profile across epochs (new per-response noise each epoch).
 
-    .venv/bin/python bench/histopipe.py       # ~2-4 min on the 2-core CPU sandbox
+    .venv/bin/python bench/histopipe.py       # ~2-4 min on the 2-core CPU sandbox (--smoke: seconds)
 
 Ends with `RESULT histopipe_speedup <least-loaded step time / HistoPipe step time>`.
 """
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from benchlib import REPO_ROOT, LengthProfile, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
+from benchlib import REPO_ROOT, LengthProfile, parse_bench_args, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402
@@ -74,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=4, help="Epoch 1 fills the history (untimed); the rest are timed.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    parser.add_argument("--length-scale", type=float, default=1.0, help="Every synthesised response length times this (the profile's shape kept).")
+    args = parse_bench_args(parser, {"servers": 2, "slots": 2, "batch_prompts": 4, "group_size": 2, "epochs": 2, "length_scale": 0.25}, argv)
     model = prepare_model(args)
-    profile = LengthProfile(seed=args.seed)
+    profile = LengthProfile.scaled(args.length_scale, seed=args.seed)
     prompts = [f"p{index}" for index in range(args.batch_prompts)]
 
     routers: dict[str, Router] = {"least-loaded": LeastLoadedRouter(), "histopipe": HistoPipeRouter(LengthPredictor(prior_len=64))}
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     totals = {name: 0.0 for name in routers}
     with ReferenceEngine(model, None, config=EngineConfig(max_batch_size=args.slots, seed=args.seed)) as engine:
-        warm = [engine.submit(prompt_tokens("warm", engine.vocab_size), SamplingParams(max_new_tokens=200)) for _ in range(args.slots)]
+        warm = [engine.submit(prompt_tokens("warm", engine.vocab_size), SamplingParams(max_new_tokens=min(200, profile.max_len))) for _ in range(args.slots)]
         for future in warm:
             future.result(timeout=600)
         for epoch in range(args.epochs):

@@ -22,7 +22,7 @@ shrinks as the batch grows; on a GPU, where a decode step is memory-bound, it do
 `--perturb S` adds Gaussian noise of relative size S to the weights between epoch 1 and 2, a
 stand-in for the policy moving by one RL step (0 = the same policy).
 
-    .venv/bin/python bench/histospec.py            # ~2-4 min on the 2-core CPU sandbox
+    .venv/bin/python bench/histospec.py            # ~2-4 min on the 2-core CPU sandbox (--smoke: seconds)
 
 Ends with `RESULT histospec_speedup`, `RESULT histospec_acceptance` (sampled, the demo's batch),
 `RESULT greedy_identical`, `RESULT histospec_speedup_greedy_batchN`, `RESULT histospec_speedup_sampled_batchN`.
@@ -35,18 +35,16 @@ import os
 import sys
 import time
 import zlib
-from pathlib import Path
 
 import torch
 
-from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
+from benchlib import REPO_ROOT, parse_bench_args, tiny_or_given_model  # noqa: E402  (first: it puts the checkout on sys.path)
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, HistoSpecConfig, TaskConfig  # noqa: E402
 from rl_core.contracts import GenerationResult, SamplingParams  # noqa: E402
 from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
 from rl_core.speculation import HistoryDrafter  # noqa: E402
 from rl_core.tasks import load_task  # noqa: E402
-from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
 
 
 def encode_prompts(tokenizer, task: TaskConfig, count: int) -> tuple[list[str], list[list[int]]]:
@@ -164,15 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-path-prob", type=float, default=HistoSpecConfig().min_path_prob, help="histospec.min_path_prob.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads.")
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, {"prompts": 2, "samples": 2, "small_prompts": 0, "greedy_batches": "2", "max_new_tokens": 16, "reps": 1}, argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = Path(args.model)
-    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
-        ensure_tiny_model(model_dir)
+    model_dir = tiny_or_given_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     task = TaskConfig(seed=args.seed, num_terms=args.num_terms)

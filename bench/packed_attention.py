@@ -15,17 +15,18 @@ Gradients are compared too (they must agree to float rounding). Prints seconds p
 `RESULT packed_over_dense_train_step <ratio>` and `RESULT shared_over_unshared_train_step
 <ratio>` (below 1: the first is faster).
 
-    .venv/bin/python bench/packed_attention.py [--config examples/tiny-cpu.yaml] [--steps 8] [--repeats 3]
+    .venv/bin/python bench/packed_attention.py [--config examples/tiny-cpu.yaml] [--steps 8] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from itertools import islice
 from pathlib import Path
 
-from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
+from benchlib import REPO_ROOT, parse_bench_args, smoke_demo_config  # noqa: E402  (first: it puts the checkout on sys.path)
 
 import torch  # noqa: E402
 
@@ -93,9 +94,12 @@ def main() -> None:
     parser.add_argument("--config", default="examples/tiny-cpu.yaml", help="Run config YAML.")
     parser.add_argument("--steps", type=int, default=8, help="Optimizer batches timed per side.")
     parser.add_argument("--repeats", type=int, default=3, help="Timed passes per side, alternating (best kept).")
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={"steps": 1, "repeats": 1})
     torch.set_num_threads(1)
-    config, batches = demo_batches(REPO_ROOT / args.config, args.steps)
+    with tempfile.TemporaryDirectory(prefix="bench-packed-") as scratch:
+        # --smoke: the demo's config at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES: 16 samples a step).
+        config_path = smoke_demo_config(Path(scratch), REPO_ROOT / args.config) if args.smoke else REPO_ROOT / args.config
+        config, batches = demo_batches(config_path, args.steps)
     tokens = sum(len(s.completion_token_ids) for batch in batches for s in batch) / len(batches)
     print(f"{len(batches)} batches of {len(batches[0])} demo rollouts, {tokens:.0f} completion tokens each")
     best = {side: float("inf") for side in SIDES}

@@ -44,6 +44,7 @@ class Outcome:
     name: str
     returncode: int | None = None  # None: killed at the timeout
     seconds: float = 0.0
+    cpu_s: float = 0.0  # the bench's and its reaped children's CPU (not the daemonized PostgreSQL/Redis)
     results: list[str] = field(default_factory=list)
     tail: str = ""
 
@@ -74,15 +75,26 @@ def run_one(name: str) -> Outcome:
         process = subprocess.Popen([sys.executable, str(BENCH_DIR / f"{name}.py"), "--smoke"], cwd=REPO_ROOT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode: int | None = process.wait(BENCH_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            returncode = None
+        returncode, cpu_s = wait_with_usage(process, started + BENCH_TIMEOUT_S)
     output = log_path.read_text(errors="replace")
     results = [line.strip() for line in output.splitlines() if line.startswith("RESULT ")]
-    return Outcome(name, returncode, time.monotonic() - started, results, "\n".join(output.splitlines()[-40:]))
+    return Outcome(name, returncode, time.monotonic() - started, cpu_s, results, "\n".join(output.splitlines()[-40:]))
+
+
+def wait_with_usage(process: subprocess.Popen, deadline: float) -> tuple[int | None, float]:
+    """(exit status, CPU seconds) of `process` (os.wait4: its own and its reaped children's CPU,
+    what it would take on a quiet machine); (None, ...) after killing its session at `deadline`."""
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, _, usage = os.wait4(process.pid, 0)
+            process.returncode = -signal.SIGKILL
+            return None, usage.ru_utime + usage.ru_stime
+        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             with lock:
                 outcomes.append(outcome)
                 verdict = "ok" if outcome.passed else f"FAILED ({outcome.why()})"
-                print(f"[{name}] {verdict} in {outcome.seconds:.1f} s")
+                print(f"[{name}] {verdict} in {outcome.seconds:.1f} s ({outcome.cpu_s:.1f} CPU-s)")
                 for line in outcome.results:
                     print(f"  {line}")
                 if not outcome.passed:
@@ -125,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     for thread in threads:
         thread.join()
     wall = time.monotonic() - started
-    print(f"\nbench-smoke: {wall:.0f} s in all ({args.jobs} at a time); per bench: "
-          + ", ".join(f"{o.name} {o.seconds:.0f} s" for o in sorted(outcomes, key=lambda o: -o.seconds)))
+    print(f"\nbench-smoke: {wall:.0f} s in all ({args.jobs} at a time, load average {os.getloadavg()[0]:.1f}); per bench, "
+          "wall (CPU) s: " + ", ".join(f"{o.name} {o.seconds:.0f} ({o.cpu_s:.0f})" for o in sorted(outcomes, key=lambda o: -o.seconds)))
     if args.skip:
         print(f"bench-smoke: left out by --skip: {', '.join(args.skip)}")
     failed = [o for o in outcomes if not o.passed]

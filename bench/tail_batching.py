@@ -22,7 +22,7 @@ no history); and the switch as shipped (1.25x prompts, history deferral, and no 
 over-provisioning — keeping a group's first finishers biases training towards short answers,
 see bench/tail_batching_bias.py).
 
-    .venv/bin/python bench/tail_batching.py      # ~3 min on the 2-core CPU sandbox
+    .venv/bin/python bench/tail_batching.py      # ~3 min on the 2-core CPU sandbox (--smoke: seconds)
 
 A small prompt set is a small sample of the profile (40 prompts hold 6 long ones, and by chance
 no short round of theirs draws three): the default 96 prompts x 3 epochs is ~3 minutes.
@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from benchlib import REPO_ROOT, LengthProfile, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
+from benchlib import REPO_ROOT, LengthProfile, parse_bench_args, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, TailBatchingConfig  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402
@@ -130,7 +130,8 @@ class ModeRunner:
 
     def warm_up(self) -> None:
         """One untimed round of short requests: first-call costs must not land on round 0."""
-        futures = [self.engine.submit(prompt_tokens(f"w{i}", self.engine.vocab_size), SamplingParams(max_new_tokens=300)) for i in range(8)]
+        futures = [self.engine.submit(prompt_tokens(f"w{i}", self.engine.vocab_size), SamplingParams(max_new_tokens=min(300, self.profile.max_len)))
+                   for i in range(8)]
         for future in futures:
             future.result(timeout=600)
 
@@ -190,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"{TailBatchingConfig().response_overprovision}: see bench/tail_batching_bias.py).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    parser.add_argument("--length-scale", type=float, default=1.0, help="Every synthesised response length times this (the profile's shape kept).")
+    args = parse_bench_args(parser, {"batch_prompts": 2, "group_size": 2, "prompt_set": 4, "epochs": 1, "length_scale": 0.25}, argv)
     model = prepare_model(args)
-    profile = LengthProfile(seed=args.seed)
+    profile = LengthProfile.scaled(args.length_scale, seed=args.seed)
 
     started = time.time()
     modes = {

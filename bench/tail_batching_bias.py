@@ -14,7 +14,7 @@ length order. Three samples of the same data, each scored with the real reward:
 - prompt-level (1.25x prompts): in rounds of ceil(1.25 B) prompts, the B prompts whose group of G
   finishes first train that group; the others train later on a fresh group (their second G).
 
-    .venv/bin/python bench/tail_batching_bias.py      # ~2 min on the 2-core CPU sandbox
+    .venv/bin/python bench/tail_batching_bias.py      # ~2 min on the 2-core CPU sandbox (--smoke: seconds)
 
 Ends with `RESULT tail_bias_plain_success`, `RESULT tail_bias_response_level_success`,
 `RESULT tail_bias_prompt_level_success`, and the mean lengths of the first two.
@@ -31,14 +31,13 @@ from pathlib import Path
 
 import torch
 
-from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
+from benchlib import REPO_ROOT, parse_bench_args, tiny_or_given_model  # noqa: E402  (first: it puts the checkout on sys.path)
 
 from rl_core.config import DEFAULT_TINY_MODEL_DIR, TaskConfig  # noqa: E402
 from rl_core.contracts import SamplingParams  # noqa: E402
 from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
 from rl_core.rewards import score_many  # noqa: E402
 from rl_core.tasks import load_task  # noqa: E402
-from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
 
 
 def sample_groups(model_dir: Path, prompts: int, per_prompt: int, max_new_tokens: int) -> tuple[list[list[float]], list[list[int]]]:
@@ -73,11 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overprovision", type=float, default=1.25, help="RollPacker's factor, for responses and prompts.")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = parse_bench_args(parser, {"prompts": 4, "group_size": 2, "batch_prompts": 2, "max_new_tokens": 16}, argv)
     torch.set_num_threads(args.threads)
-    model_dir = Path(args.model)
-    if model_dir == REPO_ROOT / DEFAULT_TINY_MODEL_DIR:
-        ensure_tiny_model(model_dir)
+    model_dir = tiny_or_given_model(args.model)
     group, launched = args.group_size, math.ceil(args.group_size * args.overprovision)
     successes, lengths = sample_groups(model_dir, args.prompts, 2 * group, args.max_new_tokens)
 
