@@ -112,6 +112,89 @@
       C.draw(plot, traces, C.layout(controls.axis, ""));
     });
   }
+  // ---- live: each run's socket (the run page's, ws/runs/<id>/) says when it logged or changed
+  // status; its snapshot is then fetched again (a pause first, so a burst of batches is one
+  // fetch) and the charts redrawn. A run without metrics when the page opened appears as it logs.
+  var TERMINAL = ["succeeded", "failed", "cancelled", "lost"];
+  var reloadTimers = {};
+  var drawTimer = null;
+  function namesToFetch() {
+    var chosen = chosenNames();
+    return chosen.length ? chosen : DEFAULTS;
+  }
+  function scheduleDraw() {
+    clearTimeout(drawTimer);
+    drawTimer = setTimeout(function () { addNewNames(); render(); showNoData(); }, 100);
+  }
+  function reloadRun(index) {
+    var run = page.runs[index];
+    return fetch(snapshotUrl(run, namesToFetch()), { credentials: "same-origin" })
+      .then(function (r) { if (!r.ok) throw new Error("run " + run.id + ": HTTP " + r.status); return r.json(); })
+      .then(function (snapshot) {
+        var state = D.State.fromSnapshot(snapshot);
+        var shared = Math.max.apply(null, [state.shift].concat(states.filter(Boolean).map(function (s) { return s.shift; })));
+        states.forEach(function (s) { if (s) s.coarsenTo(shared); });
+        state.coarsenTo(shared);
+        states[index] = state;
+        scheduleDraw();
+      })
+      .catch(function () { /* the next push or reconnect fetches again */ });
+  }
+  function scheduleReload(index, delayMs) {
+    if (reloadTimers[index]) return;
+    reloadTimers[index] = setTimeout(function () { reloadTimers[index] = null; reloadRun(index); }, delayMs);
+  }
+  function setStatus(run, status) {
+    run.status = status;
+    document.querySelectorAll('[data-status-of="' + run.id + '"]').forEach(function (badge) {
+      badge.className = "status status-" + status; badge.textContent = status;
+    });
+  }
+  // A metric a run logs only now (the picker was built from what was logged at page load).
+  function addNewNames() {
+    var known = new Set(Array.from(select.options).map(function (o) { return o.value; }));
+    var added = [];
+    states.forEach(function (s) { if (s) s.series.forEach(function (_, name) { if (!known.has(name)) { known.add(name); added.push(name); } }); });
+    var noneChosen = !select.selectedOptions.length;
+    added.sort().forEach(function (name) {
+      var option = document.createElement("option");
+      option.value = name; option.textContent = name;
+      option.selected = noneChosen && (wanted || DEFAULTS).indexOf(name) >= 0;
+      select.appendChild(option);
+    });
+    if (added.length) { select.size = Math.min(8, Math.max(3, select.options.length)); showMatches(); }
+  }
+  // Says which selected runs have nothing yet for the charted metrics.
+  function showNoData() {
+    var chosen = chosenNames();
+    page.runs.forEach(function (run, i) {
+      var state = states[i];
+      var has = !!state && chosen.some(function (name) { return state.columns(name).b.length > 0; });
+      var mark = document.querySelector('[data-no-data-of="' + run.id + '"]');
+      if (mark) mark.classList.toggle("hidden", has);
+    });
+  }
+  function follow(index) {
+    var run = page.runs[index];
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var retryMs = 1000;
+    function connect() {
+      var socket = new WebSocket(scheme + location.host + run.ws_path);
+      socket.onopen = function () { retryMs = 1000; scheduleReload(index, 0); };  // what was missed
+      socket.onmessage = function (event) {
+        var message = JSON.parse(event.data);
+        if (message.type === "metrics.batch") scheduleReload(index, 1000);
+        else if (message.type === "run.status") setStatus(run, message.status);
+      };
+      socket.onclose = function (event) {
+        if (event.code === 4401 || event.code === 4403) return;
+        setTimeout(connect, retryMs + Math.random() * 500);
+        retryMs = Math.min(retryMs * 2, 30000);
+      };
+    }
+    connect();
+  }
+
   // Run once the whole script is read: the search box and its helpers above are set by then.
   function start() {
     var names = page.metric_names || [];
@@ -130,7 +213,9 @@
       load(chosenNames()).then(render).catch(showError);
     });
     bindSearch(names.length);
-    load(chosenNames()).then(render).catch(showError);
+    load(chosenNames()).then(function () { render(); showNoData(); }).catch(showError);
+    // Every run is followed, a finished one too: it may be resumed meanwhile.
+    page.runs.forEach(function (_, i) { follow(i); });
   }
   start();
 })();

@@ -120,3 +120,32 @@ def test_the_run_list_sorts_by_its_figures_and_its_sparklines_move(daphne_server
     wait(lambda: page.inner_html(cell) != before, timeout=20, message="the sparkline to move")
     page.screenshot(path=str(SCREENSHOTS / "run_list_sorted.png"), full_page=False)
     page.close()
+
+
+def test_compare_follows_its_runs_live(daphne_server: str, browser: Any, owner, wait: Callable[..., Any]) -> None:  # noqa: F811
+    """Issue 33: a run without metrics when compare opened never appeared, its status stayed
+    "starting". Now it is said to have no data yet, then its status and curves follow it."""
+    from inflight.runs import services
+    from test_first_hour_browser import curve, make_run
+
+    done = make_run(owner, "done", records=curve(20, success__mean=lambda s: 0.02 * s, reward__mean=lambda s: 0.02 * s))
+    fresh = make_run(owner, "fresh", status="queued")
+    page = signed_in_page(browser, daphne_server, f"/compare/?runs={done.pk},{fresh.pk}&metrics=success/mean")
+    page.wait_for_selector(f'[data-no-data-of="{fresh.pk}"]:not(.hidden)')
+    assert page.is_hidden(f'[data-no-data-of="{done.pk}"]')
+
+    def traces() -> list[str]:
+        return page.evaluate("() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(el => (el.data || []).map(t => t.name || ''))")
+
+    wait(lambda: any(name.startswith(f"#{done.pk} ") for name in traces()), timeout=20, message="the finished run's curve")
+    assert not any(name.startswith(f"#{fresh.pk} ") for name in traces())
+
+    services.transition_run(fresh.pk, "starting")
+    services.transition_run(fresh.pk, "running")
+    wait(lambda: page.inner_text(f'#compare-runs [data-status-of="{fresh.pk}"]') == "running", timeout=20, message="the status to follow")
+    points = [p for line, record in enumerate(curve(8, success__mean=lambda s: 0.1 * s)) for p in services.points_from_metrics_record(line, record)]
+    services.ingest_metrics(fresh.pk, points)
+    wait(lambda: any(name.startswith(f"#{fresh.pk} ") for name in traces()), timeout=30, message="the new run's curve on the open page")
+    page.wait_for_selector(f'[data-no-data-of="{fresh.pk}"].hidden', state="attached")
+    page.screenshot(path=str(SCREENSHOTS / "compare_live.png"), full_page=False)
+    page.close()

@@ -347,6 +347,7 @@ def compare(request: HttpRequest) -> HttpResponse:
     page = {
         "runs": [
             {"id": run.pk, "name": run.name, "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
+             "status": run.status, "ws_path": f"/ws/runs/{run.pk}/",  # compare.js follows each run live
              "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1),
              "step_offset": _lineage_offset(run, visible_ids), "parent": run.parent_id, "parent_step": run.parent_step}
             for run in runs
