@@ -19,6 +19,7 @@ from inflight.runs import evaluations, run_paths, services
 from inflight.runs.models import Run, RunStatus
 from inflight.runs.services import PointIn
 from tests.platform.test_datasets import GOOD, dataset_roots, upload  # noqa: F401 - dataset_roots: each test's own data folders (autouse)
+from tests.platform.test_mirror_downloads import mirrored_run
 from tests.platform.test_run_actions_api import write_checkpoint
 
 pytestmark = pytest.mark.django_db
@@ -92,7 +93,7 @@ def _bodies(document: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_described_object_forbids_unknown_fields(document) -> None:
     bodies = _bodies(document)
-    assert {"Run", "Error", "RunCreate", "TrainerConfig", "EvalProblem", "LeaderboardRow"} <= set(bodies)
+    assert {"Run", "Error", "RunCreate", "EvalProblem", "LeaderboardRow"} <= set(bodies)
     loose = [where for where, node in _objects(bodies) if node.get("additionalProperties") is not False]
     assert loose == []
 
@@ -112,15 +113,18 @@ def test_the_document_names_the_fields_the_api_sends(document) -> None:
     log_params = {param["name"]: param["schema"] for param in document["paths"]["/api/runs/{run_id}/logs/{name}"]["get"]["parameters"]}
     assert log_params["max_bytes"]["maximum"] == MAX_LOG_CHUNK_BYTES
     # The run config is the typed RunConfig, with its help, in what create takes and a run answers.
-    create = schemas["RunCreate"]["properties"]["config"]
-    assert create["title"] == "RunConfig" and create["additionalProperties"] is False
-    assert "description" in create["properties"]["seed"] and "$ref" in str(create["properties"]["trainer"])
-    assert schemas["TrainerConfig"]["properties"]["max_steps"]["description"]
-    assert schemas["Run"]["properties"]["config"]["title"] == "RunConfig"
+    from rl_core.config import RunConfig, TrainerConfig
+
+    for config in (schemas["RunCreate"]["properties"]["config"], schemas["RunClone"]["properties"]["config"], schemas["Run"]["properties"]["config"]):
+        assert set(config["properties"]) == set(RunConfig.model_fields) and config["additionalProperties"] is False
+        assert config["properties"]["seed"]["description"] == RunConfig.model_fields["seed"].description
+        trainer = config["properties"]["trainer"]
+        assert trainer["additionalProperties"] is False
+        assert trainer["properties"]["max_steps"]["description"] == TrainerConfig.model_fields["max_steps"].description
 
 
 def test_every_answer_fits_the_served_document(document, owner, owner_api, other_api, staff_api, anonymous_api, tiny_config, dataset_roots,  # noqa: F811
-                                               django_capture_on_commit_callbacks) -> None:
+                                               django_capture_on_commit_callbacks, tmp_path) -> None:
     check = Checker(document)
     run = services.create_run(owner, "documented", {})
     services.ingest_metrics(run.pk, [PointIn(0, "train/loss", 0, 10.0, 0.5), PointIn(0, "success/mean", 0, 10.0, 0.25)])
@@ -161,6 +165,9 @@ def test_every_answer_fits_the_served_document(document, owner, owner_api, other
     check(owner_api.get(f"/api/runs/{rid}/alerts/"), "get", f"/api/runs/{rid}/alerts/", 200)
     check(owner_api.get(f"/api/runs/{rid}/export/metrics.csv"), "get", f"/api/runs/{rid}/export/metrics.csv", 200)
     check(owner_api.get(f"/api/runs/{rid}/export/nope.csv"), "get", f"/api/runs/{rid}/export/nope.csv", 404)
+    mirrored = mirrored_run(owner, tmp_path).pk
+    check(owner_api.get(f"/api/runs/{mirrored}/mirrors/wandb/download/"), "get", f"/api/runs/{mirrored}/mirrors/wandb/download/", 200)
+    check(owner_api.get(f"/api/runs/{rid}/mirrors/wandb/download/"), "get", f"/api/runs/{rid}/mirrors/wandb/download/", 404)
 
     # Writes: create, edit, cancel (answers the whole run), resume, clone, delete.
     with django_capture_on_commit_callbacks(execute=False):

@@ -13,12 +13,13 @@ A run's answer is read from the model (`Run.from_orm(run)`): a new column is one
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Any, Literal
 
 from django.db.models import Model
 from ninja import Schema
-from pydantic import AliasChoices, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model, field_validator
 from pydantic_core import core_schema
 from typing_extensions import Annotated
 
@@ -31,13 +32,37 @@ class DocumentedAs:
     """`Annotated[dict[str, Any], DocumentedAs(Model)]`: validated as the plain value it is, described
     in the OpenAPI document as `Model` (its fields and their help). The run config travels as a
     mapping — the runs service merges, defaults and validates it, naming the field at fault, and a
-    stored config is answered as recorded — but is documented as the `RunConfig` it must be."""
+    stored config is answered as recorded — but is documented as the `RunConfig` it must be.
 
-    def __init__(self, model: type[Any]) -> None:
+    The description is built once and inlined (no references): the document names the run config
+    in many places (every run answer, every error that may carry a run), and regenerating the
+    config's two dozen sections for each made the document take seconds to build."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
         self.model = model
+        self._described: dict[str, Any] | None = None
 
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: Any) -> Any:
-        return handler(self.model.__pydantic_core_schema__)
+        if self._described is None:
+            described = self.model.model_json_schema()
+            self._described = _inlined(described, described.pop("$defs", {}))
+        return copy.deepcopy(self._described)
+
+
+def _inlined(node: Any, definitions: dict[str, Any]) -> Any:
+    """A JSON schema with each `{"$ref": "#/$defs/X", ...}` replaced by X itself (plus the other keys)."""
+    if isinstance(node, list):
+        return [_inlined(item, definitions) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = definitions[node["$ref"].rsplit("/", 1)[-1]]
+        return {**_inlined(target, definitions), **{key: _inlined(value, definitions) for key, value in node.items() if key != "$ref"}}
+    if list(node.get("allOf", [None])) and len(node.get("allOf", [])) == 1 and "$ref" in node["allOf"][0]:
+        # pydantic wraps a described reference as {"allOf": [{"$ref": ...}], "description": ...}
+        rest = {key: value for key, value in node.items() if key != "allOf"}
+        return _inlined({**node["allOf"][0], **rest}, definitions)
+    return {key: _inlined(value, definitions) for key, value in node.items()}
 
 
 def choices_of(model: type[Model], field: str) -> Any:
