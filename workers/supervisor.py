@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.processes import die_with_parent, stop_process_groups
@@ -38,7 +38,6 @@ from rl_core.run_dir import (  # no torch either: the run directory's layout and
     FINAL_STATES,
     LOGS_DIR,
     METRICS_FILE,
-    ROLLOUTS_FILE,
     STATUS_FILE,
     SUBMITTED_CONFIG_FILE,
     TRAIN_LOGPROBS_FILE,
@@ -54,26 +53,75 @@ SUPERVISOR_LOG = f"{LOGS_DIR}/supervisor_child.log"
 
 
 class Reporter(Protocol):
-    """Where supervision results go. Any method may raise (e.g. the database is away): the
-    supervisor keeps what it could not deliver and tries again on the next poll."""
+    """Where supervision results go: the whole interface a supervisor calls (`PlatformReporter`
+    in workers/tasks.py stores them; `NullReporter` drops them). Any method may raise (e.g. the
+    database is away): the supervisor keeps what it could not deliver and tries again on the
+    next poll."""
 
     def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
         """Records of metrics.jsonl with their 0-based line numbers (the idempotency key)."""
 
-    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None: ...
+    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
+        """One evals.jsonl line with its per-problem rows."""
+
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        """Rollout stream lines with their 0-based line numbers (the rollout viewer)."""
+
+    def train_logprobs(self, records: list[dict[str, Any]]) -> None:
+        """train_logprobs.jsonl lines whose stream lines were delivered (importance ratios)."""
 
     def running(self, pid: int) -> None:
         """The child reported `running` in status.json."""
 
-    def cancel_requested(self) -> bool: ...
+    def waiting(self, detail: str) -> None:
+        """What a `starting` run waits for (a cluster run's placement group); "" once it no longer waits."""
 
-    # Optional (a reporter without them gets neither): rollout stream lines with their 0-based
-    # line numbers, and a call on every poll (alerts that fire on silence, e.g. a stalled run).
-    # def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None: ...
-    # def train_logprobs(self, records: list[dict[str, Any]]) -> None: ...  (train_logprobs.jsonl lines)
-    # def tick(self) -> None: ...
-    # def waiting(self, detail: str) -> None: ...  (what a `starting` run waits for; "" once it no longer waits)
-    # def checkpoints_changed(self) -> None: ...  (the run's checkpoints/ folder changed: a checkpoint was saved)
+    def resumed(self, point: Any) -> None:
+        """A resume the engine recorded (a resumes.jsonl line), before any line written after it."""
+
+    def checkpoints_changed(self) -> None:
+        """The run's checkpoints/ folder changed: a checkpoint was saved."""
+
+    def tick(self) -> None:
+        """Called on every poll: checks that fire on silence (a stalled run)."""
+
+    def cancel_requested(self) -> bool:
+        """Whether the run should be cancelled."""
+
+
+class NullReporter:
+    """A `Reporter` that keeps nothing and never cancels: a supervisor with no platform behind
+    it (tests, benches); subclasses override what they record."""
+
+    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        pass
+
+    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        pass
+
+    def train_logprobs(self, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def running(self, pid: int) -> None:
+        pass
+
+    def waiting(self, detail: str) -> None:
+        pass
+
+    def resumed(self, point: Any) -> None:
+        pass
+
+    def checkpoints_changed(self) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def cancel_requested(self) -> bool:
+        return False
 
 
 @dataclass
@@ -218,60 +266,64 @@ class RunSupervisor:
 
     # -------------------------------------------------------------- 2. watch
 
+    def _attempt(self, what: str, retry: str | Callable[[], str], action: Callable[[], object]) -> bool:
+        """One step of delivery; False when the reporter raised (the database is away): what was
+        not delivered stays in its file and is tried again on the next poll."""
+        try:
+            action()
+        except Exception:  # noqa: BLE001 - said once by _failed; retried on the next poll
+            self._failed(what, retry() if callable(retry) else retry)
+            return False
+        self._ok(what)
+        return True
+
     def deliver(self) -> bool:
         """Hand new lines to the reporter; True when everything written so far is delivered."""
-        delivered_all = True
         if not self.resume_recorded():
             return False
-        try:
-            records, offset, line_no = self.metrics_tail.peek()
-            records = [(n, r) for n, r in records if not is_superseded(self.resumes, METRICS_FILE, n, _step_of(r))]
-            if records:
-                self.reporter.metrics(records)
-            self.metrics_tail.commit(offset, line_no)
-            self._ok("metrics delivery")
-        except Exception:  # noqa: BLE001 - undelivered lines stay in the file; retried next poll
-            self._failed("metrics delivery", f"will retry from line {self.metrics_tail.line_no}")
-            delivered_all = False
-        try:
-            # One evaluation at a time: a failure re-sends only the ones not yet stored.
-            while True:
-                records, offset, line_no = self.evals_tail.peek(max_lines=1)
-                records = [(n, r) for n, r in records if not is_superseded(self.resumes, EVALS_FILE, n, _step_of(r))]
-                for eval_line_no, record in records:
-                    try:
-                        rows = read_problem_rows(self.run_dir, record.get("results_file"))
-                        self.reporter.evaluation(eval_line_no, record, rows)
-                    except (ValueError, KeyError, TypeError, OSError) as exc:
-                        # Malformed for good (retrying cannot fix it): skip it, say which line.
-                        logger.error("evals.jsonl line %d skipped: %s", eval_line_no, exc)
-                self.evals_tail.commit(offset, line_no)
-                if not records:
-                    break
-            self._ok("eval delivery")
-        except Exception:  # noqa: BLE001
-            self._failed("eval delivery", f"will retry from line {self.evals_tail.line_no}")
-            delivered_all = False
-        rollouts = getattr(self.reporter, "rollouts", None)
-        if rollouts is not None:
-            try:
-                # Its own tail: rollouts that cannot be stored never hold up the metrics.
-                records, offset, line_no = self.rollouts_tail.peek(max_lines=2000)
-                if records:
-                    rollouts(records)
-                self.rollouts_tail.commit(offset, line_no)
-                self._ok("rollout delivery")
-            except Exception:  # noqa: BLE001
-                self._failed("rollout delivery", f"will retry from line {self.rollouts_tail.line_no}")
-                delivered_all = False
-            delivered_all = self.deliver_train_logprobs() and delivered_all
-        return delivered_all
+        metrics = self._attempt("metrics delivery", lambda: f"will retry from line {self.metrics_tail.line_no}",
+                                self._deliver_metrics)
+        evals = self._attempt("eval delivery", lambda: f"will retry from line {self.evals_tail.line_no}",
+                              self._deliver_evaluations)
+        # Its own tail: rollouts that cannot be stored never hold up the metrics.
+        rollouts = self._attempt("rollout delivery", lambda: f"will retry from line {self.rollouts_tail.line_no}",
+                                 self._deliver_rollouts)
+        train_logprobs = self.deliver_train_logprobs()
+        return metrics and evals and rollouts and train_logprobs
+
+    def _deliver_metrics(self) -> None:
+        records, offset, line_no = self.metrics_tail.peek()
+        records = [(n, r) for n, r in records if not is_superseded(self.resumes, METRICS_FILE, n, _step_of(r))]
+        if records:
+            self.reporter.metrics(records)
+        self.metrics_tail.commit(offset, line_no)
+
+    def _deliver_evaluations(self) -> None:
+        # One evaluation at a time: a failure re-sends only the ones not yet stored.
+        while True:
+            records, offset, line_no = self.evals_tail.peek(max_lines=1)
+            records = [(n, r) for n, r in records if not is_superseded(self.resumes, EVALS_FILE, n, _step_of(r))]
+            for eval_line_no, record in records:
+                try:
+                    rows = read_problem_rows(self.run_dir, record.get("results_file"))
+                    self.reporter.evaluation(eval_line_no, record, rows)
+                except (ValueError, KeyError, TypeError, OSError) as exc:
+                    # Malformed for good (retrying cannot fix it): skip it, say which line.
+                    logger.error("evals.jsonl line %d skipped: %s", eval_line_no, exc)
+            self.evals_tail.commit(offset, line_no)
+            if not records:
+                return
+
+    def _deliver_rollouts(self) -> None:
+        records, offset, line_no = self.rollouts_tail.peek(max_lines=2000)
+        if records:
+            self.reporter.rollouts(records)
+        self.rollouts_tail.commit(offset, line_no)
 
     def deliver_train_logprobs(self) -> bool:
         """The trainer's per-token logprobs, attached to stored rollouts (importance ratios).
         False only when the reporter failed; a line whose stream lines are not delivered yet waits."""
-        attach = getattr(self.reporter, "train_logprobs", None)
-        if attach is None or not self.rollouts_tail.has_stream():
+        if not self.rollouts_tail.has_stream():
             return True  # no stream file yet: nothing they could attach to
         if len(self.train_logprobs_waiting) < TRAIN_LOGPROBS_WAITING_MAX:
             self.train_logprobs_waiting.extend(record for _, record in self.train_logprobs_tail.read(max_lines=2000))
@@ -279,11 +331,7 @@ class RunSupervisor:
         ready = [r for r in self.train_logprobs_waiting if _int(r.get("consumed")) <= delivered]
         if not ready:
             return True
-        try:
-            attach(ready)
-            self._ok("train logprob delivery")
-        except Exception:  # noqa: BLE001 - kept; retried next poll
-            self._failed("train logprob delivery", "will retry")
+        if not self._attempt("train logprob delivery", "will retry", lambda: self.reporter.train_logprobs(ready)):
             return False
         self.train_logprobs_waiting = [r for r in self.train_logprobs_waiting if _int(r.get("consumed")) > delivered]
         return True
@@ -291,9 +339,6 @@ class RunSupervisor:
     def check_checkpoints(self) -> None:
         """Tell the reporter when checkpoints/ changed (a checkpoint saved, `latest` moved): the open
         run pages list checkpoints. One stat a poll: the folder's mtime moves with each entry."""
-        changed = getattr(self.reporter, "checkpoints_changed", None)
-        if changed is None:
-            return
         try:
             mtime_ns: int | None = (self.run_dir / CHECKPOINTS_DIR).stat().st_mtime_ns
         except OSError:
@@ -303,22 +348,11 @@ class RunSupervisor:
             return
         if mtime_ns == self.checkpoints_mtime_ns:
             return
-        try:
-            changed()
+        if self._attempt("reporting checkpoints", "will retry", self.reporter.checkpoints_changed):
             self.checkpoints_mtime_ns = mtime_ns
-            self._ok("reporting checkpoints")
-        except Exception:  # noqa: BLE001 - said again on the next poll
-            self._failed("reporting checkpoints", "will retry")
 
     def tick(self) -> None:
-        tick = getattr(self.reporter, "tick", None)
-        if tick is None:
-            return
-        try:
-            tick()
-            self._ok("alert checks")
-        except Exception:  # noqa: BLE001 - asked again on the next poll
-            self._failed("alert checks", "will check again")
+        self._attempt("alert checks", "will check again", self.reporter.tick)
 
     def resume_recorded(self) -> bool:
         """Whether lines may be delivered: always for a fresh run; for a resume, once the engine
@@ -331,15 +365,13 @@ class RunSupervisor:
         if len(found) <= self.resumes_reported and (self.process is None or self.process.poll() is None):
             return False
         self.resumes = found
-        resumed = getattr(self.reporter, "resumed", None)
-        try:
+
+        def report_new_resumes() -> None:
             for point in found[self.resumes_reported:]:
-                if resumed is not None:
-                    resumed(point)
+                self.reporter.resumed(point)
                 self.resumes_reported += 1
-            self._ok("reporting the resume")
-        except Exception:  # noqa: BLE001 - the database is away: report it on a later poll
-            self._failed("reporting the resume", "will retry")
+
+        if not self._attempt("reporting the resume", "will retry", report_new_resumes):
             return False
         # This attempt's resume is recorded once for all: later polls deliver without asking again
         # (comparing counts again would hold every line back until the run ended: the resumed
@@ -351,20 +383,13 @@ class RunSupervisor:
         if self.reported_running:
             return
         status = read_status(self.run_dir)  # None: not written yet, ask again next poll
-        report_detail = getattr(self.reporter, "waiting", None)
-        if status and status.state == "starting" and report_detail is not None and (status.detail or "") != self.reported_detail:
-            try:
-                report_detail(status.detail or "")  # e.g. a cluster run waiting for its placement group
-                self.reported_detail = status.detail or ""
-            except Exception:  # noqa: BLE001 - said again on the next poll
-                self._failed("reporting what the run waits for", "will retry")
+        if status and status.state == "starting" and (status.detail or "") != self.reported_detail:
+            detail = status.detail or ""  # e.g. a cluster run waiting for its placement group
+            if self._attempt("reporting what the run waits for", "will retry", lambda: self.reporter.waiting(detail)):
+                self.reported_detail = detail
         if status and status.state == "running":
-            try:
-                self.reporter.running(status.pid or self.process.pid)
-                self.reported_running = True
-                self._ok("reporting running")
-            except Exception:  # noqa: BLE001
-                self._failed("reporting running", "will retry")
+            pid = status.pid or self.process.pid
+            self.reported_running = self._attempt("reporting running", "will retry", lambda: self.reporter.running(pid))
 
     def signal_group(self, sig: int) -> None:
         if self.process is None:
@@ -398,13 +423,14 @@ class RunSupervisor:
             logger.warning("run dir %s: still alive %.0fs after SIGTERM; SIGKILL", self.run_dir, self.term_timeout_s)
 
     def _cancel_requested(self) -> bool:
-        try:
+        wanted = False
+
+        def read_flag() -> None:
+            nonlocal wanted
             wanted = self.reporter.cancel_requested()
-            self._ok("reading the cancel flag")
-            return wanted
-        except Exception:  # noqa: BLE001 - cannot tell now; ask again on the next poll
-            self._failed("reading the cancel flag", "will ask again")
-            return False
+
+        self._attempt("reading the cancel flag", "will ask again", read_flag)
+        return wanted
 
     # -------------------------------------------------------------- 3. finish
 

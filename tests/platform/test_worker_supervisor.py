@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.supervisor import JsonlTail, Outcome, RunSupervisor, read_problem_rows
+from workers.supervisor import JsonlTail, NullReporter, Outcome, RunSupervisor, read_problem_rows
 
 
 def test_tail_returns_whole_lines_only_and_moves_only_on_commit(tmp_path: Path) -> None:
@@ -49,13 +49,6 @@ def test_problem_rows_must_stay_inside_the_run_dir(tmp_path: Path) -> None:
     assert read_problem_rows(tmp_path, None) == []
     with pytest.raises(ValueError, match="outside the run directory"):
         read_problem_rows(tmp_path, "../../etc/passwd")
-
-
-class NullReporter:
-    def metrics(self, records): ...
-    def evaluation(self, line_no, record, rows): ...
-    def running(self, pid): ...
-    def cancel_requested(self): return False
 
 
 @pytest.mark.parametrize(
@@ -285,3 +278,20 @@ def test_the_run_dir_watch_names_the_run_that_wrote_a_watched_file(tmp_path: Pat
         with open(busy / "metrics.jsonl", "a") as handle:
             handle.write("{}\n")
         assert watch.wait(2.0) == {busy}  # the other's close left this watch's descriptor in place
+
+
+def test_every_reporter_implements_the_whole_interface_the_supervisor_calls() -> None:
+    import inspect
+
+    from workers.supervisor import Reporter
+    from workers.tasks import PlatformReporter
+
+    declared = {name: inspect.signature(member) for name, member in vars(Reporter).items()
+                if callable(member) and not name.startswith("_")}
+    assert {"metrics", "evaluation", "rollouts", "train_logprobs", "running", "waiting", "resumed",
+            "checkpoints_changed", "tick", "cancel_requested"} <= set(declared)
+    for implementation in (PlatformReporter, NullReporter):
+        for name, signature in declared.items():
+            member = getattr(implementation, name, None)
+            assert callable(member), f"{implementation.__name__} lacks {name}"
+            assert list(inspect.signature(member).parameters) == list(signature.parameters), (implementation.__name__, name)
