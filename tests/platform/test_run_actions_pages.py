@@ -74,6 +74,9 @@ def test_fork_from_the_checkpoint_list(owner, owner_web, other_web, tiny_config,
     assert 'id="checkpoints-table"' in run_page and f'href="/runs/{source.pk}/clone/?from_step=2"' in run_page
     page = owner_web.get(f"/runs/{source.pk}/clone/?from_step=2").content.decode()
     assert "Fork: the model is checkpoint step 2" in page
+    # It says what a fork restarts, and its checkpoint picker does not offer "(none)" (issue 33).
+    assert "its optimizer (AdamW moments) starts fresh, its learning rate warms up again" in page
+    assert "(none: use model.path below)" not in page and f"(the fork's checkpoint: step 2 of #{source.pk}," in page
     data = form_post_data(page)
     assert data["model.path"] == str(folder.resolve())
     with django_capture_on_commit_callbacks(execute=False):
