@@ -64,6 +64,7 @@ from rl_core.run_dir import (
     RunState,
     clear_previous_attempt,
     ended_sentence,
+    checkpoint_step,
     latest_checkpoint,
     log_path,
     parse_ready_line,
@@ -468,6 +469,7 @@ class Launcher:
 
         sink = JsonlSink(self.run_dir / METRICS_FILE)
         sampler = SystemSampler()
+        start_step = sample_start_step(self.run_dir, self.resume)
         next_sample = 0.0
         trainer_done_at: float | None = None
         try:
@@ -482,7 +484,7 @@ class Launcher:
                         sample.update(self.host.node_metrics())  # type: ignore[attr-defined]
                     if self.watchdog is not None:  # the platform's `stalled` rule reads these
                         sample.update(self.watchdog.metrics(time.monotonic(), self.running_roles()))
-                    sink.log(progress.version if progress else 0, sample)
+                    sink.log(progress.version if progress else start_step, sample)
                     next_sample = now + SYSTEM_METRICS_EVERY_S
                 wall = self.config.max_wall_time_s
                 if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):
@@ -622,6 +624,14 @@ def place_cluster_run(config: RunConfig) -> tuple[Placement, Any]:
         if section.device.startswith("cuda"):
             section.device = "cuda"
     return placement, slots
+
+
+def sample_start_step(run_dir: Path, resume: bool) -> int:
+    """The step of the system samples logged before the trainer publishes its progress: 0, or a
+    resumed run's checkpoint step (a resumed run logged a second step-0 sample, which drew its
+    system charts back to the start)."""
+    latest = latest_checkpoint(run_dir) if resume else None
+    return (checkpoint_step(latest.name) or 0) if latest is not None else 0
 
 
 def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:

@@ -270,3 +270,16 @@ def test_a_vllm_server_of_a_run_takes_its_settings_from_config_yaml(tmp_path: Pa
     apply_run_config(args, config, 0)
     assert (args.max_batch_size, args.max_seq_len, args.threads, args.cpu_kv_cache_gib, args.prefix_caching, args.seed) == (6, 512, 2, 3, True, 4)
     assert config_to_yaml(config)  # what the launcher writes is what the server reads back
+
+
+def test_a_resumed_run_logs_its_first_system_sample_at_its_checkpoint_step(tmp_path: Path) -> None:
+    """Issue 33: the launcher's system samples before the trainer publishes progress were logged at
+    step 0, so a resumed run logged a second step-0 sample; now at the step it resumes from."""
+    from rl_core.launcher import sample_start_step
+    from rl_core.run_dir import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir
+
+    assert sample_start_step(tmp_path, resume=False) == 0
+    checkpoint_dir(tmp_path, 20).mkdir(parents=True)
+    (tmp_path / CHECKPOINTS_DIR / LATEST_CHECKPOINT_LINK).symlink_to(checkpoint_dir(tmp_path, 20).name)
+    assert sample_start_step(tmp_path, resume=True) == 20
+    assert sample_start_step(tmp_path, resume=False) == 0  # a fresh run starts at 0 whatever is there
