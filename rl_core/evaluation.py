@@ -148,6 +148,7 @@ class ProblemResult:
     policy_versions: list[int] = field(default_factory=list)
     truncated: int = 0  # samples that hit max_new_tokens
     skipped: str | None = None  # "too_long": not sampled, left out of the aggregates
+    problem: str = ""  # the statement asked: the platform shows it beside the samples, not only the id
 
     @property
     def mean(self) -> float:
@@ -160,6 +161,7 @@ class ProblemResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "problem_id": self.problem_id,
+            "problem": self.problem,
             "answer": self.answer,
             "samples": self.samples,
             "extracted": self.extracted,
@@ -306,7 +308,7 @@ async def evaluate(
                     raise
                 # Does not fit the model's context: counted and reported, not fatal.
                 return ProblemResult(problem_id=problem.id, answer=problem.answer, samples=[], extracted=[],
-                                     verdicts=[], skipped="too_long")
+                                     verdicts=[], skipped="too_long", problem=problem.problem)
         if len(outputs) != k:
             raise EvalError(f"generate returned {len(outputs)} samples for {problem.id!r}, expected {k}")
         texts = [output.text for output in outputs]
@@ -316,6 +318,7 @@ async def evaluate(
         )
         return ProblemResult(
             problem_id=problem.id,
+            problem=problem.problem,
             answer=problem.answer,
             samples=texts,
             extracted=[g.extracted for g in graded],

@@ -203,7 +203,8 @@
       current.kind = "eval";
       document.getElementById("sample-title").textContent = p.benchmark + " step " + p.step + " · " + p.problem_id;
       document.getElementById("sample-meta").textContent = "answer " + p.answer + " · mean " + p.mean.toFixed(2) + " · " + (p.pass ? "solved" : "not solved") + " · policy v" + (p.policy_versions || []).join(", v");
-      document.getElementById("sample-prompt").textContent = "(the benchmark's problem " + p.problem_id + ")";
+      // The problem as asked (evaluations stored before it was recorded have only its id).
+      document.getElementById("sample-prompt").textContent = p.problem || "(the benchmark's problem " + p.problem_id + ")";
       document.getElementById("sample-group").classList.add("hidden");
       document.getElementById("sample-group-view").classList.add("hidden");
       renderTokens();

@@ -119,3 +119,19 @@ def test_the_run_page_marks_defaulted_and_set_values(owner, owner_web) -> None:
     assert '<tr class="config-set" data-path="trainer.lr">' in page
     assert '<tr class="config-default" data-path="trainer.schedule">' in page  # cosine: a run's default
     assert '<tr class="config-default" data-path="actor.max_lag">' in page
+
+
+def test_benchmark_samples_show_the_problem_not_its_id(owner, owner_web) -> None:
+    from inflight.runs.evaluations import ingest_eval
+    from rl_core.evaluation import ProblemResult
+
+    # The engine writes the statement beside the id (evaluation.ProblemResult.to_json) ...
+    row = ProblemResult(problem_id="math500/42", problem="What is $2 + 3$?", answer="5", samples=["\\boxed{5}"], extracted=["5"], verdicts=[True]).to_json()
+    assert row["problem"] == "What is $2 + 3$?"
+    run = services.create_run(owner, "evals", {})
+    score = ingest_eval(run.pk, {"benchmark": "math500", "step": 4, "k": 1, "mean_at_k": 1.0, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 1}, [row])
+    # ... and the run page's per-problem table and the sample view show it, not only the id.
+    page = owner_web.get(f"/runs/{run.pk}/").content.decode()
+    assert '<td title="math500/42">What is $2 + 3$?</td>' in page
+    sample = owner_web.get(f"/runs/{run.pk}/evals/{score.pk}/problem.json?problem_id=math500/42").json()
+    assert sample["problem"] == "What is $2 + 3$?" and sample["problem_id"] == "math500/42"

@@ -42,6 +42,7 @@ def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterab
         EvalProblemResult(
             eval=score,
             problem_id=str(row["problem_id"]),
+            problem=str(row.get("problem") or ""),
             answer=str(row.get("answer", "")),
             samples=list(row.get("samples") or []),
             extracted=list(row.get("extracted") or []),

@@ -191,6 +191,7 @@ class EvalScore(models.Model):
 class EvalProblemResult(models.Model):
     eval = models.ForeignKey(EvalScore, on_delete=models.CASCADE, related_name="problem_results")
     problem_id = models.CharField(max_length=200)
+    problem = models.TextField(blank=True, default="", help_text="The problem's statement as asked (empty for evaluations written before it was recorded).")
     answer = models.TextField(blank=True, default="")
     samples = models.JSONField(default=list)
     extracted = models.JSONField(default=list)

@@ -83,7 +83,7 @@ def eval_problem_json(request: HttpRequest, run_id: int, eval_id: int) -> Any:
         raise Http404(f"problem {problem_id!r} of evaluation {eval_id} not found")
     return {
         "run": run.pk, "benchmark": row.eval.benchmark, "step": row.eval.step, "policy_versions": row.eval.policy_versions,
-        "problem_id": row.problem_id, "answer": row.answer, "mean": row.mean, "pass": row.passed,
+        "problem_id": row.problem_id, "problem": row.problem, "answer": row.answer, "mean": row.mean, "pass": row.passed,
         "samples": [
             {"text": text, "extracted": extracted, "correct": bool(verdict)}
             for text, extracted, verdict in zip(row.samples, row.extracted + [None] * len(row.samples), row.verdicts + [False] * len(row.samples))

@@ -66,6 +66,7 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
             problems.append(
                 {
                     "problem_id": row.problem_id,
+                    "problem": row.problem,
                     "answer": row.answer,
                     "mean": row.mean,
                     "passed": row.passed,
