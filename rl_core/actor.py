@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Coroutine
 
-from rl_core.advantages import group_advantages
+from rl_core.advantages import divides_by_group_std, group_advantages
 from rl_core.config import RunConfig
 from rl_core.contracts import GenerationResult, RolloutSample, SamplingParams
 from rl_core.metrics import MetricsSink
 from rl_core.run_dir import TrainerProgress, latest_checkpoint, read_progress
 from rl_core.stream import StreamWriter
-from rl_core.submission import EvalKind, EvalSchedule, PromptSource, make_plan, make_throttle
+from rl_core.submission import EvalKind, EvalSchedule, PromptSource, ZeroAdvantageGroups, make_plan, make_throttle
 from rl_core.tasks import Problem, TaskData, load_task
 
 METRICS_EVERY_S = 2.0
@@ -120,6 +120,7 @@ class Actor:
         self.throttle = make_throttle(config)
         self.plan = make_plan(config, self, self.throttle)
         self.eval_schedule = EvalSchedule(config.eval)
+        self.zero_advantage = ZeroAdvantageGroups.from_config(config)  # dropped, or drawn again (dapo)
         self.window = Window()
         self.spec_counters: dict[str, float] | None = None  # last reading of the servers' spec_* totals
         self.spec_poller: asyncio.Task | None = None
@@ -163,7 +164,8 @@ class Actor:
             score_many, [(r.text, problem.answer) for r in results], self.config.task.reward_timeout_s
         )
         rewards = [score.reward for score in scores]
-        advantages = group_advantages(rewards, normalize_std=self.config.actor.advantage == "group_mean_std")
+        advantages = group_advantages(
+            rewards, normalize_std=divides_by_group_std(self.config.actor.advantage, self.config.trainer.loss))
         samples = []
         for i, (result, score, advantage) in enumerate(zip(results, scores, advantages)):
             self.window.rewards.append(score.reward)
@@ -182,7 +184,7 @@ class Actor:
             ))
         self.window.groups += 1
         self.window.zero_advantage_groups += all(a == 0.0 for a in advantages)
-        if self.config.actor.drop_zero_advantage_groups and all(a == 0.0 for a in advantages):
+        if self.zero_advantage.on_group(epoch, problem, informative=any(a != 0.0 for a in advantages)):
             self.window.dropped_groups += 1
             return []
         return samples
@@ -297,6 +299,9 @@ class Actor:
             metrics["rollout/zero_advantage_share"] = w.zero_advantage_groups / w.groups
         if w.dropped_groups:
             metrics["rollout/dropped_zero_advantage_groups"] = float(w.dropped_groups)
+        resampled = self.zero_advantage.take_count()
+        if resampled:
+            metrics["rollout/resampled_zero_advantage_groups"] = float(resampled)
         metrics.update(self.router.metrics())
         metrics.update(self.plan.metrics())
         self.sink.log(self.version, metrics)
@@ -362,6 +367,7 @@ class Actor:
             if progress and progress.done:
                 break
             self.start_due_evals()
+            self.zero_advantage.return_prompts(prompts)
             self.plan.launch(prompts)
             waiting = self.in_flight | self.evals
             if waiting:

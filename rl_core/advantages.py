@@ -10,8 +10,9 @@ from typing import Sequence
 
 
 def carries_gradient(advantage: float, kl_coef: float) -> bool:
-    """Whether a sample's loss terms can move the weights. Without a KL penalty every token
-    term of both policy losses (loss.policy_loss) is a multiple of the advantage, so a sample
+    """Whether a sample's loss terms can move the weights. Without a KL penalty every term of
+    every policy objective (losses.policy_loss; gspo's sequence term too) is a multiple of the
+    advantage, so a sample
     with an advantage of exactly 0 has none: the trainer does not compute it, and so records no
     trainer logprobs for it (the rollout viewer says why)."""
     return advantage != 0.0 or kl_coef > 0.0
@@ -34,3 +35,12 @@ def group_advantages(rewards: Sequence[float], normalize_std: bool = False, eps:
         return centred
     std = math.sqrt(sum(value * value for value in centred) / len(centred))
     return [value / (std + eps) for value in centred]
+
+
+def divides_by_group_std(advantage: str, loss: str) -> bool:
+    """Whether a run's advantages are divided by their group's std: `actor.advantage`
+    group_mean_std asks for it, and `trainer.loss` dr_grpo never does (Dr. GRPO, Liu et al. 2025:
+    the std division weights a group by how little its rewards differ, a bias towards
+    too-easy and too-hard prompts). The config refuses the two together; this is the one place
+    the actor reads the choice from."""
+    return advantage == "group_mean_std" and loss != "dr_grpo"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rl_core.cluster_config import ClusterConfig
 from rl_core.config_section import ConfigSection as _Section
@@ -209,6 +209,11 @@ class ActorConfig(_Section):
         "is dropped and its prompt submitted again, through the same max_lag throttle, at most this many times; "
         "then it is dropped for good."
     )
+    dynamic_sampling_max_resamples: int = Field(
+        3, ge=0, description="trainer.loss dapo (dynamic sampling, Yu et al. 2025): a group whose rewards are all equal "
+        "is dropped and its prompt submitted again, through the same max_lag throttle, at most this many times; "
+        "then it is dropped for good."
+    )
 
     @field_validator("group_size")
     @classmethod
@@ -221,6 +226,23 @@ class ActorConfig(_Section):
                 "advantage 0 on every sample and the run learns nothing"
             )
         return group_size
+
+
+PolicyLoss = Literal["pipelinerl", "grpo_clip", "cispo", "gspo", "dapo", "dr_grpo", "m2po"]
+ISCorrection = Literal["tis", "mis", "none"]
+# What trainer.is_correction each loss allows, its default first. A clipped-ratio loss already
+# bounds r where the clip takes the clipped term, so truncating it again has no meaning; masking
+# (mis) still bounds the unclipped side of a negative advantage. gspo's ratio is a sequence's and
+# m2po's mask is its correction; cispo's clipped weight is itself a truncated IS weight.
+IS_CORRECTIONS_BY_LOSS: dict[str, tuple[ISCorrection, ...]] = {
+    "pipelinerl": ("tis", "mis", "none"),
+    "grpo_clip": ("none", "mis"),
+    "cispo": ("tis",),
+    "gspo": ("none",),
+    "dapo": ("none", "mis"),
+    "dr_grpo": ("none", "mis"),
+    "m2po": ("none",),
+}
 
 
 PolicyLoss = Literal["pipelinerl", "grpo_clip", "cispo", "gspo", "dapo", "dr_grpo", "m2po"]
@@ -259,13 +281,64 @@ class TrainerConfig(_Section):
         "ranks on one GPU."
     )
     threads: int = Field(1, ge=1, description="torch intra-op threads of the trainer on CPU.")
-    loss: Literal["pipelinerl", "grpo_clip"] = Field(
+    loss: PolicyLoss = Field(
         "pipelinerl",
-        description="`pipelinerl`: policy gradient with truncated importance weights vs behaviour logprobs. "
-        "`grpo_clip`: PPO/GRPO clipped ratio objective.",
+        description="The policy objective (rl_core/losses.py). r_t = exp(logp_t - mu_t) is a token's importance ratio "
+        "against the inference engine's logprob mu_t of the sampled token (older weights when lagging), A the "
+        "sample's advantage, sg() stop-gradient, N the sequences and T the completion tokens of the optimizer batch. "
+        "`pipelinerl` (PipelineRL, Piche et al. 2025): -sum_t w_t A logp_t / N, w_t = sg(r_t) under "
+        "trainer.is_correction. "
+        "`grpo_clip` (PPO/GRPO, Shao et al. 2024): -sum_t min(r_t A, clip(r_t, 1-clip_eps, 1+clip_eps) A) / N. "
+        "`cispo` (MiniMax-M1, MiniMax 2025; ScaleRL, Khatri et al. 2025): -sum_t sg(clip(r_t, 1-cispo_eps_low, "
+        "1+cispo_eps_high)) A logp_t / T: the weight is clipped, never the gradient, so every token keeps one. "
+        "`gspo` (Zheng et al. 2025): s_i = exp(mean_t log r_t) per sequence, -sum_i min(s_i A, clip(s_i, "
+        "1-gspo_eps_low, 1+gspo_eps_high) A) / N. "
+        "`dapo` (Yu et al. 2025): clip-higher, -sum_t min(r_t A, clip(r_t, 1-clip_eps, 1+clip_eps_high) A) / T "
+        "(token-level over the batch), with dynamic sampling: a zero-advantage group's prompt is submitted again "
+        "(actor.dynamic_sampling_max_resamples). "
+        "`dr_grpo` (Liu et al. 2025, Dr. GRPO): grpo_clip's terms / (N * sampling.max_new_tokens), a constant, and "
+        "advantages never divided by the group std. "
+        "`m2po` (Zheng et al. 2025, M2PO): -sum_t M_t r_t A / T, where M masks the tokens of largest (log r_t)^2 "
+        "until the batch's mean (log r)^2 over kept tokens is at most m2po_tau (for large lags).",
     )
-    is_truncation: float = Field(5.0, gt=0, description="Upper bound of the importance weight (pipelinerl loss).")
-    clip_eps: float = Field(0.2, gt=0, description="Clip range of the ratio (grpo_clip loss).")
+    is_correction: ISCorrection | None = Field(
+        None,
+        description="The importance correction against the inference engine's logprobs, for tokens whose ratio r_t "
+        "exceeds C = trainer.is_truncation. `tis` (truncated IS, Yao et al. 2025): the weight is min(r_t, C). `mis` "
+        "(masked IS, Liu et al. 2025): tokens with r_t > C are left out of the loss. `none`: no correction (pipelinerl "
+        "then trains as if on-policy). Allowed: pipelinerl tis/mis/none; cispo tis (its clipped weight); grpo_clip, "
+        "dr_grpo, dapo none/mis (the clip bounds r_t only where it helps the advantage; mis also bounds it for "
+        "negative advantages); gspo and m2po none (their own sequence ratio / second-moment mask). Unset: the loss's "
+        "first choice.",
+    )
+    is_truncation: float = Field(
+        5.0, gt=0, description="C, the importance-ratio bound of trainer.is_correction (tis truncates at it, mis masks past it)."
+    )
+    clip_eps: float = Field(
+        0.2, gt=0, description="Clip range of the ratio: [1 - clip_eps, 1 + clip_eps] for grpo_clip and dr_grpo, the "
+        "lower side for dapo."
+    )
+    clip_eps_high: float = Field(
+        0.28, gt=0, description="dapo's clip-higher: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high] "
+        "(0.28 in DAPO, Yu et al. 2025), leaving low-probability tokens room to rise."
+    )
+    cispo_eps_low: float | None = Field(
+        None, gt=0, le=1, description="cispo: the IS weight is at least 1 - cispo_eps_low (unset: no lower bound, as "
+        "MiniMax-M1 sets it)."
+    )
+    cispo_eps_high: float = Field(
+        4.0, gt=0, description="cispo: the IS weight is at most 1 + cispo_eps_high (ScaleRL's truncation at 5 by default)."
+    )
+    gspo_eps_low: float = Field(
+        3e-4, gt=0, lt=1, description="gspo: the sequence ratio is clipped below at 1 - gspo_eps_low (3e-4 in GSPO)."
+    )
+    gspo_eps_high: float = Field(
+        4e-4, gt=0, description="gspo: the sequence ratio is clipped above at 1 + gspo_eps_high (4e-4 in GSPO)."
+    )
+    m2po_tau: float = Field(
+        0.04, gt=0, description="m2po: tau, the bound on the batch's second moment of the log ratio, mean (log r_t)^2 "
+        "over the kept tokens (0.04 in M2PO)."
+    )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference penalty (0 = off, no reference model).")
     lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -289,6 +362,22 @@ class TrainerConfig(_Section):
     )
     max_steps: int = Field(40, ge=1, description="Optimizer steps of the run.")
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
+
+    @field_validator("is_correction")
+    @classmethod
+    def _correction_the_loss_allows(cls, correction: str | None, info: ValidationInfo) -> str | None:
+        loss = info.data.get("loss")
+        if correction is None or loss is None:
+            return correction
+        allowed = IS_CORRECTIONS_BY_LOSS[loss]
+        if correction not in allowed:
+            raise ValueError(
+                f"{correction!r} is not allowed with trainer.loss {loss!r} (allowed: {', '.join(allowed)})")
+        return correction
+
+    def importance_correction(self) -> ISCorrection:
+        """`is_correction`, or the loss's own when unset."""
+        return self.is_correction or IS_CORRECTIONS_BY_LOSS[self.loss][0]
 
     def packed_row_tokens(self) -> int:
         """`row_tokens`, or one row per micro-batch (up to LAYOUT_ROW_TOKENS) when unset."""
@@ -514,6 +603,17 @@ class RunConfig(_Section):
     cluster: ClusterConfig = Field(
         default_factory=ClusterConfig, description="Several machines: the roles on the nodes of a Ray cluster (off = one node)."
     )
+
+    @model_validator(mode="after")
+    def _loss_fits_the_actor(self) -> RunConfig:
+        loss = self.trainer.loss
+        if loss == "dr_grpo" and self.actor.advantage == "group_mean_std":
+            raise ValueError("actor.advantage: trainer.loss 'dr_grpo' never divides advantages by the group std; "
+                             "set actor.advantage to 'group_mean'")
+        if loss == "dapo" and self.accelerations.tail_batching.enabled:
+            raise ValueError("trainer.loss: 'dapo' submits a zero-advantage group's prompt again, which tail "
+                             "batching's rounds cannot do; turn accelerations.tail_batching.enabled off")
+        return self
 
     @property
     def needs_gpu(self) -> bool:

@@ -1,4 +1,4 @@
-"""The learning signal: group-relative advantages, token packing and the policy losses.
+"""The learning signal's data path: group-relative advantages, token packing, log-probabilities.
 
 Data flows through this file in order:
 
@@ -13,10 +13,7 @@ Data flows through this file in order:
    divided by the sampling temperature first: behaviour logprobs come from the
    temperature-scaled distribution the engine drew from, so the trainer must score the
    same distribution or the importance ratio is not 1 even without a policy change.
-4. `policy_loss` — PipelineRL's truncated importance-weighted policy gradient (or
-   GRPO's clipped ratio), plus an optional k3 KL to a reference model. Token terms are
-   summed and divided by the number of sequences in the *optimizer* batch, so the
-   gradient does not depend on how the batch was split into micro-batches.
+4. (`losses.policy_loss`: the objective chosen by `trainer.loss`, scored on these terms.)
 """
 
 from __future__ import annotations
@@ -68,6 +65,9 @@ class MicroBatch:
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     token_versions: torch.Tensor
+    # [R, K]: the index (into the packed samples) of the sample each term belongs to, -1 on
+    # padding: a sequence-level objective (GSPO) sums a sample's terms, which always lie in one row.
+    term_sequence: torch.Tensor
     num_sequences: int
     # Index (into the packed samples) of each completion, in the order their terms lie in
     # `loss_mask` read row by row: maps trained tokens back to samples (train_records.py).
@@ -192,7 +192,7 @@ def pack_micro_batches(
 
 def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> MicroBatch:
     nodes: dict[str, list[list[int]]] = {"ids": [], "pos": [], "end": []}
-    terms: dict[str, list[list[Any]]] = {"target": [], "source": [], "behaviour": [], "adv": [], "ver": []}
+    terms: dict[str, list[list[Any]]] = {"target": [], "source": [], "behaviour": [], "adv": [], "ver": [], "seq": []}
     branches: list[tuple[int, list[int], list[int]]] = []  # (row, own columns, ancestor columns)
     for row_number, row in enumerate(rows):
         ids: list[int] = []
@@ -203,6 +203,7 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
         behaviour: list[float] = []
         adv: list[float] = []
         ver: list[int] = []
+        seq: list[int] = []
         for unit in row:
             layout = unit.trie.layout()
             start = len(ids)
@@ -218,9 +219,10 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
                 behaviour += [float(x) for x in sample.behaviour_logprobs]
                 adv += [float(sample.advantage)] * len(path)
                 ver += [int(v) for v in sample.token_versions]
+                seq += [sample_index] * len(path)
         for name, values in zip(nodes, (ids, pos, end)):
             nodes[name].append(values)
-        for name, values in zip(terms, (target, source, behaviour, adv, ver)):
+        for name, values in zip(terms, (target, source, behaviour, adv, ver, seq)):
             terms[name].append(values)
     width = max(len(values) for values in nodes["ids"])
     term_width = max(len(values) for values in terms["target"])
@@ -245,6 +247,7 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
         behaviour_logprobs=padded(terms["behaviour"], term_width, 0.0, torch.float32),
         advantages=padded(terms["adv"], term_width, 0.0, torch.float32),
         token_versions=padded(terms["ver"], term_width, 0, torch.long),
+        term_sequence=padded(terms["seq"], term_width, -1, torch.long),
         num_sequences=sum(len(unit.members) for row in rows for unit in row),
         sample_order=[index for row in rows for unit in row for index in unit.members],
         packed_layout=PackedLayout.from_branches(
@@ -365,99 +368,3 @@ def token_logprobs_from_logits(
     first = torch.zeros_like(token_logp, dtype=torch.bool)
     first[:, 0] = True
     return token_logp.masked_fill(first, 0.0), entropy.masked_fill(first, 0.0)
-
-
-# --- 4. losses ---------------------------------------------------------------------
-
-
-KL_LOG_RATIO_BOUND = 20.0  # |log(ref / policy)| before exp: exp(20) is finite in float32
-KL_TOKEN_BOUND = 10.0  # the k3 estimate of one token, at most
-
-
-@dataclass
-class LossOutput:
-    """The micro-batch loss (already divided by the optimizer batch's sequence count)
-    and summed statistics the trainer aggregates over micro-batches."""
-
-    loss: torch.Tensor
-    num_tokens: int
-    sum_entropy: float
-    sum_weights: float  # importance weights (after truncation): for ESS
-    sum_weights_sq: float
-    sum_kl: float
-    num_clipped: int  # tokens whose weight hit the truncation bound / whose clipped term was the one used
-
-
-def policy_loss(
-    logprobs: torch.Tensor,
-    batch: MicroBatch,
-    num_sequences_in_step: int,
-    kind: str = "pipelinerl",
-    is_truncation: float = 5.0,
-    clip_eps: float = 0.2,
-    entropy: torch.Tensor | None = None,
-    reference_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-) -> LossOutput:
-    """Loss of one micro-batch; `logprobs` are the current policy's, aligned as in
-    `token_logprobs_from_logits`.
-
-    - `pipelinerl`: -sum_t min(exp(logp - behaviour_logp), is_truncation).detach() * A * logp
-    - `grpo_clip`: -sum_t min(r * A, clip(r, 1 - eps, 1 + eps) * A), r = exp(logp - behaviour_logp)
-    - k3 KL (`kl_coef > 0`): + kl_coef * sum_t min(exp(d) - d - 1, 10), d = clamp(ref - logp, ±20)
-    Each sum runs over the completion tokens of the micro-batch and is divided by
-    `num_sequences_in_step` (the sequences of the whole optimizer batch)."""
-    if num_sequences_in_step <= 0:
-        raise ValueError("policy_loss: num_sequences_in_step must be positive")
-    mask = batch.loss_mask.to(logprobs.device)
-    maskf = mask.float()
-    behaviour = batch.behaviour_logprobs.to(logprobs.device)
-    advantages = batch.advantages.to(logprobs.device)
-    log_ratio = (logprobs - behaviour) * maskf  # zero outside the loss mask: exp() stays finite
-    ratio = torch.exp(log_ratio)
-    if kind == "pipelinerl":
-        weights = torch.clamp(ratio, max=is_truncation).detach()
-        per_token = -(weights * advantages * logprobs)
-        clipped = (ratio.detach() > is_truncation) & mask
-    elif kind == "grpo_clip":
-        clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-        per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
-        weights = ratio.detach()
-        # As TRL counts it: a token is clipped when the clipped term is the one the minimum
-        # takes, i.e. the ratio left the band on the side that matters for the advantage's
-        # sign (above 1 + eps with A > 0, below 1 - eps with A < 0); elsewhere the gradient
-        # flows unclipped.
-        r = ratio.detach()
-        clipped = (((r > 1.0 + clip_eps) & (advantages > 0)) | ((r < 1.0 - clip_eps) & (advantages < 0))) & mask
-    else:
-        raise ValueError(f"policy_loss: unknown loss kind {kind!r} (expected 'pipelinerl' or 'grpo_clip')")
-    sum_kl = 0.0
-    if kl_coef > 0.0:
-        if reference_logprobs is None:
-            raise ValueError("policy_loss: kl_coef > 0 needs reference_logprobs")
-        delta = (reference_logprobs.to(logprobs.device).detach() - logprobs) * maskf
-        # exp() of a large log-ratio overflows to inf (then NaN gradients): bound the
-        # log-ratio before exp and the per-token estimate after it.
-        delta = torch.clamp(delta, min=-KL_LOG_RATIO_BOUND, max=KL_LOG_RATIO_BOUND)
-        kl = torch.clamp(torch.exp(delta) - delta - 1.0, max=KL_TOKEN_BOUND)
-        per_token = per_token + kl_coef * kl
-        sum_kl = float((kl * maskf).sum().detach())
-    loss = (per_token * maskf).sum() / num_sequences_in_step
-    masked_weights = weights * maskf
-    return LossOutput(
-        loss=loss,
-        num_tokens=int(mask.sum()),
-        sum_entropy=float((entropy.detach() * maskf).sum()) if entropy is not None else 0.0,
-        sum_weights=float(masked_weights.sum()),
-        sum_weights_sq=float((masked_weights * masked_weights).sum()),
-        sum_kl=sum_kl,
-        num_clipped=int(clipped.sum()),
-    )
-
-
-def effective_sample_size(sum_weights: float, sum_weights_sq: float, count: int) -> float:
-    """Normalised ESS of importance weights: (sum w)^2 / (n * sum w^2), in (0, 1].
-    1 means on-policy (all weights equal)."""
-    if count == 0 or sum_weights_sq <= 0.0:
-        return 1.0
-    return (sum_weights * sum_weights) / (count * sum_weights_sq)

@@ -68,6 +68,55 @@ class PromptSource:
         self._returned.appendleft(item)
 
 
+# --- zero-advantage groups ------------------------------------------------------------
+
+
+class ZeroAdvantageGroups:
+    """What becomes of a group whose rewards are all equal (advantage 0 on every sample: no
+    gradient). Kept by default (it counts in the step's normaliser, as TRL keeps it); dropped with
+    `actor.drop_zero_advantage_groups`; with `trainer.loss` dapo dropped and its prompt drawn again
+    (DAPO's dynamic sampling, Yu et al. 2025), at most `actor.dynamic_sampling_max_resamples` times
+    per prompt and epoch. A prompt drawn again goes to the front of the prompt order, so it is
+    launched by the plan like any prompt: through the same throttle, which keeps the max_lag bound."""
+
+    def __init__(self, drops: bool, max_resamples: int) -> None:
+        self.drops = drops
+        self.max_resamples = max_resamples
+        self.resamples: dict[tuple[int, str], int] = {}  # (epoch, prompt id) -> times drawn again
+        self.waiting: deque[tuple[int, Problem]] = deque()  # to draw again, oldest first
+        self.resampled = 0  # groups whose prompt was drawn again, since the last `take_count`
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> ZeroAdvantageGroups:
+        dynamic = config.trainer.loss == "dapo"
+        return cls(dynamic or config.actor.drop_zero_advantage_groups,
+                   config.actor.dynamic_sampling_max_resamples if dynamic else 0)
+
+    def on_group(self, epoch: int, problem: Problem, informative: bool) -> bool:
+        """A group of `problem` was scored; True when it is dropped (its prompt perhaps queued again)."""
+        key = (epoch, problem.id)
+        if informative or not self.drops:
+            self.resamples.pop(key, None)
+            return False
+        used = self.resamples.get(key, 0)
+        if used < self.max_resamples:
+            self.resamples[key] = used + 1
+            self.waiting.append((epoch, problem))
+            self.resampled += 1
+        else:
+            self.resamples.pop(key, None)
+        return True
+
+    def return_prompts(self, prompts: PromptSource) -> None:
+        """Put the prompts to draw again at the front of `prompts`, the oldest first."""
+        while self.waiting:
+            prompts.push_front(self.waiting.pop())
+
+    def take_count(self) -> int:
+        count, self.resampled = self.resampled, 0
+        return count
+
+
 # --- the throttle ---------------------------------------------------------------------
 
 

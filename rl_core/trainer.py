@@ -36,7 +36,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ import torch
 
 from rl_core.config import RunConfig, load_run_config
 from rl_core.contracts import RolloutSample, TrainerBackend
-from rl_core.loss import effective_sample_size, pack_micro_batches, policy_loss, samples_with_gradient, scoring_temperature
+from rl_core.loss import pack_micro_batches, samples_with_gradient, scoring_temperature
+from rl_core.losses import LossSettings, LossTotals, effective_sample_size, m2po_keep_masks, policy_loss, step_normaliser
 from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
 from rl_core.processes import freeze_startup_objects
 from rl_core.watchdog import start_trainer_heartbeat
@@ -165,6 +166,7 @@ class StepStats:
     num_tokens: int
     num_samples: int
     rank_sample_ids: list[str] | None = None  # the samples this rank trained (its share)
+    loss_metrics: dict[str, float] = field(default_factory=dict)  # the objective's own (losses.LossTotals)
 
 
 def train_step(
@@ -184,16 +186,21 @@ def train_step(
     micro_batches = pack_micro_batches(
         trained, t.micro_batch_tokens, t.packed_row_tokens(), share_prefixes=t.share_completion_prefixes)
     padding = int(ranks.reduce([float(len(micro_batches))], "max")[0]) - len(micro_batches)
-    # DeepSpeed averages gradients over the ranks: dividing each rank's sum by its share of
-    # the batch size (N / world) makes the average the whole batch's mean, as on one rank.
-    sequences_per_rank = len(samples) / ranks.world_size
+    # Sequences or tokens of the whole batch (losses.step_normaliser), this rank's share of them.
+    settings = LossSettings.from_config(config)
+    normaliser = step_normaliser(settings, samples, ranks.world_size)
+    temperature = scoring_temperature(config.sampling.temperature)
+    keep_masks = None
+    if settings.kind == "m2po":  # its mask depends on the whole batch's log ratios
+        keep_masks = m2po_keep_masks(backend, micro_batches, padding, temperature, settings.m2po_tau, ranks.reduce,
+                                     ranks.rank, ranks.world_size)
+    totals = LossTotals()
     total_loss = total_entropy = total_w = total_w2 = total_kl = 0.0
     total_tokens = clipped = 0
     lag_sum = 0
     lag_max = 0
     lag_counts = torch.zeros(LAG_HISTOGRAM_BINS, dtype=torch.long)
-    temperature = scoring_temperature(config.sampling.temperature)
-    for batch in micro_batches:
+    for index, batch in enumerate(micro_batches):
         layout = (batch.attention_mask, batch.position_ids)
         logprobs, entropy = backend.token_logprobs(
             batch.input_ids, *layout, temperature, batch.logit_source, batch.packed_layout, batch.target_ids)
@@ -203,10 +210,9 @@ def train_step(
         if t.kl_coef > 0:
             reference = backend.reference_logprobs(
                 batch.input_ids, *layout, temperature, batch.logit_source, batch.packed_layout, batch.target_ids)
-        out = policy_loss(
-            logprobs, batch, num_sequences_in_step=sequences_per_rank, kind=t.loss, is_truncation=t.is_truncation,
-            clip_eps=t.clip_eps, entropy=entropy, reference_logprobs=reference, kl_coef=t.kl_coef,
-        )
+        out = policy_loss(logprobs, batch, normaliser, settings, entropy, reference,
+                          None if keep_masks is None else keep_masks[index])
+        totals.add(out)
         backend.backward(out.loss)
         lags = (version - batch.token_versions)[batch.loss_mask]
         lag_sum += int(lags.sum())
@@ -230,11 +236,13 @@ def train_step(
         total_tokens, clipped, lag_sum = (int(value) for value in sums[5:8])
         lag_counts = torch.tensor([int(value) for value in sums[8:]])
         lag_max = int(ranks.reduce([float(lag_max)], "max")[0])
+        totals = totals.reduced(ranks.reduce)
     tokens = max(1, total_tokens)
     stats = StepStats(
         loss=total_loss, entropy=total_entropy / tokens, ess=effective_sample_size(total_w, total_w2, total_tokens),
         kl=total_kl / tokens, clip_fraction=clipped / tokens, lag_mean=lag_sum / tokens, lag_max=lag_max,
         lag_counts=lag_counts.tolist(), num_tokens=total_tokens, num_samples=len(samples), rank_sample_ids=[sample.sample_id for sample in share],
+        loss_metrics=totals.metrics(settings),
     )
     return stats, step_info
 
@@ -438,6 +446,7 @@ class Trainer:
                 "policy_lag/mean": stats.lag_mean,
                 "policy_lag/max": float(stats.lag_max),
                 **lag_shares(stats.lag_counts),
+                **stats.loss_metrics,
                 "weights/version": float(version),
                 "weights/update_pause_s": float(sync.get("weights/update_pause_s", 0.0)),
             }

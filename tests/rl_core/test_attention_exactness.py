@@ -89,9 +89,10 @@ def unpacked_loss_and_gradients(model_path: Path, samples: list[RolloutSample], 
     """The step's loss and gradients from one unmasked forward per sample of a stock eager model."""
     from transformers import AutoModelForCausalLM
 
-    from rl_core.loss import model_token_logprobs, pack_micro_batches, policy_loss
+    from rl_core.loss import model_token_logprobs, pack_micro_batches
+    from rl_core.losses import LossSettings, policy_loss
 
-    t = config.trainer
+    settings = LossSettings.from_config(config)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, attn_implementation="eager")
     model.config.use_cache = False
     total = 0.0
@@ -100,8 +101,7 @@ def unpacked_loss_and_gradients(model_path: Path, samples: list[RolloutSample], 
         assert single.input_ids.shape[0] == 1  # one row, no padding: the whole sequence
         logprobs, entropy = model_token_logprobs(
             model, single.input_ids, None, None, "cpu", TEMPERATURE, single.logit_source, None, single.target_ids)
-        out = policy_loss(logprobs, single, num_sequences_in_step=len(samples), kind=t.loss, is_truncation=t.is_truncation,
-                          clip_eps=t.clip_eps, entropy=entropy, reference_logprobs=logprobs.detach(), kl_coef=t.kl_coef)
+        out = policy_loss(logprobs, single, len(samples), settings, entropy=entropy, reference_logprobs=logprobs.detach())
         out.loss.backward()
         total += float(out.loss.detach())
     gradients = [p.grad.flatten() for p in model.parameters() if p.grad is not None]

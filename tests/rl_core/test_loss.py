@@ -10,13 +10,8 @@ import torch
 
 from rl_core.advantages import group_advantages
 from rl_core.contracts import RolloutSample
-from rl_core.loss import (
-    effective_sample_size,
-    model_token_logprobs,
-    pack_micro_batches,
-    policy_loss,
-    token_logprobs_from_logits,
-)
+from rl_core.loss import model_token_logprobs, pack_micro_batches, token_logprobs_from_logits
+from rl_core.losses import LossSettings, effective_sample_size, policy_loss
 
 
 def make_sample(sample_id: str, prompt: list[int], completion: list[int], behaviour: list[float], advantage: float, versions: list[int] | None = None) -> RolloutSample:
@@ -149,7 +144,7 @@ def test_pipelinerl_loss_hand_computed() -> None:
     assert batch.target_ids.tolist() == [[1, 2]] and batch.logit_source.tolist() == [[0, 1]]
     # Current logprobs: token 1 at -1 + ln 2 (ratio 2), token 2 at -2 + ln 10 (ratio 10 -> truncated to 5).
     logp = torch.tensor([[-1.0 + math.log(2.0), -2.0 + math.log(10.0)]], requires_grad=True)
-    out = policy_loss(logp, batch, num_sequences_in_step=4, kind="pipelinerl", is_truncation=5.0)
+    out = policy_loss(logp, batch, 4, LossSettings(kind="pipelinerl", is_truncation=5.0))
     expected = -(2.0 * 2.0 * logp[0, 0].item() + 5.0 * 2.0 * logp[0, 1].item()) / 4
     assert out.loss.item() == pytest.approx(expected, rel=1e-5)
     out.loss.backward()
@@ -165,7 +160,7 @@ def test_grpo_clip_loss_hand_computed() -> None:
     (batch,) = pack_micro_batches([sample], 64)
     # ratios 1.5 (clipped to 1.2 for A>0) and 0.5 (unclipped: min(0.5, 0.8) = 0.5).
     logp = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
-    out = policy_loss(logp, batch, num_sequences_in_step=1, kind="grpo_clip", clip_eps=0.2)
+    out = policy_loss(logp, batch, 1, LossSettings(kind="grpo_clip", is_correction="none", clip_eps=0.2))
     assert out.loss.item() == pytest.approx(-(1.2 + 0.5), rel=1e-5)
     out.loss.backward()
     # The clipped token has no gradient; the other has d(-r)/dlogp = -r = -0.5.
@@ -181,7 +176,7 @@ def test_grpo_clip_fraction_counts_the_side_that_clips_for_the_advantage_sign() 
         sample = make_sample("s", [9], [1, 2, 3], [0.0, 0.0, 0.0], advantage=advantage)
         (batch,) = pack_micro_batches([sample], 64)
         logp = torch.tensor([[math.log(r) for r in ratios]], requires_grad=True)
-        out = policy_loss(logp, batch, num_sequences_in_step=1, kind="grpo_clip", clip_eps=0.2)
+        out = policy_loss(logp, batch, 1, LossSettings(kind="grpo_clip", is_correction="none", clip_eps=0.2))
         out.loss.backward()
         grads = logp.grad.tolist()[0]
         # A token counts as clipped exactly when its gradient is cut off by the clip.
@@ -193,13 +188,13 @@ def test_k3_kl_term() -> None:
     (batch,) = pack_micro_batches([sample], 64)
     logp = torch.tensor([[-1.0]], requires_grad=True)
     ref = torch.tensor([[-1.5]])
-    out = policy_loss(logp, batch, 2, kind="pipelinerl", reference_logprobs=ref, kl_coef=0.1)
+    out = policy_loss(logp, batch, 2, LossSettings(kl_coef=0.1), reference_logprobs=ref)
     delta = -0.5
     k3 = math.exp(delta) - delta - 1
     assert out.loss.item() == pytest.approx(0.1 * k3 / 2, rel=1e-5)
     assert out.sum_kl == pytest.approx(k3, rel=1e-5)
     with pytest.raises(ValueError, match="reference_logprobs"):
-        policy_loss(logp, batch, 2, kl_coef=0.1)
+        policy_loss(logp, batch, 2, LossSettings(kl_coef=0.1))
 
 
 def test_k3_kl_stays_finite_for_a_huge_log_ratio() -> None:
@@ -207,12 +202,12 @@ def test_k3_kl_stays_finite_for_a_huge_log_ratio() -> None:
     (batch,) = pack_micro_batches([sample], 64)
     logp = torch.tensor([[-200.0, -1.0]], requires_grad=True)  # the policy all but rules token 1 out
     ref = torch.tensor([[-0.1, -1.0]])  # ... which the reference finds likely: exp(199.9) overflows
-    out = policy_loss(logp, batch, 1, kind="pipelinerl", reference_logprobs=ref, kl_coef=0.1)
+    out = policy_loss(logp, batch, 1, LossSettings(kl_coef=0.1), reference_logprobs=ref)
     out.loss.backward()
     assert math.isfinite(out.loss.item()) and math.isfinite(out.sum_kl)
     assert all(math.isfinite(g) for g in logp.grad.flatten().tolist())
     with pytest.raises(ValueError, match="unknown loss kind"):
-        policy_loss(logp, batch, 2, kind="ppo")
+        LossSettings(kind="ppo")
 
 
 @pytest.mark.parametrize("share_prompts,share_prefixes", [(True, True), (True, False), (False, False)])

@@ -251,7 +251,8 @@ def test_truncated_sampling_is_refused_at_config_time_naming_the_field() -> None
 
 
 def test_sharing_a_groups_prompt_and_completion_starts_leaves_the_gradient_unchanged(untrained_tiny_model: Path) -> None:
-    from rl_core.loss import pack_micro_batches, policy_loss
+    from rl_core.loss import pack_micro_batches
+    from rl_core.losses import policy_loss
 
     samples = make_samples(8, 11)
     for k, sample in enumerate(samples[1:4], start=1):  # a group of four on one prompt, the rest on their own
@@ -280,7 +281,8 @@ def test_zero_advantage_samples_count_in_the_step_but_are_not_computed(untrained
     """A step whose batch holds an all-equal group (advantage 0, kept as TRL keeps it) has the
     gradient of computing every sample, divided by the whole batch, but only the informative
     samples' tokens go through the model."""
-    from rl_core.loss import pack_micro_batches, policy_loss
+    from rl_core.loss import pack_micro_batches
+    from rl_core.losses import policy_loss
 
     samples = make_samples(8, 5)
     for sample in samples[4:]:

@@ -24,7 +24,7 @@ CHART_GROUPS: list[dict[str, object]] = [
     {"id": "version", "title": "Policy version", "patterns": [r"^weights/version$", r"^success/heldout_version"], "y": "version"},
     {"id": "throughput", "title": "Throughput", "patterns": [r"tokens_per_s$", r"samples_per_s$"], "y": "per second"},
     {"id": "response_len", "title": "Response length", "patterns": [r"^rollout/response_len/"], "y": "tokens"},
-    {"id": "actor_queue", "title": "Actor: groups in flight, finished, unconsumed", "patterns": [r"^rollout/(in_flight|groups|unconsumed|dropped_zero_advantage_groups)$"], "y": "groups / samples"},
+    {"id": "actor_queue", "title": "Actor: groups in flight, finished, unconsumed", "patterns": [r"^rollout/(in_flight|groups|unconsumed|dropped_zero_advantage_groups|resampled_zero_advantage_groups)$"], "y": "groups / samples"},
     {"id": "samples", "title": "Samples written (actor) and consumed (trainer)", "patterns": [r"^rollout/samples_written$", r"^train/samples_consumed$"], "y": "samples"},
     {"id": "step_time", "title": "Trainer step time", "patterns": [r"^train/step_s$"], "y": "seconds"},
     # Which way a run's weights reach its servers (the placement picks it: inference.weight_handoff).
@@ -40,9 +40,13 @@ CHART_GROUPS: list[dict[str, object]] = [
     {"id": "gpu_mem", "title": "GPU memory", "patterns": [r"^system/gpu\d+/mem"], "y": "memory"},
     {"id": "loss", "title": "Loss", "patterns": [r"^train/loss$"], "y": "loss", "learning_signal": True},
     {"id": "entropy", "title": "Entropy & KL", "patterns": [r"^train/(entropy|kl)$"], "y": "nats"},
-    {"id": "ess", "title": "ESS & clip fraction", "patterns": [r"^train/(ess|clip_fraction)$"], "y": "fraction"},
+    {"id": "ess", "title": "ESS, clip fraction per side & masked share", "patterns": [r"^train/(ess|clip_fraction|clip_low_fraction|clip_high_fraction|masked_fraction)$"], "y": "fraction"},
     {"id": "grad_norm", "title": "Gradient norm", "patterns": [r"^train/grad_norm$"], "y": "norm", "learning_signal": True},
     {"id": "spec", "title": "Speculation (HistoSpec): acceptance", "patterns": [r"^spec/(acceptance_rate|mean_accepted_len)$"], "y": "rate / tokens"},
     {"id": "spec_tokens", "title": "Speculation (HistoSpec): drafted tokens", "patterns": [r"^spec/"], "y": "tokens"},
     {"id": "sched", "title": "Scheduling (HistoPipe, tail batching)", "patterns": [r"^sched/"], "y": "value"},
+    # The objectives' own readings (rl_core/losses.py LossTotals): how far off-policy the batch was,
+    # M2PO's mask bound; GSPO's sequence ratio, whose clip range is ~1e-4 wide.
+    {"id": "log_ratio", "title": "Off-policy: second moment of the log ratio, mean (log r)^2", "patterns": [r"^train/log_ratio_m2$"], "y": "nats^2"},
+    {"id": "seq_ratio", "title": "Sequence ratio (GSPO): mean & spread", "patterns": [r"^train/seq_ratio_"], "y": "ratio"},
 ]
