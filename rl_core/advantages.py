@@ -41,6 +41,6 @@ def divides_by_group_std(advantage: str, loss: str) -> bool:
     """Whether a run's advantages are divided by their group's std: `actor.advantage`
     group_mean_std asks for it, and `trainer.loss` dr_grpo never does (Dr. GRPO, Liu et al. 2025:
     the std division weights a group by how little its rewards differ, a bias towards
-    too-easy and too-hard prompts). The config refuses the two together; this is the one place
-    the actor reads the choice from."""
+    too-easy and too-hard prompts): the loss decides, whatever actor.advantage says (the run
+    defaults divide). The one place the actor reads the choice from."""
     return advantage == "group_mean_std" and loss != "dr_grpo"

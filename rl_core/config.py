@@ -199,7 +199,8 @@ class ActorConfig(_Section):
         "also bounds per-token lag of trained samples.",
     )
     advantage: Literal["group_mean", "group_mean_std"] = Field(
-        "group_mean", description="Group-relative advantage: reward minus group mean (optionally / std)."
+        "group_mean", description="Group-relative advantage: reward minus group mean (optionally / std; never with "
+        "trainer.loss dr_grpo, whose advantages are reward minus group mean whatever this says)."
     )
     drop_zero_advantage_groups: bool = Field(
         False, description="Skip groups whose rewards are all equal (they carry no gradient)."
@@ -297,7 +298,7 @@ class TrainerConfig(_Section):
         "(token-level over the batch), with dynamic sampling: a zero-advantage group's prompt is submitted again "
         "(actor.dynamic_sampling_max_resamples). "
         "`dr_grpo` (Liu et al. 2025, Dr. GRPO): grpo_clip's terms / (N * sampling.max_new_tokens), a constant, and "
-        "advantages never divided by the group std. "
+        "advantages never divided by the group std, whatever actor.advantage says. "
         "`m2po` (Zheng et al. 2025, M2PO): -sum_t M_t r_t A / T, where M masks the tokens of largest (log r_t)^2 "
         "until the batch's mean (log r)^2 over kept tokens is at most m2po_tau (for large lags).",
     )
@@ -607,9 +608,6 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _loss_fits_the_actor(self) -> RunConfig:
         loss = self.trainer.loss
-        if loss == "dr_grpo" and self.actor.advantage == "group_mean_std":
-            raise ValueError("actor.advantage: trainer.loss 'dr_grpo' never divides advantages by the group std; "
-                             "set actor.advantage to 'group_mean'")
         if loss == "dapo" and self.accelerations.tail_batching.enabled:
             raise ValueError("trainer.loss: 'dapo' submits a zero-advantage group's prompt again, which tail "
                              "batching's rounds cannot do; turn accelerations.tail_batching.enabled off")

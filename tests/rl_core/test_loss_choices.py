@@ -34,13 +34,13 @@ def test_each_loss_refuses_the_corrections_it_cannot_use_naming_the_field() -> N
                     parse_config(data)
 
 
-def test_dr_grpo_advantages_are_not_divided_by_the_std_and_contradictions_are_refused() -> None:
+def test_dr_grpo_advantages_are_never_divided_by_the_std_and_dapo_refuses_tail_batching() -> None:
     rewards = [1.0, 0.0, 0.0, 0.0]
     assert divides_by_group_std("group_mean_std", "grpo_clip")
     assert not divides_by_group_std("group_mean_std", "dr_grpo") and not divides_by_group_std("group_mean", "grpo_clip")
     assert group_advantages(rewards, normalize_std=divides_by_group_std("group_mean", "dr_grpo")) == [0.75, -0.25, -0.25, -0.25]
-    with pytest.raises(ConfigError, match="actor.advantage: trainer.loss 'dr_grpo'"):
-        parse_config({"trainer": {"loss": "dr_grpo"}, "actor": {"advantage": "group_mean_std"}})
+    # The run defaults divide by the std (RUN_DEFAULTS): dr_grpo is chosen over them, not refused.
+    assert parse_config({"trainer": {"loss": "dr_grpo"}, "actor": {"advantage": "group_mean_std"}}).trainer.loss == "dr_grpo"
     with pytest.raises(ConfigError, match="trainer.loss: 'dapo' .* tail batching"):
         parse_config({"trainer": {"loss": "dapo"}, "accelerations": {"tail_batching": {"enabled": True}}})
 
