@@ -159,3 +159,41 @@ def test_the_cli_uploads_lists_and_deletes(daphne_server: str, owner, tmp_path: 
     assert "deleted" in cli("datasets", "delete", "arith").stdout
     missing = cli("datasets", "delete", "arith", check=False)
     assert missing.returncode == 1 and "you have no dataset 'arith'" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_trains_on_an_uploaded_dataset_through_the_worker(start_worker, owner, owner_api, untrained_tiny_model: Path, wait, settings) -> None:
+    """The first-day path through the real worker: upload, submit a run whose task reads the
+    upload, it succeeds; what ran it and its per-process figures are stored."""
+    from inflight.provenance.models import RunProvenance
+    from inflight.runs.models import MetricPoint, Run, RunStatus
+
+    models_root = str(untrained_tiny_model.parent)  # the untrained tiny model is a models root for this test
+    saved = os.environ.get("INFLIGHT_MODELS_ROOTS")
+    settings.INFLIGHT_MODELS_ROOTS = [untrained_tiny_model.parent, *settings.INFLIGHT_MODELS_ROOTS]
+    os.environ["INFLIGHT_MODELS_ROOTS"] = ",".join([models_root, *map(str, settings.INFLIGHT_MODELS_ROOTS[1:])])
+    try:
+        worker = start_worker()
+        path = upload(owner_api, "sums", b"".join(
+            json.dumps({"id": f"s{i}", "problem": f"Compute {i % 7} + {i % 5}.", "answer": str(i % 7 + i % 5)}).encode() + b"\n" for i in range(40))).json()["path"]
+        config = {
+            "name": "on-my-data", "model": {"path": str(untrained_tiny_model)},
+            "task": {"kind": "math_jsonl", "train_path": path, "eval_path": path, "heldout_size": 4},
+            "sampling": {"max_new_tokens": 16}, "actor": {"group_size": 4, "groups_in_flight": 2, "max_lag": 1},
+            "trainer": {"samples_per_step": 8, "max_steps": 2, "lr": 1e-4}, "eval": {"heldout_every_n_steps": 1, "heldout_k": 1},
+        }
+        response = owner_api.post("/api/runs/", json.dumps({"name": "on-my-data", "config": config}), content_type="application/json")
+        assert response.status_code == 201, response.content
+        run_id = response.json()["id"]
+        done = wait(lambda: (r := Run.objects.get(pk=run_id)).is_terminal and r, timeout=500, interval=1, message="the run to end")
+        assert done.status == RunStatus.SUCCEEDED, (done.error, worker.log()[-3000:])
+        assert MetricPoint.objects.filter(run_id=run_id, name="train/loss").count() == 2
+        assert MetricPoint.objects.filter(run_id=run_id, name="system/proc/trainer/cpu_percent").exists()
+        launches = RunProvenance.objects.get(run_id=run_id).launches
+        assert len(launches) == 1 and launches[0]["command"][-2:] == ["--out", done.run_dir]
+    finally:
+        if saved is None:
+            os.environ.pop("INFLIGHT_MODELS_ROOTS", None)
+        else:
+            os.environ["INFLIGHT_MODELS_ROOTS"] = saved
