@@ -35,14 +35,14 @@ from rl_core.model_io import model_dtype
 from rl_core.model_shapes import add_model_shape_args, bench_dtype, model_for_bench
 
 
-def make_workload(tokenizer, count: int, seed: int) -> list[tuple[list[int], int]]:
+def make_workload(tokenizer, count: int, seed: int, max_budget: int = 256) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     workload = []
     for index in range(count):
         terms = " + ".join(str(rng.randint(0, 99)) for _ in range(rng.randint(1, 12)))
         messages = [{"role": "user", "content": f"Problem {index}: compute {terms}. Show your work."}]
         prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
-        workload.append((prompt, int(16 * 2 ** rng.uniform(0, 4))))
+        workload.append((prompt, min(max_budget, int(16 * 2 ** rng.uniform(0, 4)))))
     return workload
 
 
@@ -82,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-budget", type=int, default=256, help="Cap of each request's token budget (16..256 drawn).")
     parser.add_argument("--smoke", action="store_true", help="8 prompts, one repeat: seconds, the same code path.")
     add_model_shape_args(parser)
     args = parser.parse_args()
@@ -98,7 +99,7 @@ def main() -> None:
         hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_dtype(dtype), attn_implementation="sdpa").to(device).eval()
         engine = ReferenceEngine.from_pretrained(
             model_dir, device=args.device, dtype=dtype, config=EngineConfig(max_batch_size=args.prompts)).start()
-        workload = make_workload(tokenizer, args.prompts, seed=0)
+        workload = make_workload(tokenizer, args.prompts, seed=0, max_budget=args.max_budget)
         run_engine(engine, workload[:4])  # warm-up both paths once
         run_hf(hf_model, tokenizer, workload[:4])
         rows = []

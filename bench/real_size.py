@@ -143,6 +143,8 @@ def run_config(args: argparse.Namespace, model_dir: Path, mode: str) -> dict:
         "inference": {
             "engine": args.engine, "device": args.device, "num_servers": 1, "gpus_per_server": 1 if on_gpu else 0,
             "max_batch_size": 64, "threads_per_server": 1,
+            # vLLM takes this share of the GPU up front; the trainer shares the device (one GPU).
+            "gpu_memory_utilization": 0.35 if on_gpu else 0.8,
         },
         "actor": {"group_size": args.group_size, "groups_in_flight": max(1, args.samples_per_step // args.group_size),
                   "max_lag": 2, "advantage": "group_mean"},
@@ -247,39 +249,39 @@ def main() -> None:
             print(f"{mode}: {result['steps']} steps in {result['wall_s']:.0f} s (start-up included), "
                   f"{result['step_s']:.2f} s per step, update pauses {[round(p, 3) for p in result['pauses']]}"
                   f"{' (same-device handoff)' if result['same_device'] else ''}", flush=True)
-        floor = total = None
-        if not on_gpu and any(r["pauses"] for r in results):
+            print_run_results(result, first=len(results) == 1)  # now: a later run timing out keeps these
+        async_result = next((r for r in results if r["mode"] == "async"), None)
+        if async_result and async_result["pauses"] and not on_gpu:
             floor, total = bare_broadcast_floor(model_dir, bench_dtype(args), args.bare_rounds, scratch)
-
-    print(f"{'role':<10}{'peak RSS GiB':>14}{'peak GPU GiB':>14}")
-    first = results[0]
-    for role in sorted(role for role in first["peak_rss"] if role != "other"):
-        gpu = first["peak_gpu"].get(role)
-        print(f"{role:<10}{first['peak_rss'][role] / 2**30:>14.2f}{(gpu / 2**30 if gpu else float('nan')):>14.2f}")
-    for result in results:
-        mode = result["mode"]
-        print(f"RESULT real_size_{mode}_step_s {result['step_s']:.3f}")
-        if result["gpu_util"] is not None:
-            print(f"RESULT real_size_{mode}_gpu_util {result['gpu_util']:.1f}")
-    for role, value in sorted(first["peak_rss"].items()):
-        if role != "other":
-            print(f"RESULT real_size_peak_rss_gib_{role} {value / 2**30:.2f}")
-    for role, value in sorted(first["peak_gpu"].items()):
-        print(f"RESULT real_size_peak_gpu_gib_{role} {value / 2**30:.2f}")
-    if first["trained_tokens"]:
-        print(f"RESULT real_size_trained_tokens_per_step {statistics.median(first['trained_tokens']):.0f}")
-    async_result = next((r for r in results if r["mode"] == "async"), None)
-    if async_result and async_result["pauses"]:
-        pause = statistics.median(async_result["pauses"])
-        print(f"RESULT real_size_update_pause_s {pause:.3f}")
-        if floor is not None:
             print(f"bare gloo broadcast of the same {total / 2**30:.2f} GiB (one connection, 127.0.0.1): {floor:.3f} s")
             print(f"RESULT real_size_bare_broadcast_s {floor:.3f}")
-            print(f"RESULT real_size_update_pause_vs_broadcast {pause / floor:.2f}")
-    if len(results) == 2:
+            print(f"RESULT real_size_update_pause_vs_broadcast {statistics.median(async_result['pauses']) / floor:.2f}")
+    if len(results) == 2 and async_result:
         sync_result = next(r for r in results if r["mode"] == "sync")
-        if async_result:
-            print(f"RESULT real_size_async_over_sync_step_time {async_result['step_s'] / sync_result['step_s']:.3f}")
+        print(f"RESULT real_size_async_over_sync_step_time {async_result['step_s'] / sync_result['step_s']:.3f}")
+
+
+def print_run_results(result: dict, first: bool) -> None:
+    """One run's RESULT lines; the memory table and per-role peaks for the first run only."""
+    mode = result["mode"]
+    print(f"RESULT real_size_{mode}_step_s {result['step_s']:.3f}")
+    if result["gpu_util"] is not None:
+        print(f"RESULT real_size_{mode}_gpu_util {result['gpu_util']:.1f}")
+    if mode == "async" and result["pauses"]:
+        print(f"RESULT real_size_update_pause_s {statistics.median(result['pauses']):.3f}")
+    if not first:
+        return
+    roles = sorted(role for role in result["peak_rss"] if role != "other")
+    print(f"{'role':<10}{'peak RSS GiB':>14}{'peak GPU GiB':>14}   ({mode} run, sampled every {SAMPLE_EVERY_S} s)")
+    for role in roles:
+        gpu = result["peak_gpu"].get(role)
+        print(f"{role:<10}{result['peak_rss'][role] / 2**30:>14.2f}{(gpu / 2**30 if gpu else float('nan')):>14.2f}")
+    for role in roles:
+        print(f"RESULT real_size_peak_rss_gib_{role} {result['peak_rss'][role] / 2**30:.2f}")
+    for role, value in sorted(result["peak_gpu"].items()):
+        print(f"RESULT real_size_peak_gpu_gib_{role} {value / 2**30:.2f}")
+    if result["trained_tokens"]:
+        print(f"RESULT real_size_trained_tokens_per_step {statistics.median(result['trained_tokens']):.0f}")
 
 
 if __name__ == "__main__":
