@@ -11,7 +11,7 @@ HistoSpec figures the servers report, and each run's wall time. The acceleration
 change what is learned (HistoSpec is lossless; the schedulers only reorder/route work), only
 how fast; a curve that drops with them on is a bug.
 
-    .venv/bin/python bench/accelerations_learning.py          # 2 runs x ~4 min on the 2-core CPU sandbox
+    .venv/bin/python bench/accelerations_learning.py          # 2 runs x ~4 min on the 2-core CPU sandbox (--smoke: seconds)
 
 Ends with `RESULT accel_on_heldout_final`, `RESULT accel_off_heldout_final`,
 `RESULT accel_on_wall_s`, `RESULT accel_off_wall_s`, `RESULT accel_steps_per_s_ratio` (on / off).
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import REPO_ROOT  # noqa: E402  (first: it puts the checkout on sys.path)
+from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args  # noqa: E402  (first: it puts the checkout on sys.path)
 
 from rl_core.run_dir import read_status  # noqa: E402
 
@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-root", default=str(REPO_ROOT / "var" / "bench" / "accelerations"), help="Run dirs go here.")
     parser.add_argument("--set", action="append", default=[], help="Extra override for both runs (key=value).")
-    args = parser.parse_args(argv)
+    # --smoke: the demo at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES) for both runs.
+    args = parse_bench_args(parser, {"steps": 4, "wall": 120, "set": list(SMOKE_DEMO_OVERRIDES)}, argv)
 
     results = [run_once("off", False, args), run_once("on", True, args)]
     off, on = results

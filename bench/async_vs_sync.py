@@ -19,7 +19,7 @@ evaluate the held-out set at the same steps, so the comparison is:
   an async step is at least max(G, T) >= (G + T) / 2 of a sync step's G + T), and the target
   step's evaluation. A measured ratio near it means the pipeline is not what is left.
 
-    .venv/bin/python bench/async_vs_sync.py [--steps 40] [--gain 0.15] [--model var/models/tiny]
+    .venv/bin/python bench/async_vs_sync.py [--steps 40] [--gain 0.15] [--model var/models/tiny] [--smoke]
 
 Ends with `RESULT <name> <value>` lines. About 2 x 4 minutes on a quiet 2-core CPU.
 """
@@ -34,20 +34,20 @@ from pathlib import Path
 import yaml
 
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
-from benchlib import run_cli  # noqa: E402
+from benchlib import demo_config_data, parse_bench_args, run_cli  # noqa: E402
 
 
-def bench_config(model: str, steps: int, mode: str) -> dict:
-    config = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+def bench_config(model: str, steps: int, mode: str, smoke: bool) -> dict:
+    config = demo_config_data(smoke)  # --smoke: the demo at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES)
     config.update({"name": f"bench-{mode}", "mode": mode, "sync_steps_per_batch": 1, "max_wall_time_s": 600})
     config["model"]["path"] = model
     config["trainer"].update({"max_steps": steps, "checkpoint_every": 0})
     return config
 
 
-def run_mode(model: str, steps: int, mode: str, root: Path) -> list[dict]:
+def run_mode(model: str, steps: int, mode: str, root: Path, smoke: bool) -> list[dict]:
     config_path = root / f"{mode}.yaml"
-    config_path.write_text(yaml.safe_dump(bench_config(model, steps, mode)))
+    config_path.write_text(yaml.safe_dump(bench_config(model, steps, mode, smoke)))
     started = time.time()
     records = run_cli(config_path, root / mode)
     for record in records:
@@ -83,11 +83,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="Optimizer steps per run.")
     parser.add_argument("--model", default=str(REPO / "var" / "models" / "tiny"), help="Model directory.")
     parser.add_argument("--gain", type=float, default=0.15, help="Target: step-0 held-out success plus this.")
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={"steps": 4})
 
     with tempfile.TemporaryDirectory(prefix="bench-async-sync-") as tmp:
         root = Path(tmp)
-        runs = {mode: run_mode(args.model, args.steps, mode, root) for mode in ("async", "sync")}
+        runs = {mode: run_mode(args.model, args.steps, mode, root, args.smoke) for mode in ("async", "sync")}
 
     heldout = {mode: [r for r in records if "success/heldout" in r] for mode, records in runs.items()}
     start = heldout["async"][0]["success/heldout"]

@@ -4,7 +4,7 @@ Runs the product's CLI (`python -m rl_core run CONFIG`) twice per repeat, one af
 the only difference being INFLIGHT_CPU_LINEAR (rl_core/cpu_kernels.py): `onednn` (default) or
 `torch`. Alternates the order across repeats so a drift in machine load favours neither side.
 
-    .venv/bin/python bench/cpu_kernels.py [--config examples/tiny-cpu.yaml] [--max-steps 25] [--repeats 1]
+    .venv/bin/python bench/cpu_kernels.py [--config examples/tiny-cpu.yaml] [--max-steps 25] [--repeats 1] [--smoke]
 
 Prints, per side, the median trainer step (`train/step_s`), wall seconds per optimizer step
 (first to last step) and the held-out curve, then `RESULT` lines (onednn / torch: below 1 is faster).
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
-from benchlib import run_cli  # noqa: E402
+from benchlib import parse_bench_args, run_cli, smoke_demo_config  # noqa: E402
 
 from rl_core.cpu_kernels import ENV_SWITCH  # noqa: E402
 
@@ -42,16 +42,19 @@ def main() -> None:
     parser.add_argument("--config", default="examples/tiny-cpu.yaml", help="Run config YAML (both sides).")
     parser.add_argument("--max-steps", type=int, default=25, help="Optimizer steps per run.")
     parser.add_argument("--repeats", type=int, default=1, help="Runs per side (medians are printed).")
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={"max_steps": 4})
     config = str(REPO / args.config) if not Path(args.config).is_absolute() else args.config
     sides = ["onednn", "torch"]
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
-    for repeat in range(args.repeats):
-        for side in sides if repeat % 2 == 0 else sides[::-1]:
-            run = run_demo(config, args.max_steps, side)
-            runs[side].append(run)
-            print(f"[{side} #{repeat}] train/step_s {run['step_s']:.3f}  wall/step {run['wall_per_step']:.3f}  "
-                  f"held-out {run['curve']}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-kernels-") as scratch:
+        if args.smoke:  # the config at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES)
+            config = str(smoke_demo_config(Path(scratch), Path(config)))
+        for repeat in range(args.repeats):
+            for side in sides if repeat % 2 == 0 else sides[::-1]:
+                run = run_demo(config, args.max_steps, side)
+                runs[side].append(run)
+                print(f"[{side} #{repeat}] train/step_s {run['step_s']:.3f}  wall/step {run['wall_per_step']:.3f}  "
+                      f"held-out {run['curve']}", flush=True)
     median = {side: {key: statistics.median(r[key] for r in rs) for key in ("step_s", "wall_per_step")} for side, rs in runs.items()}
     print(f"RESULT onednn_over_torch_train_step_s {median['onednn']['step_s'] / median['torch']['step_s']:.3f}")
     print(f"RESULT onednn_over_torch_wall_per_step {median['onednn']['wall_per_step'] / median['torch']['wall_per_step']:.3f}")

@@ -12,7 +12,7 @@ one run after the other, seeds 0..N-1) and, for each run directory:
   tests/platform/test_demo_alerts.py checks the entropy rule itself on the real services;
 - reads the held-out curve (`success/heldout` by step) and its final value over its best.
 
-    .venv/bin/python bench/demo_health.py [--runs 2] [--parallel] [--config examples/tiny-cpu.yaml] [--set k=v ...]
+    .venv/bin/python bench/demo_health.py [--runs 2] [--parallel] [--config examples/tiny-cpu.yaml] [--set k=v ...] [--smoke]
     .venv/bin/python bench/demo_health.py --replay DIR [DIR ...]     # existing run directories
 
 Judge learning by step, not seconds: on a shared machine the wall clock says little. Ends with
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO_ROOT, run_cli  # noqa: E402  (first: it puts the checkout and platform/ on sys.path)
+from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args, run_cli  # noqa: E402  (first: it puts the checkout and platform/ on sys.path)
 
 from inflight.alerts.rules import Verdicts, advance_episodes, check_eval, check_line, check_stall  # noqa: E402  (pure: no Django, no database)
 from rl_core.config import load_run_config  # noqa: E402
@@ -203,7 +203,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="Extra --set k=v for every run.")
     parser.add_argument("--out-root", default=str(REPO_ROOT / "var" / "bench-demo-health"))
     parser.add_argument("--replay", nargs="+", default=None, help="Measure these run directories instead of running.")
-    args = parser.parse_args()
+    # --smoke: one run of the demo at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES).
+    args = parse_bench_args(parser, smoke={"runs": 1, "set": list(SMOKE_DEMO_OVERRIDES)})
     if args.replay:
         report([measure(Path(path)) for path in args.replay])
         return

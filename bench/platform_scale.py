@@ -20,29 +20,82 @@ clients are real WebSocket clients doing what run_page.js does).
    server time p95 (Django's test client, in this process: no network); the compare page's charts
    interactive in Chromium (Playwright + Debian chromium); database size per run.
 
+The demo run the writers replay is recorded by this bench on this machine with this code: the
+demo's own command (`python -m rl_core run examples/tiny-cpu.yaml --out DIR`, about a minute) into
+`--demo-run` (default var/bench-platform-scale/demo-recording), which keeps a `recording.json` saying
+what recorded it (command, code hash, machine, commit, when). A later invocation replays it only if
+all of those match, else it records anew: a kept older run, recorded by other code or elsewhere,
+replays another rate (issue 32). The recording and its rate (metric lines/s per run) are printed and
+in the RESULT lines (`demo_metric_lines_per_s_per_run`).
+
     .venv/bin/python bench/platform_scale.py [--live-runs 200 --clients 500 --finished-runs 2000]
     .venv/bin/python bench/platform_scale.py --live-runs 10 --clients 20 --finished-runs 50   # a quick look
+    .venv/bin/python bench/platform_scale.py --smoke   # seconds-scale: records the demo at its smallest settings, 5 runs, 5 pages
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
 import os
+import platform
 import secrets
+import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO_ROOT, free_port, platform_services  # first: it puts the checkout on sys.path
+from benchlib import DEMO_CONFIG, REPO_ROOT, SMOKE_DEMO_OVERRIDES, free_port, parse_bench_args, platform_services, run_cli  # first: it puts the checkout on sys.path
 from scale_finished import finished_runs_phase
 from scale_live import DemoShape, ReplayWriter
 
-DEMO_CONFIG = REPO_ROOT / "examples" / "tiny-cpu.yaml"
+DEFAULT_RECORDING = REPO_ROOT / "var" / "bench-platform-scale" / "demo-recording"
+RECORDING_FILE = "recording.json"  # in a demo run this bench recorded: what recorded it (demo_recording)
+
+
+def recording_identity(overrides: list[str]) -> dict[str, str]:
+    """What must match for a recorded demo run to be replayed: the command, the code that sets the
+    demo's pace (rl_core, the config, the model's recipe), and the machine."""
+    code = hashlib.sha256()
+    for path in sorted(REPO_ROOT.glob("rl_core/**/*.py")) + [DEMO_CONFIG]:
+        code.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    machine_id = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    command = f"python -m rl_core run {DEMO_CONFIG.relative_to(REPO_ROOT)}" + "".join(f" --set {item}" for item in overrides)
+    return {"command": command, "code_sha256": code.hexdigest(),
+            "machine": f"{platform.node()} {machine_id} {cpu}, {os.cpu_count()} cores"}
+
+
+def demo_recording(folder: Path, overrides: list[str]) -> tuple[Path, dict[str, Any]]:
+    """A demo run recorded by `recording_identity`'s command on this machine with this code, in
+    `folder`: the one there if its recording.json matches, else recorded now. A folder holding
+    anything else (a run this bench did not record) is refused, never replayed or overwritten."""
+    identity = recording_identity(overrides)
+    marker = folder / RECORDING_FILE
+    if marker.exists():
+        recorded = json.loads(marker.read_text())
+        changed = [key for key, value in identity.items() if recorded.get(key) != value]
+        if not changed:
+            return folder, recorded
+        print(f"demo run {folder}: recorded with another {', '.join(changed)}: recording it anew")
+    elif folder.exists() and any(folder.iterdir()):
+        raise SystemExit(f"{folder} holds no {RECORDING_FILE}: not a demo run this bench recorded here with this code, so its rate "
+                         "may be another one's; name an empty or new folder with --demo-run (the bench records into it)")
+    shutil.rmtree(folder, ignore_errors=True)
+    print(f"recording the demo run to replay: {identity['command']} --out {folder}")
+    started = time.time()
+    run_cli(DEMO_CONFIG, folder, overrides)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    recorded = {**identity, "commit": commit or "unknown", "recorded_at": datetime.datetime.now().isoformat(timespec="seconds"),
+                "record_s": round(time.time() - started, 1), "load_average": [round(x, 2) for x in os.getloadavg()]}
+    marker.write_text(json.dumps(recorded, indent=1))
+    return folder, recorded
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -351,7 +404,9 @@ def main() -> int:
     parser.add_argument("--finished-runs", type=int, default=2000, help="Finished runs in the database for the list/leaderboard/compare timings.")
     parser.add_argument("--steps", type=int, default=200, help="Steps of each finished run.")
     parser.add_argument("--metrics", type=int, default=40, help="Metrics logged at every step of each finished run.")
-    parser.add_argument("--demo-run", default="/tmp/demo-rate", help="A real demo run directory (python -m rl_core run examples/tiny-cpu.yaml --out DIR): the writers replay it.")
+    parser.add_argument("--demo-run", default=str(DEFAULT_RECORDING),
+                        help="Where the demo run the writers replay is recorded (and kept for the next invocation while code and machine "
+                             "are the same; see the docstring). --smoke records its own, at the demo's smallest settings.")
     parser.add_argument("--duration-s", type=float, default=None, help="Replay only the demo run's first seconds (default: all of it).")
     parser.add_argument("--ingest-procs", type=int, default=2, help="Ingest processes (the runs are split among them).")
     parser.add_argument("--ingest-threads", type=int, default=4, help="Polling threads per ingest process (a Celery worker's threads).")
@@ -368,8 +423,11 @@ def main() -> int:
     parser.add_argument("--skip-finished", action="store_true", help="Only the live parts.")
     parser.add_argument("--skip-two-nodes", action="store_true", help="Only the one-web-node live phase (its RESULT lines for two nodes are left out).")
     parser.add_argument("--repeats", type=int, default=20, help="Timed requests per view (p95 over them).")
+    parser.add_argument("--browser-loads", type=int, default=5, help="Loads of the compare page in Chromium (the first with a cold cache).")
     parser.add_argument("--db-dir", default=None, help="Keep PostgreSQL + Redis in this folder across invocations (the finished runs are loaded once); default: private and removed.")
-    args = parser.parse_args()
+    args = parse_bench_args(parser, smoke={
+        "live_runs": 5, "clients": 5, "finished_runs": 5, "steps": 20, "metrics": 5, "ingest_procs": 1, "ingest_threads": 2,
+        "stagger_s": 1.0, "settle_s": 1.0, "drain_timeout_s": 60.0, "repeats": 1, "browser_loads": 1})
     sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens when logged to a file
     # One key for this process and the web nodes: a session made here is valid there.
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(40))
@@ -419,12 +477,16 @@ def run_bench(args: argparse.Namespace) -> int:
     cookie = client.cookies["sessionid"].value
     results: dict[str, Any] = {}
     ok = True
+    # --smoke records its own demo run every time, at the demo's smallest settings, in its private folder.
+    demo, recording = demo_recording(folder / "demo-recording" if args.smoke else Path(args.demo_run),
+                                     list(SMOKE_DEMO_OVERRIDES) if args.smoke else [])
+    args.demo_run = str(demo)  # the finished runs' template reads its metric names, evaluations and rollouts
+    shape = DemoShape.read(demo, args.duration_s)
+    print(f"demo run {demo}: recorded by `{recording['command']}` at {recording['recorded_at']} (commit {recording['commit']}, "
+          f"{recording['record_s']:.0f} s, load {recording['load_average'][0]}) on {recording['machine']}")
+    print(f"demo run {demo}: {shape.describe()}")
     if not args.skip_live:
-        demo = Path(args.demo_run)
-        if not (demo / "metrics.jsonl").exists():
-            raise SystemExit(f"no demo run at {demo}: run `.venv/bin/python -m rl_core run examples/tiny-cpu.yaml --out {demo}` once")
-        shape = DemoShape.read(demo, args.duration_s)
-        print(f"demo run {demo}: {shape.describe()}; {args.live_runs} runs starting over {args.stagger_s:.0f} s")
+        print(f"{args.live_runs} runs starting over {args.stagger_s:.0f} s, each replaying the demo run at its own rate")
         for label, nodes in (("one-node", 1), ("two-nodes", 2))[: 1 if args.skip_two_nodes else 2]:
             phase_folder = folder / label
             phase_folder.mkdir(parents=True, exist_ok=True)
@@ -434,6 +496,7 @@ def run_bench(args: argparse.Namespace) -> int:
         (folder / "finished").mkdir(parents=True, exist_ok=True)
         results["finished"] = finished_runs_phase(args, user, client, folder / "finished", Processes(folder / "finished"), start_web_node)
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"RESULT demo_metric_lines_per_s_per_run {len(shape.metrics) / shape.duration_s:.2f}")
     if "one-node" in results:
         one = results["one-node"]
         two = results.get("two-nodes", {"gaps": 0, "dup_ooo": 0, "complete": 0, "clients": 0, "killed_clients": 0, "p95": float("nan")})

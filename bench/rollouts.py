@@ -19,7 +19,7 @@ Starts a private embedded PostgreSQL + Redis (fsync on, as the demo), migrates, 
               indexes + TOAST), and the bound `max_stored` x the largest row. `--stream FILE`
               stores a recorded run's stream instead (a real 10-minute demo run's lines).
 
-    .venv/bin/python bench/rollouts.py [--seconds 20] [--stream DIR/stream/rollouts.jsonl]
+    .venv/bin/python bench/rollouts.py [--seconds 20] [--stream DIR/stream/rollouts.jsonl] [--smoke]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import statistics
 import threading
 import time
 
-from benchlib import REPO_ROOT, platform_services, ws_latency  # first: it puts the checkout on sys.path
+from benchlib import REPO_ROOT, live_run, parse_bench_args, platform_services, ws_latency  # first: it puts the checkout on sys.path
 
 DEMO_SAMPLES_PER_STEP = 64
 # The demo's stream rate, measured: 200 steps of 64 samples in 85 s (2026-11-24 00:12, 2-core CPU,
@@ -83,9 +83,9 @@ def ingest_rate(owner, decoder, lines_per_tail: int, keep_every: int, seconds: f
     return line / busy, busy / (tails * TAIL_S), StoredRollout.objects.filter(run=run).count()
 
 
-def storage(owner, decoder, vocab: int, recorded: list[dict] | None = None) -> tuple[int, int, int]:
+def storage(owner, decoder, vocab: int, recorded: list[dict] | None = None, run_s: float = 600.0) -> tuple[int, int, int]:
     """(rows kept, bytes of those rows incl. TOAST and their index entries, bytes of the largest row).
-    `recorded`: a real run's stream lines instead of the replayed demo-shaped ones."""
+    `recorded`: a real run's stream lines instead of the replayed demo-shaped ones (`run_s` seconds of the demo's)."""
     from django.db import connection
 
     from inflight.rollouts.models import StoredRollout
@@ -103,7 +103,7 @@ def storage(owner, decoder, vocab: int, recorded: list[dict] | None = None) -> t
         cursor.execute("SELECT pg_total_relation_size(%s)", [table])
         empty = cursor.fetchone()[0]
     run = make_run(owner, keep_every=5)
-    total = len(recorded) if recorded is not None else int(DEMO_SAMPLES_PER_S * 600)
+    total = len(recorded) if recorded is not None else int(DEMO_SAMPLES_PER_S * run_s)
     per_tail = max(1, round(DEMO_SAMPLES_PER_S * TAIL_S))
     for start in range(0, total, per_tail):
         lines = range(start, min(total, start + per_tail))
@@ -125,7 +125,9 @@ def main() -> int:
     parser.add_argument("--stream", default=None,
                         help="A recorded run's stream/rollouts.jsonl for the storage figure (e.g. of a 10-minute "
                              "`python -m rl_core run examples/tiny-cpu.yaml --out DIR`) instead of the replayed one.")
-    args = parser.parse_args()
+    parser.add_argument("--storage-run-s", type=float, default=600.0,
+                        help="Seconds of the demo's stream replayed for the storage figure (its RESULT names say 10min).")
+    args = parse_bench_args(parser, smoke={"seconds": 1.0, "latency_batches": 4, "storage_run_s": 5.0})
     recorded = None
     if args.stream:
         import json
@@ -156,7 +158,6 @@ def main() -> int:
         # Metric push latency while rollouts flow at 100x: with the default store policy (every
         # 5th step's groups become rows) and with every sample kept (the worst case).
         from inflight.rollouts.services import ingest_rollouts
-        from inflight.runs import services
 
         def latency_with_flow(keep_every: int) -> tuple[float, float, float, float]:
             stop = threading.Event()
@@ -178,9 +179,9 @@ def main() -> int:
 
             flower = threading.Thread(target=flow)
             flower.start()
-            latency_run = services.create_run(owner, f"bench-latency-with-rollouts-{keep_every}", {})
             flow_started = time.monotonic()
-            latencies, _ = asyncio.run(ws_latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=TAIL_S))
+            with live_run(owner, f"bench-latency-with-rollouts-{keep_every}") as latency_run:
+                latencies, _ = asyncio.run(ws_latency(owner, latency_run, args.latency_batches, lines_per_batch=25, interval_s=TAIL_S))
             flow_s = time.monotonic() - flow_started
             stop.set()
             flower.join()
@@ -195,9 +196,9 @@ def main() -> int:
             print(f"metrics ws latency while {lines_per_s:,.0f} rollout lines/s flowed (every {keep_every} step(s) kept): "
                   f"p50 {p50:.1f} ms, p95 {p95:.1f} ms, max {worst:.1f} ms")
 
-        kept, used, largest = storage(owner, decoder, vocab, recorded)
-        source = f"recorded stream {args.stream}" if recorded is not None else "10-minute demo run, replayed"
-        samples = len(recorded) if recorded is not None else int(DEMO_SAMPLES_PER_S * 600)
+        kept, used, largest = storage(owner, decoder, vocab, recorded, args.storage_run_s)
+        source = f"recorded stream {args.stream}" if recorded is not None else f"{args.storage_run_s / 60:g}-minute demo run, replayed"
+        samples = len(recorded) if recorded is not None else int(DEMO_SAMPLES_PER_S * args.storage_run_s)
         print(f"{source} ({samples} samples, every 5th step kept): {kept} rows, "
               f"{used / 1e6:.2f} MB in PostgreSQL ({used / max(1, kept):,.0f} B/row incl. indexes); largest row {largest:,} B")
         by = {(label, keep): rate for label, _, keep, rate, _, _ in rows}

@@ -10,7 +10,7 @@ Runs both on the same run config (default examples/tiny-cpu.yaml), one after the
       python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 && .venv-trl/bin/pip install trl==1.16.0 transformers==5.19.0 math-verify==0.9.0 'datasets>=4.7' 'pydantic>=2.7' 'pyyaml>=6'
   (torch first, pinned, so pip takes the local CPU wheel and never a CUDA build).
 
-    .venv/bin/python bench/vs_trl.py [--config examples/tiny-cpu.yaml] [--max-steps 40] [--repeats 1] [--only trl|inflight]
+    .venv/bin/python bench/vs_trl.py [--config examples/tiny-cpu.yaml] [--max-steps 40] [--repeats 1] [--only trl|inflight] [--smoke]
 
 Matched, read from the YAML for both: model dir and dtype, task and training prompts in
 `load_task(config.task).train_stream()` order (TRL: shuffle_dataset=False), the server's chat
@@ -260,14 +260,27 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=40, help="Optimizer steps per side (enough to pass +20).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs per side; >1 prints each and the spread.")
     parser.add_argument("--only", choices=["trl", "inflight"], help="Run one side only (debugging).")
+    parser.add_argument("--setup-only", action="store_true", help="Create .venv-trl if it is not there, then exit (`make bench-smoke` does, outside its clock).")
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    config = str((REPO / args.config) if not Path(args.config).is_absolute() else args.config)
-    if args.trl_child:
-        trl_child(config, args.max_steps, args.out)
+    if "--trl-child" in sys.argv:  # inside .venv-trl, which has TRL's stack, not the benches' (benchlib)
+        args = parser.parse_args()
+        trl_child(args.config, args.max_steps, args.out)
         return
+    from benchlib import parse_bench_args, smoke_demo_config
 
+    args = parse_bench_args(parser, smoke={"max_steps": 4})
+    if args.setup_only:
+        ensure_trl_venv()
+        return
+    config = str((REPO / args.config) if not Path(args.config).is_absolute() else args.config)
+    with tempfile.TemporaryDirectory(prefix="bench-vs-trl-") as scratch:
+        if args.smoke:  # both sides on the config at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES)
+            config = str(smoke_demo_config(Path(scratch), Path(config)))
+        compare(config, args)
+
+
+def compare(config: str, args: argparse.Namespace) -> None:
     sides = [args.only] if args.only else ["inflight", "trl"]
     runners = {"inflight": run_inflight, "trl": run_trl}
     results: dict[str, list[dict[str, float]]] = {side: [] for side in sides}

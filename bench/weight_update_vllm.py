@@ -9,7 +9,9 @@ decoding; this process is the trainer and pushes updates with the unchanged
 same run a bare receiver process receives the very same buckets with nothing around
 them: the floor.
 
-    .venv/bin/python bench/weight_update_vllm.py [--updates 3]
+    .venv/bin/python bench/weight_update_vllm.py [--updates 3] [--smoke]
+
+`--smoke`: the tiny model's weights (`--model`), one update; the same server, plugin and broadcast.
 
 Needs a vLLM install (scripts/install_vllm_cpu.sh). Ends with
 `RESULT vllm_update_pause_vs_broadcast <ratio>`.
@@ -26,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from benchlib import bare_broadcast, build_model, updates_while_decoding  # first: it puts the checkout on sys.path
+from benchlib import REPO_ROOT, bare_broadcast, build_model, parse_bench_args, tiny_or_given_model, updates_while_decoding  # first: it puts the checkout on sys.path
 
+from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
 from rl_core.vllm_engine import vllm_available, vllm_python  # noqa: E402
 from tests.rl_core.server_process import start_vllm_server  # noqa: E402
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES  # noqa: E402
@@ -37,7 +40,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
-    args = parser.parse_args()
+    parser.add_argument("--model", default=None, help="Model served and updated (default: a fresh ~125M one; --smoke: the tiny model).")
+    args = parse_bench_args(parser, smoke={"updates": 1, "model": str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR)})
     usable, reason = vllm_available()
     if not usable:
         raise SystemExit(f"weight_update_vllm: {reason}")
@@ -46,9 +50,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
-        model_dir = scratch / "model-125m"
-        num_parameters = build_model(model_dir)
+        if args.model:
+            model_dir = tiny_or_given_model(args.model)
+        else:
+            model_dir = scratch / "model-125m"
+            build_model(model_dir)
         trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        num_parameters = sum(parameter.numel() for parameter in trainer_model.parameters())
         named = [(name, parameter.detach()) for name, parameter in trainer_model.named_parameters()]
         total_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
         started = time.perf_counter()
