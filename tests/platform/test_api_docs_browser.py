@@ -52,3 +52,41 @@ def test_docs_page_renders_offline_with_every_operation(daphne_server: str) -> N
     assert blocked == [], f"the docs page reached off the server: {blocked}"
     assert any(url.endswith("/api/openapi.json") for url in requested)
     assert not [text for text in errors if "Content Security Policy" in text], errors
+
+
+def test_docs_page_shows_the_run_config_fields_with_their_help(daphne_server: str) -> None:  # noqa: F811
+    """Creating a run: its body's `config` is the typed RunConfig, each field with its help text,
+    and "Try it out" starts from a small example, not every default spelled out. Screenshot:
+    /tmp/api_docs_run_config.png."""
+    from rl_core.config import RunConfig, TrainerConfig
+
+    with playwright_session() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 1600})
+            page.set_default_timeout(120_000)  # the first request builds the document (seconds on a loaded machine)
+            page.goto(f"{daphne_server}/api/docs/#/runs/inflight_api_run_actions_create_run")
+            create = page.locator("#operations-runs-inflight_api_run_actions_create_run")
+            create.wait_for()
+            if not create.locator(".opblock-body").count():
+                create.locator(".opblock-summary").click()
+            body = create.locator(".opblock-section-request-body")
+            assert '"max_steps": 20' in body.locator(".body-param__example, .highlight-code").first.inner_text()  # the example
+            body.locator('button[data-name="model"]').click()  # the "Schema" tab
+            model = body.locator(".model-box")
+            model.get_by_text("config", exact=True).first.wait_for()
+            text = model.inner_text()
+            assert RunConfig.model_fields["seed"].description in text
+            for field in ("trainer", "actor", "sampling", "eval"):
+                assert field in text
+            # One section further down: the trainer's fields, each with its help.
+            model.locator(".model-toggle.collapsed").first.wait_for()
+            trainer_row = model.locator("tr", has=page.get_by_text("trainer", exact=True)).first
+            trainer_row.locator(".model-toggle").first.click()
+            page.get_by_text(TrainerConfig.model_fields["max_steps"].description).first.wait_for()
+            create.scroll_into_view_if_needed()
+            page.screenshot(path="/tmp/api_docs_run_config.png", full_page=False)
+            page.reload()
+            page.wait_for_selector(".swagger-ui .opblock")  # a reload renders it again
+        finally:
+            browser.close()

@@ -123,6 +123,18 @@ def test_the_document_names_the_fields_the_api_sends(document) -> None:
         assert trainer["properties"]["max_steps"]["description"] == TrainerConfig.model_fields["max_steps"].description
 
 
+def test_cli_status_help_lists_every_status() -> None:
+    """`inflight runs --status` names the model's statuses (it listed six of eight: no starting, cancelling)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([str(Path(sys.executable).parent / "inflight"), "runs", "--help"], capture_output=True, text=True, check=True, env=env)
+    assert " ".join(result.stdout.split()).count(", ".join(RunStatus.values)) == 1
+
+
 def test_every_answer_fits_the_served_document(document, owner, owner_api, other_api, staff_api, anonymous_api, tiny_config, dataset_roots,  # noqa: F811
                                                django_capture_on_commit_callbacks, tmp_path) -> None:
     check = Checker(document)

@@ -91,7 +91,8 @@ api = InflightApi(
     auth=TokenHeader(),
     urls_namespace="api",
     parser=JsonBodyParser(),
-    docs=Swagger(settings={"persistAuthorization": True}),
+    # Depth 2: a run's body opens on its config's sections and their help, not on a folded "config".
+    docs=Swagger(settings={"persistAuthorization": True, "defaultModelExpandDepth": 2}),
     docs_url="/docs/",
 )
 for router in (run_actions.router, views.router, run_files.router, rollouts_router, alerts_router, datasets_router):
