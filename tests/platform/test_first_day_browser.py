@@ -149,3 +149,17 @@ def test_compare_follows_its_runs_live(daphne_server: str, browser: Any, owner, 
     page.wait_for_selector(f'[data-no-data-of="{fresh.pk}"].hidden', state="attached")
     page.screenshot(path=str(SCREENSHOTS / "compare_live.png"), full_page=False)
     page.close()
+
+
+def test_the_run_page_marks_what_the_run_set(daphne_server: str, browser: Any, owner) -> None:  # noqa: F811
+    from test_first_hour_browser import make_run
+
+    run = make_run(owner, "marked", **{"trainer.lr": 3e-4})
+    page = signed_in_page(browser, daphne_server, f"/runs/{run.pk}/")
+    page.click("#run-config > summary")
+    assert page.get_attribute('#config-view tr[data-path="trainer.lr"]', "class") == "config-set"
+    assert page.get_attribute('#config-view tr[data-path="actor.max_lag"]', "class") == "config-default"
+    page.check("#config-only-set")  # the defaults hidden: what this run chose, at a glance
+    assert page.is_hidden('#config-view tr[data-path="actor.max_lag"]') and page.is_visible('#config-view tr[data-path="trainer.lr"]')
+    page.locator("#run-config").screenshot(path=str(SCREENSHOTS / "run_page_config.png"))
+    page.close()
