@@ -88,17 +88,17 @@ class ZeroThenMixedClient(SlowGroupClient):
 
 
 @pytest.mark.timeout(300)
-async def test_dapo_resamples_zero_advantage_groups_within_the_lag_bound(tiny_model: Path, tmp_path: Path) -> None:
+async def test_dapo_resamples_zero_advantage_groups_within_the_lag_bound(untrained_tiny_model: Path, tmp_path: Path) -> None:
     """DAPO's dynamic sampling in a running actor: the first prompt answers all-wrong forever (drawn
     again twice, then dropped), the second all-wrong once (drawn again, then trained). No
     zero-advantage sample reaches the stream, and no token is trained past max_lag."""
     from rl_core.tasks import load_task
 
-    config = actor_config(tiny_model, actor={"group_size": 4, "groups_in_flight": 4, "max_lag": 1,
+    config = actor_config(untrained_tiny_model, actor={"group_size": 4, "groups_in_flight": 4, "max_lag": 1,
                                              "dynamic_sampling_max_resamples": 2},
                           trainer={"samples_per_step": 8, "loss": "dapo"})
     task = load_task(config.task)
-    order = [problem.id for _, problem in zip(range(2), task.train_stream())]
+    order = [problem.id for _, (_, problem) in zip(range(2), task.train_stream())]
     client = ZeroThenMixedClient({p.id: p.answer for p in task.train}, {order[0]: 100, order[1]: 1})
     writer = FileStreamWriter(tmp_path)
     sink = JsonlSink(tmp_path / "metrics.jsonl")
