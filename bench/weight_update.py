@@ -1,7 +1,7 @@
 """In-flight weight update pause: the process-group broadcast against a bare broadcast of the same
 bytes, and the same-device handoff against a bare device copy of the same bytes.
 
-A random Qwen2 of the `--shape` (default ~125M parameters, fp32 ~500 MB) is served by a real
+A random Qwen2 of the `--shape` (rl_core/model_shapes.py: default 125m, fp32 ~500 MB; qwen2.5-0.5b ...) is served by a real
 `python -m rl_core serve` process that keeps decoding requests; this process is the trainer and
 pushes updates with the product's senders. The server reports how long decoding was paused per update.
 
@@ -31,36 +31,8 @@ import torch
 
 from benchlib import bare_broadcast, start_reference_server, updates_while_decoding  # first: it puts the checkout on sys.path
 
+from rl_core.model_shapes import add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
 from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, synchronize_device  # noqa: E402
-
-# Qwen2 shapes of this bench: (hidden, intermediate, layers, heads, kv heads, vocab). "125m" is the
-# shape every earlier figure of this bench used; "smoke" is the smallest that still buckets.
-SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
-    "smoke": (128, 256, 2, 4, 2, 4096),
-    "125m": (768, 2048, 12, 12, 4, 32000),
-    "0.5b": (896, 4864, 24, 14, 2, 151936),
-}
-
-
-def build_shape(directory: Path, shape: str) -> int:
-    """A randomly initialised Qwen2 of `shape` with the tiny model's tokenizer; its parameter count."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from rl_core.tiny_model import build_tokenizer
-
-    hidden, intermediate, layers, heads, kv_heads, vocab = SHAPES[shape]
-    tokenizer = build_tokenizer(0, 1024)
-    config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads, max_position_embeddings=1024,
-        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return sum(parameter.numel() for parameter in model.parameters())
-
 
 def bare_device_copy(total_bytes: int, device: torch.device, rounds: int) -> list[float]:
     """Seconds of one `copy_` of `total_bytes` between two buffers already resident on `device`."""
@@ -81,30 +53,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handoff", choices=["gloo", "same-device", "both"], default="both",
                         help="Which update path to measure (both: each against its floor, on one server).")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="125m", help="Model shape (random weights).")
-    parser.add_argument("--device", default="cpu", help="Device of the server and the trainer's tensors: cpu, cuda.")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="Parameter dtype.")
+    add_model_shape_args(parser, default_shape="125m")  # the server's and the trainer's device, dtype, shape
     parser.add_argument("--updates", type=int, default=5, help="Updates per path (the median is reported).")
     parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
-    parser.add_argument("--smoke", action="store_true", help="Smallest real settings (seconds): shape smoke, 2 updates.")
+    parser.add_argument("--smoke", action="store_true", help="Smallest real settings (seconds): shape tiny, 2 updates.")
     args = parser.parse_args()
     if args.smoke:
-        args.shape, args.updates = "smoke", 2
+        args.shape, args.updates = "tiny", 2
     torch.set_num_threads(1)  # as the server (--threads 1): the copy floor runs on one core too
     from transformers import AutoModelForCausalLM
 
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
+    dtype_name = bench_dtype(args)
     same_device, gloo = args.handoff in ("same-device", "both"), args.handoff in ("gloo", "both")
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
-        model_dir = scratch / f"model-{args.shape}"
-        num_parameters = build_shape(model_dir, args.shape)
-        trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        model_dir = model_for_bench(args, scratch)
+        trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype_name)).to(device)
         named = [(name, parameter.detach()) for name, parameter in trainer_model.named_parameters()]
+        num_parameters = sum(tensor.numel() for _, tensor in named)
         total_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
-        server = start_reference_server(model_dir, timeout_s=300, max_batch_size=8, device=args.device, dtype=args.dtype)
+        server = start_reference_server(model_dir, timeout_s=300, max_batch_size=8, device=args.device, dtype=dtype_name)
         try:
             version = 1
             if same_device:
@@ -124,7 +94,7 @@ def main() -> None:
         if gloo:
             results["bare_broadcast"] = bare_broadcast(named, args.bucket_bytes, args.updates, scratch)
 
-    print(f"model: shape {args.shape}, {num_parameters / 1e6:.1f}M parameters, {total_bytes / 2**20:.0f} MiB {args.dtype} "
+    print(f"model: {args.model or 'shape ' + args.shape}, {num_parameters / 1e6:.1f}M parameters, {total_bytes / 2**20:.0f} MiB {dtype_name} "
           f"on {device}, gloo buckets of {args.bucket_bytes / 2**20:.0f} MiB on 127.0.0.1")
     for key, values in results.items():
         print(f"{key:>18}: " + " ".join(f"{value:.4f}" for value in values))
