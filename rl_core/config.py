@@ -210,11 +210,6 @@ class ActorConfig(_Section):
         "is dropped and its prompt submitted again, through the same max_lag throttle, at most this many times; "
         "then it is dropped for good."
     )
-    dynamic_sampling_max_resamples: int = Field(
-        3, ge=0, description="trainer.loss dapo (dynamic sampling, Yu et al. 2025): a group whose rewards are all equal "
-        "is dropped and its prompt submitted again, through the same max_lag throttle, at most this many times; "
-        "then it is dropped for good."
-    )
 
     @field_validator("group_size")
     @classmethod
@@ -227,23 +222,6 @@ class ActorConfig(_Section):
                 "advantage 0 on every sample and the run learns nothing"
             )
         return group_size
-
-
-PolicyLoss = Literal["pipelinerl", "grpo_clip", "cispo", "gspo", "dapo", "dr_grpo", "m2po"]
-ISCorrection = Literal["tis", "mis", "none"]
-# What trainer.is_correction each loss allows, its default first. A clipped-ratio loss already
-# bounds r where the clip takes the clipped term, so truncating it again has no meaning; masking
-# (mis) still bounds the unclipped side of a negative advantage. gspo's ratio is a sequence's and
-# m2po's mask is its correction; cispo's clipped weight is itself a truncated IS weight.
-IS_CORRECTIONS_BY_LOSS: dict[str, tuple[ISCorrection, ...]] = {
-    "pipelinerl": ("tis", "mis", "none"),
-    "grpo_clip": ("none", "mis"),
-    "cispo": ("tis",),
-    "gspo": ("none",),
-    "dapo": ("none", "mis"),
-    "dr_grpo": ("none", "mis"),
-    "m2po": ("none",),
-}
 
 
 PolicyLoss = Literal["pipelinerl", "grpo_clip", "cispo", "gspo", "dapo", "dr_grpo", "m2po"]
