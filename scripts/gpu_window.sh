@@ -69,7 +69,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-trap 'exit 143' INT TERM  # stopped from outside: the EXIT trap still stops the sampler and removes $WORK
 
 say() { echo "gpu_window: $*" | tee -a "$LOG"; }
 result() { echo "RESULT $1 $2" | tee -a "$RESULTS" "$LOG"; }
