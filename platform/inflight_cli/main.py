@@ -23,8 +23,9 @@ import yaml
 
 from inflight_cli import credentials, datasets, mirrors
 from inflight_cli.client import ApiFailure, Client
+from inflight_cli.run_statuses import RUN_STATUSES, TERMINAL_STATUSES
 
-FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
+FINAL_STATES = TERMINAL_STATUSES  # the run model's own list (its choices are built from run_statuses)
 LAUNCHER_LOG = "supervisor_child.log"  # the engine launcher's output, which the worker keeps
 WATCHED_METRICS = ("train/reward_mean", "success/mean", "train/loss", "success/heldout")
 DEFAULT_LOG_BYTES = 16 * 1024
@@ -376,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.set_defaults(handler=cmd_submit)
 
     runs = commands.add_parser("runs", help="list runs, newest first")
-    runs.add_argument("--status", help="queued, running, succeeded, failed, cancelled or lost")
+    runs.add_argument("--status", help="one of: " + ", ".join(value for value, _label in RUN_STATUSES))
     runs.add_argument("--tag")
     runs.add_argument("--query", "-q", help="text in the name or note")
     runs.add_argument("--all", action="store_true", help="include archived runs")

@@ -1,22 +1,14 @@
-"""A run's statuses: the one list the run model's choices, the API's schema, the pages and the
-`inflight` CLI's help read. Importable without Django settings (only `django.db.models`' choices
-class), so the CLI uses it too."""
+"""A run's statuses as the model's choices (`RunStatus.QUEUED`, ...), built from the one list in
+`inflight_cli.run_statuses`, which the CLI (no Django there) reads too: the API's schema, the
+pages and `inflight runs --status` name the same eight."""
 
 from __future__ import annotations
 
 from django.db import models
 
+from inflight_cli import run_statuses
 
-class RunStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    STARTING = "starting", "Starting"
-    RUNNING = "running", "Running"
-    CANCELLING = "cancelling", "Cancelling"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    LOST = "lost", "Lost"
+RunStatus = models.TextChoices("RunStatus", [(value.upper(), (value, label)) for value, label in run_statuses.RUN_STATUSES])  # type: ignore[misc]
 
-
-TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST})
-ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING})
+TERMINAL_STATUSES = frozenset(RunStatus(value) for value in run_statuses.TERMINAL_STATUSES)
+ACTIVE_STATUSES = frozenset(RunStatus(value) for value in run_statuses.ACTIVE_STATUSES)
