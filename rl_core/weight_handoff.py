@@ -12,8 +12,8 @@ are kept and per-token versions stay exact, as with the process group (`weight_s
 
 Neither side waits on the other inside a collective: the server reads a segment the trainer
 finished writing before it asked, so a trainer that dies leaves the server serving, and a server
-that dies fails the trainer's HTTP request at once. The segment's name is unlinked by both sides
-as soon as they mapped it (`weight_segments.py` says what removes a leftover).
+that dies fails the trainer's HTTP request at once. The trainer unlinks the segment's name as soon
+as every server answered (`weight_segments.py` says what removes a leftover).
 """
 
 from __future__ import annotations
@@ -283,11 +283,9 @@ class AttachedSegment:
             # MAP_POPULATE: the pages are mapped now, not faulted in one by one inside the first pause.
             self._mapping = mmap.mmap(fd, descriptor.nbytes, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), mmap.PROT_READ)
         finally:
+            # The name stays: the other servers of the run map the same segment; the trainer
+            # unlinks it once every server has answered.
             os.close(fd)
-        try:
-            path.unlink()  # mapped: the name is no longer needed (the trainer unlinks it too)
-        except OSError:
-            pass
         with warnings.catch_warnings():  # read-only mapping: this side never writes it
             warnings.simplefilter("ignore", UserWarning)
             self.buffer = torch.frombuffer(self._mapping, dtype=torch.uint8)

@@ -3,11 +3,12 @@
 A CPU run whose trainer and servers share the node hands weights over through one file under
 /dev/shm (`weight_handoff.py`). Its name says whose it is: `inflight-weights-<run tag>-<pid>-<n>`,
 the run tag a digest of the run directory's resolved path, the pid the trainer's, n its count of
-segments (a new parameter list gets a new segment, never an old name a server has mapped). Both sides
-unlink it as soon as they have mapped it (a mapping outlives the name), so a SIGKILL of either
-side leaves at most the segment of an update that was never received; the launcher, which
-outlives both, removes whatever is left of its run when the run ends (`remove_run_segments`), and a
-trainer removes the segments of its run whose owner is dead before it creates its own.
+segments (a new parameter list gets a new segment, never an old name a server has mapped). The
+trainer unlinks it as soon as every server has answered its first update (a mapping outlives the
+name), so a SIGKILL of either side leaves at most the segment of an update in progress; the
+launcher, which outlives both, removes whatever is left of its run when the run ends
+(`remove_run_segments`), and a trainer removes the segments of its run whose owner is dead before
+it creates its own.
 
 Standard library only: the launcher imports it without torch.
 """

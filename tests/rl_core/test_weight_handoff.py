@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,13 +52,20 @@ class LocalEndpoint:
     """A server's receiving side in this process, behind the endpoint interface the sender uses,
     with the JSON round trip of the HTTP body (what the server parses is what crossed the wire)."""
 
-    def __init__(self, receiver: SegmentReceiver) -> None:
+    def __init__(self, receiver: SegmentReceiver, after: LocalEndpoint | None = None) -> None:
         self.name = "in-process"
         self.receiver = receiver
+        self.after = after  # a server slower than `after`: it takes each update once that one has
+        self.answered = threading.Event()
 
     def request_segment_update(self, version: int, params: list[ParamSpec], segment: SegmentDescriptor) -> dict:
+        if self.after is not None:
+            assert self.after.answered.wait(60)
         body = json.loads(json.dumps({"params": [spec.to_json() for spec in params], "segment": segment.to_json()}))
-        return {"pause_s": self.receiver.receive(version, body["params"], body["segment"])}
+        try:
+            return {"pause_s": self.receiver.receive(version, body["params"], body["segment"])}
+        finally:
+            self.answered.set()
 
     def close(self) -> None:
         pass
@@ -131,6 +139,28 @@ def test_every_update_leaves_the_engine_bit_for_bit_equal_to_the_trainer(untrain
     finally:
         sender.close()
         engine.stop()
+
+
+def test_two_servers_map_one_segment(untrained_tiny_model: Path) -> None:
+    """Several CPU servers of a run map the same segment: the first to answer must not take its
+    name from a slower one that has not mapped it yet."""
+    engines = [ReferenceEngine.from_pretrained(str(untrained_tiny_model), device="cpu", dtype="float32").start() for _ in range(2)]
+    trainer_model = AutoModelForCausalLM.from_pretrained(untrained_tiny_model, dtype=torch.float32)
+    tag = f"test-two-{os.getpid()}"
+    first = LocalEndpoint(SegmentReceiver(engines[0]))
+    sender = SameDeviceSender([], tag, endpoints=[first, LocalEndpoint(SegmentReceiver(engines[1]), after=first)])
+    try:
+        for version in (1, 2):
+            perturb(trainer_model, version)
+            sender.broadcast(trainer_model.named_parameters(), version)
+            for engine in engines:
+                served = engine.model.state_dict()
+                assert all(torch.equal(served[name], parameter) for name, parameter in trainer_model.named_parameters())
+        assert run_segments(tag) == []
+    finally:
+        sender.close()
+        for engine in engines:
+            engine.stop()
 
 
 def test_pause_clocks_wait_for_the_device(monkeypatch: pytest.MonkeyPatch, untrained_tiny_model: Path) -> None:
