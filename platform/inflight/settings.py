@@ -152,6 +152,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "inflight.inbox.context_processors.inbox",
+                "inflight.runs.context_processors.run_statuses",
             ],
         },
     },

@@ -115,7 +115,6 @@
   // ---- live: each run's socket (the run page's, ws/runs/<id>/) says when it logged or changed
   // status; its snapshot is then fetched again (a pause first, so a burst of batches is one
   // fetch) and the charts redrawn. A run without metrics when the page opened appears as it logs.
-  var TERMINAL = ["succeeded", "failed", "cancelled", "lost"];
   var reloadTimers = {};
   var drawTimer = null;
   function namesToFetch() {

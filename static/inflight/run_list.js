@@ -13,15 +13,7 @@
       .map(function (row) { return row.dataset.runId; });
   }
 
-  function formatDuration(s) {
-    s = Math.floor(s);
-    if (s < 60) return s + "s";
-    var m = Math.floor(s / 60); s = s % 60;
-    if (m < 60) return m + "m " + String(s).padStart(2, "0") + "s";
-    return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
-  }
 
-  var TERMINAL = ["succeeded", "failed", "cancelled", "lost"];
 
   function update(run) {
     var row = table.querySelector('tr[data-run-id="' + run.id + '"]');
@@ -29,9 +21,9 @@
     var badge = row.querySelector('[data-status-of="' + run.id + '"]');
     if (badge) { badge.className = "status status-" + run.status; badge.textContent = run.status; }
     var wall = row.querySelector('[data-walltime-of="' + run.id + '"]');
-    if (wall && run.wall_time_s !== undefined && run.wall_time_s !== null) wall.textContent = formatDuration(run.wall_time_s);
+    if (wall && run.wall_time_s !== undefined && run.wall_time_s !== null) wall.textContent = InflightRuns.formatDuration(run.wall_time_s);
     if (run.step !== undefined) updateProgress(row, run);
-    if (TERMINAL.indexOf(run.status) >= 0) row.dataset.terminal = "1";
+    if (InflightRuns.isTerminal(run.status)) row.dataset.terminal = "1";
   }
 
   // The triage cells of an active run follow it: step x / N and the latest held-out and reward.

@@ -7,7 +7,6 @@
   var D = window.InflightDownsample;
   var C = window.InflightCharts;
   var page = JSON.parse(document.getElementById("page-data").textContent);
-  var TERMINAL = ["succeeded", "failed", "cancelled", "lost"];
   var chartsEl = document.getElementById("charts");
   var state = null;
   var loading = false;
@@ -68,7 +67,7 @@
       // accepts and at once closes (1011 while Redis is away) must not be retried every second,
       // each time refetching the snapshot.
       openedAt = Date.now();
-      setLive("live", TERMINAL.indexOf(status) >= 0 ? "finished" : "live");
+      setLive("live", InflightRuns.isTerminal(status) ? "finished" : "live");
       refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
       // And in the panel, on a reconnect; the first open follows the page's own render by a moment.
       if (connects++ > 0) requestPanel(pushedPanelDelayMs());
@@ -90,7 +89,7 @@
       if (openedAt && Date.now() - openedAt > 10000) retryMs = 1000;
       // A finished run is reconnected too: it may be resumed (from another tab, the API or the
       // CLI), and its page must then follow it without a reload.
-      setLive("off", TERMINAL.indexOf(status) >= 0 ? "finished" : "reconnecting");
+      setLive("off", InflightRuns.isTerminal(status) ? "finished" : "reconnecting");
       setTimeout(connect, retryMs + Math.random() * 500);
       retryMs = Math.min(retryMs * 2, 30000);
     };
@@ -112,7 +111,7 @@
     var holder = document.getElementById("run-status");
     holder.dataset.status = newStatus;
     holder.innerHTML = '<span class="status status-' + newStatus + '">' + newStatus + "</span>";
-    var finished = TERMINAL.indexOf(newStatus) >= 0;
+    var finished = InflightRuns.isTerminal(newStatus);
     // Shown again when a finished run is resumed: stoppable while queued, starting or running.
     document.getElementById("stop-form").classList.toggle("hidden", finished || newStatus === "cancelling");
     if (socket && socket.readyState === WebSocket.OPEN) setLive("live", finished ? "finished" : "live");
@@ -191,7 +190,7 @@
   }
 
   function safetyPollMs() {
-    var base = TERMINAL.indexOf(status) < 0 ? SAFETY_POLL_ACTIVE_MS : SAFETY_POLL_ENDED_MS;
+    var base = !InflightRuns.isTerminal(status) ? SAFETY_POLL_ACTIVE_MS : SAFETY_POLL_ENDED_MS;
     return base * (0.9 + 0.2 * Math.random());
   }
 
@@ -260,7 +259,7 @@
 
   function showWallTime() {
     var s = wallTimeNow();
-    if (s !== null) document.getElementById("run-walltime").textContent = formatDuration(s);
+    if (s !== null) document.getElementById("run-walltime").textContent = InflightRuns.formatDuration(s);
   }
 
   function replacePanel(html) {
@@ -278,13 +277,6 @@
     panelHtml = html;
   }
 
-  function formatDuration(s) {
-    s = Math.floor(s);
-    if (s < 60) return s + "s";
-    var m = Math.floor(s / 60); s = s % 60;
-    if (m < 60) return m + "m " + String(s).padStart(2, "0") + "s";
-    return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
-  }
 
   // ---- charts
 

@@ -285,3 +285,18 @@ def test_a_preset_that_no_longer_matches_the_schema_shows_its_errors(owner_clien
     assert response.status_code == 200
     page = html.unescape(response.content.decode())
     assert 'data-error-for="trainer.max_steps"' in page and "trainer.renamed_field" in page
+
+
+def test_pages_scripts_take_the_terminal_statuses_from_the_run_model(owner_client: Client, repo_root) -> None:
+    import json
+    from pathlib import Path
+
+    from inflight.runs.statuses import TERMINAL_STATUSES
+
+    page = owner_client.get(reverse("web:run_list")).content.decode()
+    found = re.search(r'<script id="terminal-statuses" type="application/json">(.*?)</script>', page)
+    assert found and sorted(json.loads(found.group(1))) == sorted(TERMINAL_STATUSES)
+    assert "inflight/run_status.js" in page
+    # One owner: no page script spells the statuses out again.
+    for script in sorted(Path(repo_root, "static", "inflight").glob("*.js")):
+        assert '"cancelled"' not in script.read_text(), script.name
