@@ -216,3 +216,18 @@ def test_visibility_owner_other_staff(owner, other_user, staff_user, django_user
     with pytest.raises(Http404):  # past a bigint: not a run, and never sent to the database
         selectors.visible_run_or_404(owner, 2**63)
     assert not selectors.runs_visible_to(AnonymousUser()).exists()
+
+
+def test_a_nul_character_a_model_sampled_is_stored_as_the_replacement_character(owner) -> None:
+    """PostgreSQL refuses U+0000 in text and jsonb; the evaluation was retried for ever and held up
+    the run's delivery. Both insert paths (one JSON document; value by value when a NaN has no JSON
+    form) store it as U+FFFD, and a literal backslash-u-0000 a model wrote is kept as written."""
+    run = make_run(owner)
+    sampled = "\\boxed{2}\x00 and a literal \\u0000"
+    rows = [{**ROWS[0], "samples": [sampled, "x"], "extracted": ["2\x00", None]}, ROWS[1]]
+    score = evaluations.ingest_eval(run.pk, EVAL_LINE, rows)
+    stored = EvalProblemResult.objects.get(eval=score, problem_id="p1")
+    assert stored.samples == ["\\boxed{2}\ufffd and a literal \\u0000", "x"] and stored.extracted == ["2\ufffd", None]
+    nan_rows = [{**rows[0], "mean": float("nan")}, ROWS[1]]
+    score = evaluations.ingest_eval(run.pk, {**EVAL_LINE, "step": 5}, nan_rows)
+    assert EvalProblemResult.objects.get(eval=score, problem_id="p1").samples[0] == "\\boxed{2}\ufffd and a literal \\u0000"

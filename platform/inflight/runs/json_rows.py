@@ -12,11 +12,34 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import psycopg
 from django.db import connection, models
+
+
+# PostgreSQL's text and jsonb cannot hold U+0000, which a model can sample (an untrained one does):
+# refused, one evaluation or rollout batch would be retried for ever and hold up the run's
+# delivery. It is stored as the replacement character instead.
+NUL_STAND_IN = "\ufffd"
+# `\u0000` in json.dumps' text: an escape only after an even number of backslashes.
+_JSON_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _json_without_nul(text: str) -> str:
+    return _JSON_NUL_ESCAPE.sub(lambda match: match.group(1) + "\\ufffd", text) if "\\u0000" in text else text
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN)
+    if isinstance(value, list):
+        return [_without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _without_nul(item) for key, item in value.items()}
+    return value
 
 
 def model_fields(model: type[models.Model]) -> tuple[models.Field, ...]:
@@ -28,13 +51,15 @@ def rows_source(rows: Sequence[models.Model], fields: tuple[models.Field, ...]) 
     """(the column list, the rows as an INSERT's source, its parameters). The source is
     `SELECT ... FROM jsonb_to_recordset(%s::jsonb)` over one JSON array of objects (a JSONField's
     value goes in as the JSON it is); when a value has no JSON form (NaN, infinity) it is
-    `VALUES (...), ...` with every value bound on its own as its field prepares it, typed as its column."""
+    `VALUES (...), ...` with every value bound on its own as its field prepares it, typed as its column.
+    A NUL character in any text becomes `NUL_STAND_IN` on both ways."""
     columns, select = _select_from_document(fields)
     try:
-        return columns, select, [json.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows], allow_nan=False)]
+        document = json.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows], allow_nan=False)
+        return columns, select, [_json_without_nul(document)]
     except ValueError:
         one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
-        values = [f.get_db_prep_save(getattr(row, f.attname), connection) for row in rows for f in fields]
+        values = [f.get_db_prep_save(_without_nul(getattr(row, f.attname)), connection) for row in rows for f in fields]
         return columns, "VALUES " + ", ".join([one_row] * len(rows)), values
 
 
