@@ -36,9 +36,8 @@ from typing import Any
 from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args, run_cli  # noqa: E402  (first: it puts the checkout and platform/ on sys.path)
 
 from inflight.alerts.rules import Verdicts, advance_episodes, check_eval, check_line, check_stall  # noqa: E402  (pure: no Django, no database)
-from rl_core.config import load_run_config  # noqa: E402
+from rl_core.run_dir import EVALS_FILE, METRICS_FILE, load_run_config  # noqa: E402
 from tests.metrics_file import read_metrics  # noqa: E402
-from rl_core.run_dir import EVALS_FILE, METRICS_FILE  # noqa: E402
 
 HELDOUT = "success/heldout"
 GAIN = 0.20  # the demo's promise, and bench/vs_trl.py's target: +20 points of held-out success

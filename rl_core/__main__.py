@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("rl_core.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),
     "actor": ("rl_core.actor_main", "main", "Run the rollout actor of a run (started by `run`)."),
     "trainer": ("rl_core.trainer", "main", "Run the trainer of a run (started by `run`)."),
-    "eval": ("rl_core.evaluation", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
+    "eval": ("rl_core.eval_cli", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
     "validate": ("rl_core.config", "main", "Validate a run config and print it resolved."),
     "cluster-nodes": ("rl_core.cluster_nodes", "main", "Print the Ray cluster's nodes as JSON (a cluster worker's heartbeat)."),
 }

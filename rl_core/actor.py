@@ -233,7 +233,8 @@ class Actor:
     # --- evaluation -----------------------------------------------------------------
 
     async def heldout_eval(self, step: int) -> None:
-        from rl_core.evaluation import HELDOUT_BENCHMARK, PromptTemplate, evaluate, write_report
+        from rl_core.benchmarks import HELDOUT_BENCHMARK
+        from rl_core.evaluation import PromptTemplate, evaluate, write_report
 
         e = self.config.eval
         temperature = self.config.sampling.temperature if e.heldout_temperature is None else e.heldout_temperature

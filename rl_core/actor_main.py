@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.actor import Actor
-from rl_core.config import RunConfig, load_run_config
+from rl_core.config import RunConfig
 from rl_core.metrics import JsonlSink
 from rl_core.processes import freeze_startup_objects, run_event_loop
-from rl_core.watchdog import start_heartbeat
-from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, stream_redis_url, wait_for_servers
+from rl_core.run_dir import METRICS_FILE, SERVERS_WAIT_S, load_run_config, stream_redis_url, wait_for_servers
 from rl_core.stream import open_writer
+from rl_core.watchdog import start_heartbeat
 
 
 def actor_clients(server_urls: list[str]) -> list[Any]:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from rl_core.benchmarks import BENCHMARKS
 from rl_core.cluster_config import ClusterConfig
 from rl_core.config_section import ConfigSection as _Section
 from rl_core.engine_config import EngineConfig
@@ -467,10 +468,7 @@ class EvalConfig(_Section):
 
 
 def _check_benchmark_names(names: list[str]) -> None:
-    # The registry is the evaluator's; imported here at validation time because rl_core.evaluation
-    # imports this module. An unknown name is refused at submit, not when the run starts.
-    from rl_core.evaluation import BENCHMARKS
-
+    # An unknown name is refused at submit, not when the run starts.
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
         raise ValueError(f"unknown benchmark {', '.join(map(repr, unknown))}; known: {', '.join(sorted(BENCHMARKS))}")
@@ -701,14 +699,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return parse_config(with_run_defaults(apply_overrides(data, overrides or [])))
-
-
-def load_run_config(run_dir: str | Path) -> RunConfig:
-    """The resolved config of a run (`DIR/config.yaml`, written by the launcher): every process
-    a run starts (servers, actor, trainer ranks) reads its settings from here."""
-    from rl_core.run_dir import CONFIG_FILE
-
-    return load_config(Path(run_dir) / CONFIG_FILE)
 
 
 def load_config_or_exit(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

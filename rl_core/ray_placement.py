@@ -40,10 +40,10 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV
 from rl_core.cluster_layout import ClusterError, RoleSlot, layout_summary, node_bundles
 from rl_core.config import RunConfig
 from rl_core.role_actor import NodeRoles
+from rl_core.run_dir import ADVERTISED_ADDRESS_ENV
 
 ROLE_CALL_TIMEOUT_S = 30.0  # one call to a node's actor (start a role) on a live node
 ROLE_START_TIMEOUT_S = 120.0  # every node's actor up once the group is ready (a fresh Ray worker each)

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from rl_core.config import load_config
+
 if TYPE_CHECKING:
-    from rl_core.config import StreamConfig
+    from rl_core.config import RunConfig, StreamConfig
 
 # --- layout (paths relative to DIR) -----------------------------------------------------
 
-CONFIG_FILE = "config.yaml"  # the resolved config: every process of the run reads it
+CONFIG_FILE = "config.yaml"  # the resolved config: every process of the run reads it (`load_run_config`)
 SUBMITTED_CONFIG_FILE = "submitted_config.yaml"  # the platform worker's copy of what was submitted
 STATUS_FILE = "status.json"  # launcher → worker: `RunStatusRecord`
 STOP_FILE = "STOP"  # launcher → trainer: finish at the next step boundary (max_wall_time_s)
@@ -295,3 +297,14 @@ def clear_previous_attempt(run_dir: str | Path) -> None:
         (Path(run_dir) / name).unlink(missing_ok=True)
     for beat in (Path(run_dir) / HEARTBEATS_DIR).glob("*"):  # an old attempt's beats are not this one's answers
         beat.unlink(missing_ok=True)
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved config of a run (`DIR/config.yaml`, written by the launcher): every process
+    a run starts (servers, actor, trainer ranks) reads its settings from here."""
+    return load_config(Path(run_dir) / CONFIG_FILE)
+
+
+# The address of the node a role runs on, as the other nodes reach it (set by the launcher on a
+# cluster run, rl_core/ray_placement.py); the weight group's TCPStore listens there.
+ADVERTISED_ADDRESS_ENV = "INFLIGHT_ADVERTISED_ADDRESS"

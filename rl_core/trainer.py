@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from rl_core.config import RunConfig, load_run_config
+from rl_core.config import RunConfig
 from rl_core.contracts import RolloutSample, TrainerBackend
 from rl_core.loss import pack_micro_batches, samples_with_gradient, scoring_temperature
 from rl_core.losses import LossSettings, LossTotals, effective_sample_size, m2po_keep_masks, policy_loss, step_normaliser
@@ -50,8 +50,8 @@ from rl_core.metrics import JsonlSink, MetricsSink, MultiSink
 from rl_core.processes import freeze_startup_objects
 from rl_core.watchdog import start_trainer_heartbeat
 from rl_core.run_dir import (
-    CHECKPOINTS_DIR,
     CHECKPOINT_STATE_FILE,
+    CHECKPOINTS_DIR,
     LATEST_CHECKPOINT_LINK,
     METRICS_FILE,
     SERVERS_WAIT_S,
@@ -59,6 +59,7 @@ from rl_core.run_dir import (
     TrainerProgress,
     checkpoint_dir_name,
     latest_checkpoint,
+    load_run_config,
     stop_requested,
     stream_redis_url,
     wait_for_servers,

@@ -431,7 +431,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.run_dir:
-        from rl_core.config import ConfigError, load_run_config
+        from rl_core.config import ConfigError
+        from rl_core.run_dir import load_run_config
 
         try:
             apply_run_config(args, load_run_config(args.run_dir), args.server_index)

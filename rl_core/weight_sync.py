@@ -28,17 +28,17 @@ import datetime
 import os
 import threading
 import time
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 import httpx
 import torch
 import torch.distributed as dist
 
-from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV  # where the TCPStore listens on a cluster
 from rl_core.model_io import dtype_name, torch_dtype
 from rl_core.processes import free_port
+from rl_core.run_dir import ADVERTISED_ADDRESS_ENV  # where the TCPStore listens on a cluster
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 

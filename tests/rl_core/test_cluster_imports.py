@@ -37,6 +37,6 @@ def test_the_nodes_ray_actor_imports_neither_torch_nor_the_run_config() -> None:
 
 
 def test_the_advertised_address_variable_is_the_one_the_weight_group_reads() -> None:
-    from rl_core import cluster_env, weight_sync
+    from rl_core import run_dir, weight_sync
 
-    assert weight_sync.ADVERTISED_ADDRESS_ENV == cluster_env.ADVERTISED_ADDRESS_ENV == "INFLIGHT_ADVERTISED_ADDRESS"
+    assert weight_sync.ADVERTISED_ADDRESS_ENV is run_dir.ADVERTISED_ADDRESS_ENV == "INFLIGHT_ADVERTISED_ADDRESS"

@@ -13,8 +13,8 @@ import pytest
 import redis
 import torch
 
-from rl_core.cluster_env import ADVERTISED_ADDRESS_ENV
 from rl_core.contracts import RolloutSample
+from rl_core.run_dir import ADVERTISED_ADDRESS_ENV
 from rl_core.stream import STREAM_REDIS_PASSWORD_ENV, RedisStreamReader, RedisStreamWriter, start_redis_server
 from rl_core.weight_sync import ParamSpec, WeightBroadcaster, WeightSyncError, create_group
 

@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from rl_core.benchmarks import BENCHMARKS
 from rl_core.contracts import GenerationResult, SamplingParams
-from rl_core.evaluation import (
-    BENCHMARKS,
-    EvalError,
-    PROMPT_TEMPLATES,
-    engine_generate,
-    evaluate,
-    load_benchmark,
-    write_report,
-)
+from rl_core.evaluation import PROMPT_TEMPLATES, EvalError, engine_generate, evaluate, load_benchmark, write_report
 from rl_core.tasks import Problem
 
 PROBLEMS = [Problem(id=f"p{i}", problem=f"Compute {i} + {i}.", answer=str(2 * i)) for i in range(4)]

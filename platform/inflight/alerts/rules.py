@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_core.benchmarks import HELDOUT_BENCHMARK
 from rl_core.config import AlertsConfig
-from rl_core.evaluation import HELDOUT_BENCHMARK
 from rl_core.metrics import NONFINITE_PREFIX
 from rl_core.watchdog import SILENT_METRIC
 
