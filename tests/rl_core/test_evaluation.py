@@ -76,7 +76,7 @@ def test_write_report_follows_the_run_dir_layout(tmp_path: Path) -> None:
     assert first["mean_at_k"] == 0.5 and first["pass_at_k"] == 1.0 and first["num_samples"] == 8
     rows = [json.loads(line) for line in (tmp_path / first["results_file"]).read_text().splitlines()]
     assert [row["problem_id"] for row in rows] == ["p0", "p1", "p2", "p3"]
-    assert rows[1] == {"problem_id": "p1", "answer": "2", "samples": ["\\boxed{2}", "\\boxed{-1}"],
+    assert rows[1] == {"problem_id": "p1", "problem": "Compute 1 + 1.", "answer": "2", "samples": ["\\boxed{2}", "\\boxed{-1}"],
                        "extracted": ["2", "-1"], "verdicts": [True, False], "mean": 0.5, "pass": True,
                        "skipped": None}
     assert set(report.metrics()) == {"eval/synthetic/mean_at_k", "eval/synthetic/pass_at_k",
