@@ -192,7 +192,8 @@ def test_exports(owner_api, owner, stored) -> None:
 
 
 def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner, tmp_path: Path) -> None:
-    from workers.supervisor import ROLLOUTS_FILE, RunSupervisor
+    from rl_core.run_dir import ROLLOUTS_FILE
+    from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 
     run = make_run(owner, samples_per_step=4)
@@ -244,7 +245,8 @@ def test_trainer_logprobs_attach_to_stored_samples_and_give_ratios(owner_api, ow
 
 
 def test_supervisor_attaches_trainer_logprobs_once_their_stream_lines_are_stored(owner, tmp_path: Path) -> None:
-    from workers.supervisor import ROLLOUTS_FILE, TRAIN_LOGPROBS_FILE, RunSupervisor
+    from rl_core.run_dir import ROLLOUTS_FILE, TRAIN_LOGPROBS_FILE
+    from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 
     run = make_run(owner, samples_per_step=4)
