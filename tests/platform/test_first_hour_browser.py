@@ -94,7 +94,9 @@ def test_create_page_errors_show_a_summary_linking_to_each_field(daphne_server: 
     page = signed_in_page(browser, daphne_server, "/runs/new/%3Fpreset=tiny-cpu")
     page.fill('input[name="trainer.max_steps"]', "-5")
     page.fill('input[name="trainer.lr"]', "fast")
-    page.click("#launch-form")
+    # The launch waits for the form's sync with the YAML tab (config_sync.js), then posts.
+    with page.expect_navigation():
+        page.click("#launch-form")
     page.wait_for_load_state("networkidle")
 
     # The answer is the form again, and what is wrong is the first thing in view, focused.
