@@ -177,9 +177,16 @@
     var run = page.runs[index];
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     var retryMs = 1000;
+    var opened = false;  // the first open of this page's socket, or a reconnect
     function connect() {
       var socket = new WebSocket(scheme + location.host + run.ws_path);
-      socket.onopen = function () { retryMs = 1000; scheduleReload(index, 0); };  // what was missed
+      // What was missed between the page's fetch and this open; a run that had ended when the page
+      // fetched it has nothing to miss on the first open (a resume says so by its status first).
+      socket.onopen = function () {
+        retryMs = 1000;
+        if (opened || !InflightRuns.isTerminal(run.status)) scheduleReload(index, 0);
+        opened = true;
+      };
       socket.onmessage = function (event) {
         var message = JSON.parse(event.data);
         if (message.type === "metrics.batch") scheduleReload(index, 1000);
