@@ -65,25 +65,32 @@ def test_clone_edit_launch_and_a_shared_compare_url(daphne_server: str, owner, s
             assert "0.0003" in page.locator('#clone-diff-table tr[data-path="trainer.lr"]').inner_text()
             page.screenshot(path="/tmp/clone_page.png", full_page=False)
 
-            # The YAML tab diffs its own text (asked of the server as one types), an unreadable
-            # text says why, and back on the Form tab the form's diff returns.
+            # One config, two views (config_sync.js): the YAML tab shows the form's edits and diffs
+            # what is typed there (asked of the server as one types); a value a submission would
+            # refuse, or an unreadable text, says why under the diff; back on the Form tab, the
+            # form holds what the YAML said.
             page.click('.tab[data-tab="yaml"]')
-            wait(lambda: rows.count() == 0, timeout=10, message="the YAML tab's diff (the YAML is unedited)")
             editor = page.locator('textarea[name="config_yaml"]')
+            wait(lambda: rows.count() == 2 and "max_steps: 3" in editor.input_value(), timeout=30, message="the form's edits on the YAML tab")
             editor.fill(re.sub(r"max_steps: \d+", "max_steps: 9", editor.input_value()))
-            wait(lambda: rows.count() == 1 and rows.first.get_attribute("data-path") == "trainer.max_steps", timeout=10, message="the YAML edit in the diff")
-            assert "9" in page.locator('#clone-diff-table tr[data-path="trainer.max_steps"]').inner_text()
+            max_steps_row = page.locator('#clone-diff-table tr[data-path="trainer.max_steps"]')
+            wait(lambda: rows.count() == 2 and "9" in max_steps_row.inner_text(), timeout=30, message="the YAML edit in the diff")
             error = page.locator("#clone-diff-error")
             assert not error.is_visible()
+            valid_yaml = editor.input_value()
             # A value a submission would refuse: the diff stays, and the refusal shows under it.
-            editor.fill(re.sub(r"max_steps: \d+", "max_steps: -9", editor.input_value()))
-            wait(lambda: error.is_visible() and "trainer.max_steps" in error.inner_text() and rows.count() == 1,
-                 timeout=10, message="what a submission would be refused for, under the diff")
+            editor.fill(re.sub(r"max_steps: \d+", "max_steps: -9", valid_yaml))
+            wait(lambda: error.is_visible() and "trainer.max_steps" in error.inner_text() and rows.count() == 2,
+                 timeout=30, message="what a submission would be refused for, under the diff")
             editor.fill("trainer: [1, 2")
-            wait(lambda: error.is_visible() and "config_yaml" in error.inner_text(), timeout=10, message="the YAML error under the diff")
+            wait(lambda: error.is_visible() and "config_yaml" in error.inner_text(), timeout=30, message="the YAML error under the diff")
+            editor.fill(valid_yaml)
+            wait(lambda: not error.is_visible() and rows.count() == 2, timeout=30, message="the readable YAML's diff again")
             page.click('.tab[data-tab="form"]')
-            wait(lambda: rows.count() == 2 and not error.is_visible(), timeout=10, message="the form's diff again")
-            page.click("#launch-form")
+            wait(lambda: rows.count() == 2 and not error.is_visible() and page.input_value('input[name="trainer.max_steps"]') == "9",
+                 timeout=30, message="the form's diff again, with the YAML's max_steps")
+            with page.expect_navigation():
+                page.click("#launch-form")
             page.wait_for_url(re.compile(r".*/runs/\d+/$"))
             assert f"Cloned from #{first.pk} first" in page.locator("#run-lineage").inner_text()
 
@@ -113,4 +120,5 @@ def test_clone_edit_launch_and_a_shared_compare_url(daphne_server: str, owner, s
         finally:
             browser.close()
     clone = Run.objects.exclude(pk__in=before).get()
-    assert clone.parent_id == first.pk and clone.config["trainer"]["lr"] == 0.0003 and clone.config["trainer"]["max_steps"] == 3
+    # Launched from the form after the YAML tab set max_steps 9: both views are one config.
+    assert clone.parent_id == first.pk and clone.config["trainer"]["lr"] == 0.0003 and clone.config["trainer"]["max_steps"] == 9
