@@ -81,12 +81,14 @@ def test_login_submit_watch_runs_logs_download_a_real_run(
     out = submitted.stdout
     run_id = int(out.split()[1])
     assert out.splitlines()[0].startswith(f"run {run_id} queued: cli-tiny · {daphne_server}/runs/{run_id}/")
-    assert "running" in out and "step 4/4" in out and "held-out success" in out, out
-    assert out.rstrip().endswith(f"run {run_id} succeeded · {daphne_server}/runs/{run_id}/")
+    assert "running" in out and "step 4/4" in out and "success/heldout" in out, out  # full metric names
+    last = out.rstrip().splitlines()[-1]  # the end says why the run ended (issue 33, defect 7)
+    assert last.startswith(f"run {run_id} succeeded (") and last.endswith(f") · {daphne_server}/runs/{run_id}/"), last
+    assert submitted.returncode == 0  # it finished its steps: 0 (3 only for a wall-time stop)
 
     listed = cli("runs").stdout.splitlines()
-    assert listed[0].split() == ["ID", "STATUS", "NAME", "OWNER", "STEPS", "WALL", "CREATED"]
-    assert listed[1].split()[:5] == [str(run_id), "succeeded", "cli-tiny", "owner", "4"]
+    assert listed[0].split() == ["ID", "STATUS", "NAME", "OWNER", "STEP", "WALL", "CREATED"]
+    assert listed[1].split()[:5] == [str(run_id), "succeeded", "cli-tiny", "owner", "4/4"]  # the step reached of max_steps
     as_json = json.loads(cli("runs", "--json").stdout)
     assert as_json[0]["config"]["trainer"]["checkpoint_every"] == 2  # --set reached the server typed
 
@@ -98,7 +100,7 @@ def test_login_submit_watch_runs_logs_download_a_real_run(
 
     target = tmp_path / "download"
     downloaded = cli("download", str(run_id), "-o", str(target), "--checkpoint", "latest").stdout
-    assert "checkpoints/step_000004/" in downloaded
+    assert "checkpoints/step_000004\t" in downloaded, downloaded  # each item with its size, moved into place when whole
     wide_header = (target / "metrics_wide.csv").read_text().splitlines()[0].split(",")
     assert wide_header[:2] == ["step", "t"] and "train/loss" in wide_header and "success/heldout" in wide_header
     assert (target / "metrics.csv").read_text().startswith("step,t,name,value,line")
@@ -127,7 +129,8 @@ def test_cancel_resume_and_follow_a_run_through_the_cli(
     time.sleep(2)
     assert "run" in cli("cancel", str(run_id)).stdout
     watched, _ = watcher.communicate(timeout=90)
-    assert watcher.returncode == 1 and watched.rstrip().endswith(f"run {run_id} cancelled · {daphne_server}/runs/{run_id}/"), watched
+    last = watched.rstrip().splitlines()[-1]
+    assert watcher.returncode == 1 and last.startswith(f"run {run_id} cancelled") and last.endswith(f" · {daphne_server}/runs/{run_id}/"), watched
     assert watched.count("! alert step 2 ") == 1 and "no metrics for 300 s (test)" in watched, watched  # once, not every poll
     _, follow_err = follower.communicate(timeout=90)
     assert follower.returncode == 0, follow_err  # -f ends with the run
