@@ -24,7 +24,6 @@ import random
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer

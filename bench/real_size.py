@@ -32,7 +32,6 @@ the learning, is what is measured. `real_size_trained_tokens_per_step` proves th
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys

@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 

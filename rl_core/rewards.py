@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 BOX_COMMANDS = ("\\boxed", "\\fbox")
 

@@ -35,7 +35,6 @@ from rl_core.weight_sync import (
     HttpWeightSyncEndpoint,
     ParamSpec,
     UpdatableEngine,
-    WeightSyncError,
     _raise_first,
     _run_all,
     parse_update,

@@ -261,7 +261,7 @@ def reference_step(model_path: Path, samples: list[RolloutSample], kind: str, co
     loss, counts = reference_loss(kind, correction, knobs, sequences)
     loss.backward()
     gradient = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return {"loss": float(loss), "gradient": gradient, "counts": counts}
+    return {"loss": float(loss.detach()), "gradient": gradient, "counts": counts}
 
 
 @pytest.mark.parametrize("temperature,max_lag", SCENARIOS)
