@@ -87,7 +87,7 @@ def demo_config_data(smoke: bool, config: Path = DEMO_CONFIG) -> dict:
     """`config` (by default the demo's) as a dict, with SMOKE_DEMO_OVERRIDES applied under --smoke."""
     import yaml
 
-    from rl_core.config import apply_overrides
+    from rl_core.config_files import apply_overrides
 
     return apply_overrides(yaml.safe_load(Path(config).read_text()), list(SMOKE_DEMO_OVERRIDES) if smoke else [])
 

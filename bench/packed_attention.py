@@ -31,7 +31,8 @@ from benchlib import REPO_ROOT, parse_bench_args, smoke_demo_config  # noqa: E40
 import torch  # noqa: E402
 
 from rl_core.advantages import group_advantages  # noqa: E402
-from rl_core.config import DEFAULT_ROW_TOKENS, load_config  # noqa: E402
+from rl_core.config import DEFAULT_ROW_TOKENS  # noqa: E402
+from rl_core.config_files import load_config
 from rl_core.contracts import RolloutSample, SamplingParams  # noqa: E402
 from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
 from rl_core.rewards import score_answer  # noqa: E402

@@ -96,7 +96,7 @@ def trl_child(config_path: str, max_steps: int, out_json: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl_core.config import load_config
+    from rl_core.config_files import load_config
     from rl_core.contracts import SamplingParams
     from rl_core.engine import EngineConfig, ReferenceEngine
     from rl_core.evaluation import PromptTemplate, engine_generate, evaluate

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "actor": ("rl_core.actor_main", "main", "Run the rollout actor of a run (started by `run`)."),
     "trainer": ("rl_core.trainer", "main", "Run the trainer of a run (started by `run`)."),
     "eval": ("rl_core.eval_cli", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
-    "validate": ("rl_core.config", "main", "Validate a run config and print it resolved."),
+    "validate": ("rl_core.config_files", "main", "Validate a run config and print it resolved."),
     "cluster-nodes": ("rl_core.cluster_nodes", "main", "Print the Ray cluster's nodes as JSON (a cluster worker's heartbeat)."),
 }
 

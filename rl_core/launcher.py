@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.cluster_layout import ClusterError, trainer_rank_name
-from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig, config_to_yaml, load_config_or_exit
+from rl_core.config import DEFAULT_TINY_MODEL_DIR, RunConfig
+from rl_core.config_files import config_to_yaml, load_config_or_exit
 from rl_core.jsonl_tail import JsonlTail
 from rl_core.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
 from rl_core.placement import Placement, PlacementError, check_placement, detect_gpus

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from rl_core.config import load_config
+from rl_core.config_files import load_config
 
 if TYPE_CHECKING:
     from rl_core.config import RunConfig, StreamConfig

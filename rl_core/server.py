@@ -425,7 +425,7 @@ def main(argv: list[str]) -> int:
 
     drafter = None
     if args.run_dir:
-        from rl_core.config import ConfigError
+        from rl_core.config_files import ConfigError
         from rl_core.engine_config import engine_config_for
         from rl_core.run_dir import load_run_config
 

@@ -431,7 +431,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.run_dir:
-        from rl_core.config import ConfigError
+        from rl_core.config_files import ConfigError
         from rl_core.run_dir import load_run_config
 
         try:

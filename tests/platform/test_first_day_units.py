@@ -86,7 +86,7 @@ def test_every_entry_point_gets_the_same_run_defaults(owner, owner_api, owner_we
     """Issue 33: the API (the README's own example), a minimal YAML on the create page's YAML tab,
     the form and the engine's command line all resolve a silent field to the same value."""
     from inflight.runs.models import Run
-    from rl_core.config import load_config
+    from rl_core.config_files import load_config
 
     api = owner_api.post("/api/runs/", json.dumps({"name": "from-api", "config": {"trainer": {"max_steps": 20}}}), content_type="application/json")
     assert api.status_code == 201, api.content

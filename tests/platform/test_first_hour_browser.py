@@ -35,7 +35,8 @@ pytestmark = [
 def demo_config(**overrides: Any) -> dict[str, Any]:
     """The demo preset (examples/tiny-cpu.yaml) resolved as a submission is (a run's defaults
     where it is silent), with dotted overrides."""
-    from rl_core.config import RunConfig, with_run_defaults
+    from rl_core.config import RunConfig
+    from rl_core.config_files import with_run_defaults
 
     data = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
     for dotted, value in overrides.items():

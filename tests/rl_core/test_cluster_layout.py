@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from rl_core.cluster_layout import ClusterError, check_cluster_request, layout_summary, node_bundles, role_slots
-from rl_core.config import ConfigError, RunConfig, load_config
+from rl_core.config import RunConfig
+from rl_core.config_files import ConfigError, load_config
 from rl_core.launcher import LaunchError, place_cluster_run, trainer_children
 from rl_core.placement import check_placement
 

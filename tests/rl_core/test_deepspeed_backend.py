@@ -336,7 +336,8 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.config import RunConfig, config_to_yaml
+    from rl_core.config import RunConfig
+    from rl_core.config_files import config_to_yaml
     from rl_core.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
     from rl_core.launcher import place_run, trainer_children
     from rl_core.processes import free_port

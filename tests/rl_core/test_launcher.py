@@ -261,7 +261,7 @@ def test_every_engine_setting_of_a_run_config_reaches_the_engine_config() -> Non
 
 
 def test_a_vllm_server_of_a_run_takes_its_settings_from_config_yaml(tmp_path: Path) -> None:
-    from rl_core.config import config_to_yaml
+    from rl_core.config_files import config_to_yaml
     from rl_core.vllm_engine import _parser, apply_run_config
 
     config = RunConfig.model_validate({"seed": 4, "inference": {"max_batch_size": 6, "max_seq_len": 512, "threads_per_server": 2,

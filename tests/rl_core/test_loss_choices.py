@@ -12,7 +12,8 @@ import pytest
 
 from rl_core.actor import Actor
 from rl_core.advantages import divides_by_group_std, group_advantages
-from rl_core.config import IS_CORRECTIONS_BY_LOSS, ConfigError, RunConfig, parse_config
+from rl_core.config import IS_CORRECTIONS_BY_LOSS, RunConfig
+from rl_core.config_files import ConfigError, parse_config
 from rl_core.metrics import JsonlSink
 from rl_core.stream import FileStreamReader, FileStreamWriter
 from rl_core.submission import PromptSource, ZeroAdvantageGroups

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.config import RunConfig, config_to_yaml
+from rl_core.config import RunConfig
+from rl_core.config_files import config_to_yaml
 from rl_core.contracts import RolloutSample
 from rl_core.loss import pack_micro_batches
 from rl_core.metrics import JsonlSink

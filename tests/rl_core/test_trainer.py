@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.config import RunConfig, config_to_yaml
+from rl_core.config import RunConfig
+from rl_core.config_files import config_to_yaml
 from rl_core.contracts import RolloutSample
 from rl_core.metrics import JsonlSink
 from tests.metrics_file import read_metrics
@@ -241,7 +242,7 @@ def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
 def test_truncated_sampling_is_refused_at_config_time_naming_the_field() -> None:
     from pydantic import ValidationError
 
-    from rl_core.config import format_validation_error
+    from rl_core.config_files import format_validation_error
 
     with pytest.raises(ValidationError) as error:
         RunConfig.model_validate({"sampling": {"top_p": 0.9}})
