@@ -39,6 +39,7 @@ from rl_core.weight_sync import (
     _run_all,
     parse_update,
     synchronize_device,
+    update_metrics,
 )
 
 HandoffKind = Literal["shared_memory", "cuda_ipc"]
@@ -235,14 +236,7 @@ class SameDeviceSender:
             # Every server that was going to map the segment has (or has failed): its name goes.
             segment.unlink_name()
         _raise_first(names, errors)
-        pauses = [float(result.get("pause_s", 0.0)) for result in results]
-        return {
-            "weights/update_pause_s": max(pauses),
-            "weights/handoff_write_s": write_s,
-            "weights/update_total_s": time.perf_counter() - started,
-            "weights/version": float(version),
-            "weights/same_device_handoff": 1.0,
-        }
+        return update_metrics(results, started, version, same_device=True, **{"weights/handoff_write_s": write_s})
 
     def close(self) -> None:
         for endpoint in self.endpoints:

@@ -276,6 +276,19 @@ def _raise_first(names: list[str], errors: list[BaseException | None]) -> None:
             raise WeightSyncError(f"weight sync with {name} failed: {error}") from error
 
 
+def update_metrics(results: list[Any], started: float, version: int, same_device: bool, **timings: float) -> dict[str, float]:
+    """One update's metric line, the same from either path (process group or same-device handoff):
+    the longest pause a server reported, the path's own timings, the whole update's time."""
+    pauses = [float(result.get("pause_s", 0.0)) for result in results]
+    return {
+        "weights/update_pause_s": max(pauses),
+        **timings,
+        "weights/update_total_s": time.perf_counter() - started,
+        "weights/version": float(version),
+        "weights/same_device_handoff": 1.0 if same_device else 0.0,
+    }
+
+
 class WeightBroadcaster:
     """Trainer side: `connect()` once, `broadcast(named_tensors, version)` per update, `close()`."""
 
@@ -381,14 +394,7 @@ class WeightBroadcaster:
         for thread in threads:
             thread.join(self.timeout_s)
         _raise_first(names, errors)
-        pauses = [float(result.get("pause_s", 0.0)) for result in results]
-        return {
-            "weights/update_pause_s": max(pauses),
-            "weights/broadcast_s": broadcast_s,
-            "weights/update_total_s": time.perf_counter() - started,
-            "weights/version": float(version),
-            "weights/same_device_handoff": 0.0,
-        }
+        return update_metrics(results, started, version, same_device=False, **{"weights/broadcast_s": broadcast_s})
 
     def _wait(self, work: Any, names: list[str], errors: list[BaseException | None]) -> None:
         # Poll rather than block: a server that died or failed never joins the collective,
