@@ -22,7 +22,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # The warm-started tiny model takes minutes of CPU to build, so it is built once per recipe:
 # into a cache keyed by the code that builds it, linked at the default place (var/models/tiny)
 # that the demo, the eval CLI and the tests read. A changed recipe gets a fresh build.
-TINY_RECIPE := $(shell cat rl_core/tiny_model.py rl_core/tasks.py | sha256sum | cut -c1-16)
+TINY_RECIPE := $(shell cat rl_core/models/tiny_model.py rl_core/envs/problems.py | sha256sum | cut -c1-16)
 TINY_CACHE := $(HOME)/.cache/inflight/models/tiny-$(TINY_RECIPE)
 
 venv: $(VENV)/.installed

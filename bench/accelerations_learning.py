@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args  # noqa: E402  (first: it puts the checkout on sys.path)
 
-from rl_core.run_dir import read_status  # noqa: E402
+from rl_core.rundir.layout import read_status  # noqa: E402
 
 SWITCHES = ("histospec", "histopipe", "tail_batching")
 
@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     steps = sorted(set(curves["off"]) | set(curves["on"]))
 
     print(f"\nAccelerations on vs off: {args.config}, max_steps={args.steps}, max_wall_time_s={args.wall}, seed={args.seed}")
-    import rl_core.actor
+    import rl_core.actor.loop
 
-    if "tail_batching" not in inspect.getsource(rl_core.actor):
+    if "tail_batching" not in inspect.getsource(rl_core.actor.loop):
         print("note: the actor does not read accelerations.tail_batching yet, so 'on' runs HistoSpec + HistoPipe only")
     print(f"{'step':>6}{'heldout off':>13}{'heldout on':>12}")
     for step in steps:

@@ -42,8 +42,8 @@ for _path in (REPO_ROOT / "platform", REPO_ROOT):
 
 # torch and Django are imported where used: the platform benches need no torch, the engine
 # benches no Django.
-from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
-from rl_core.processes import free_port  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
+from rl_core.common.processes import free_port  # noqa: E402
 from tests.rl_core.server_process import ServerProcess, start_server_process  # noqa: E402  (the tests' server handle)
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def demo_config_data(smoke: bool, config: Path = DEMO_CONFIG) -> dict:
     """`config` (by default the demo's) as a dict, with SMOKE_DEMO_OVERRIDES applied under --smoke."""
     import yaml
 
-    from rl_core.config_files import apply_overrides
+    from rl_core.config.files import apply_overrides
 
     return apply_overrides(yaml.safe_load(Path(config).read_text()), list(SMOKE_DEMO_OVERRIDES) if smoke else [])
 
@@ -149,7 +149,7 @@ def platform_services(name: str, fast_unsafe: bool = False) -> Iterator[None]:
 def tiny_or_given_model(path: str | Path) -> Path:
     """The model directory at `path`; the default tiny model (var/models/tiny) is built there first
     if missing, any other directory is the caller's own."""
-    from rl_core.tiny_model import ensure_tiny_model
+    from rl_core.models.tiny_model import ensure_tiny_model
 
     path = Path(path)
     return ensure_tiny_model(path) if path.resolve() == (REPO_ROOT / DEFAULT_TINY_MODEL_DIR).resolve() else path
@@ -316,7 +316,7 @@ def build_model(directory: Path) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rl_core.tiny_model import build_tokenizer
+    from rl_core.models.tiny_model import build_tokenizer
 
     tokenizer = build_tokenizer(0, 1024)
     config = Qwen2Config(
@@ -335,8 +335,8 @@ def bare_receiver(master_port: int, plan_file: str, rounds: int) -> None:
     """Rank 1 of a plain gloo group: handshake, then receive every bucket; print the times."""
     import torch
 
-    from rl_core.model_io import torch_dtype
-    from rl_core.weight_sync import ParamSpec, create_group, plan_buckets
+    from rl_core.models.model_io import torch_dtype
+    from rl_core.weights.sync import ParamSpec, create_group, plan_buckets
 
     torch.set_num_threads(1)
     specs = [ParamSpec.from_json(item) for item in json.loads(Path(plan_file).read_text())["params"]]
@@ -358,8 +358,8 @@ def bare_receiver(master_port: int, plan_file: str, rounds: int) -> None:
 def bare_broadcast(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, rounds: int, scratch: Path) -> list[float]:
     import torch
 
-    from rl_core.model_io import dtype_name
-    from rl_core.weight_sync import ParamSpec, create_group, plan_buckets
+    from rl_core.models.model_io import dtype_name
+    from rl_core.weights.sync import ParamSpec, create_group, plan_buckets
 
     specs = [ParamSpec(name, dtype_name(tensor.dtype), tuple(tensor.shape)) for name, tensor in named]
     plan_file = scratch / "plan.json"
@@ -388,8 +388,8 @@ def bare_broadcast(named: list[tuple[str, torch.Tensor]], bucket_bytes: int, rou
 
 def keep_decoding(url: str, stop: threading.Event) -> None:
     """Requests in flight during every update, as in a real run."""
-    from rl_core.client import InferenceClient
-    from rl_core.contracts import SamplingParams
+    from rl_core.inference.client import InferenceClient
+    from rl_core.common.contracts import SamplingParams
 
     async def loop() -> None:
         async with InferenceClient(url) as client:
@@ -406,7 +406,7 @@ def updates_while_decoding(url: str, named: list[tuple[str, torch.Tensor]], upda
     trainer-side sender to use (default: a gloo `WeightBroadcaster`; `weight_handoff.SameDeviceSender`)."""
     import torch
 
-    from rl_core.weight_sync import WeightBroadcaster
+    from rl_core.weights.sync import WeightBroadcaster
 
     stop = threading.Event()
     decoder = threading.Thread(target=keep_decoding, args=(url, stop), daemon=True)

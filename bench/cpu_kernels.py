@@ -1,7 +1,7 @@
 """The demo with CPU linear layers on oneDNN (the default) vs torch's stock MKL path.
 
 Runs the product's CLI (`python -m rl_core run CONFIG`) twice per repeat, one after the other,
-the only difference being INFLIGHT_CPU_LINEAR (rl_core/cpu_kernels.py): `onednn` (default) or
+the only difference being INFLIGHT_CPU_LINEAR (rl_core/kernels/cpu.py): `onednn` (default) or
 `torch`. Alternates the order across repeats so a drift in machine load favours neither side.
 
     .venv/bin/python bench/cpu_kernels.py [--config examples/tiny-cpu.yaml] [--max-steps 25] [--repeats 1] [--smoke]
@@ -20,7 +20,7 @@ from pathlib import Path
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
 from benchlib import parse_bench_args, run_cli, smoke_demo_config  # noqa: E402
 
-from rl_core.cpu_kernels import ENV_SWITCH  # noqa: E402
+from rl_core.kernels.cpu import ENV_SWITCH  # noqa: E402
 
 
 def run_demo(config: str, max_steps: int, kernel: str) -> dict[str, float]:

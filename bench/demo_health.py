@@ -36,7 +36,7 @@ from typing import Any
 from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args, run_cli  # noqa: E402  (first: it puts the checkout and platform/ on sys.path)
 
 from inflight.alerts.rules import Verdicts, advance_episodes, check_eval, check_line, check_stall  # noqa: E402  (pure: no Django, no database)
-from rl_core.run_dir import EVALS_FILE, METRICS_FILE, load_run_config  # noqa: E402
+from rl_core.rundir.layout import EVALS_FILE, METRICS_FILE, load_run_config  # noqa: E402
 from tests.metrics_file import read_metrics  # noqa: E402
 
 HELDOUT = "success/heldout"

@@ -10,7 +10,7 @@ the tokens each request asked for. Same model, same process, one thread on a CPU
     .venv/bin/python bench/engine_throughput.py [--prompts 32] [--repeats 2] [--smoke]
         [--shape tiny|125m|qwen2.5-0.5b|...] [--device cpu|cuda] [--dtype float32|bfloat16] [--model DIR]
 
-The model is a randomly initialised `--shape` (rl_core/model_shapes.py) unless `--model` names
+The model is a randomly initialised `--shape` (rl_core/models/model_shapes.py) unless `--model` names
 one. Both sides decode greedily; in float32 on a CPU they produce the same tokens (checked), in
 bf16 or on a GPU their kernels round differently, so each is credited with its own tokens.
 
@@ -28,10 +28,10 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl_core.contracts import SamplingParams
-from rl_core.engine import EngineConfig, ReferenceEngine
-from rl_core.model_io import model_dtype
-from rl_core.model_shapes import add_model_shape_args, bench_dtype, model_for_bench
+from rl_core.common.contracts import SamplingParams
+from rl_core.inference.engine import EngineConfig, ReferenceEngine
+from rl_core.models.model_io import model_dtype
+from rl_core.models.model_shapes import add_model_shape_args, bench_dtype, model_for_bench
 
 
 def make_workload(tokenizer, count: int, seed: int, max_budget: int = 256) -> list[tuple[list[int], int]]:

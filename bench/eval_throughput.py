@@ -5,7 +5,7 @@ model's held-out arithmetic set; `math500` etc. work too), `--k` samples per
 problem, the same sampling settings — on the tiny model, grade with the same
 math-verify rewards, and are timed wall-clock, one after the other:
 
-- engine: `rl_core.evaluation.evaluate` over `ReferenceEngine` (continuous batching:
+- engine: `rl_core.evaluation.evaluator.evaluate` over `ReferenceEngine` (continuous batching:
   a finished sequence's slot is refilled at the next step);
 - HF: the usual static-batch loop — chat-template `--batch-size // k` problems,
   `model.generate(num_return_sequences=k)`, wait for the longest, repeat.
@@ -32,14 +32,14 @@ import torch
 
 from benchlib import REPO_ROOT, parse_bench_args, tiny_or_given_model  # noqa: E402  (first: it puts the checkout on sys.path)
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
-from rl_core.contracts import SamplingParams  # noqa: E402
-from rl_core.evaluation import PROMPT_TEMPLATES, engine_generate, evaluate, get_benchmark, load_benchmark  # noqa: E402
-from rl_core.rewards import score_many  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
+from rl_core.common.contracts import SamplingParams  # noqa: E402
+from rl_core.evaluation.evaluator import PROMPT_TEMPLATES, engine_generate, evaluate, get_benchmark, load_benchmark  # noqa: E402
+from rl_core.envs.rewards import score_many  # noqa: E402
 
 
 def run_engine(model_dir: Path, benchmark: str, problems, k: int, sampling: SamplingParams, batch_size: int) -> tuple[float, float]:
-    from rl_core.engine import EngineConfig, ReferenceEngine
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
 
     engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=batch_size, seed=0))
     engine.start()

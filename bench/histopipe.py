@@ -27,14 +27,13 @@ import random
 import sys
 import time
 
-import torch
 
 from benchlib import REPO_ROOT, LengthProfile, parse_bench_args, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
-from rl_core.contracts import SamplingParams  # noqa: E402
-from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
-from rl_core.scheduling import HistoPipeRouter, LeastLoadedRouter, LengthPredictor, Router, assign_batch, load_spread  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
+from rl_core.common.contracts import SamplingParams  # noqa: E402
+from rl_core.inference.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.actor.scheduling import HistoPipeRouter, LeastLoadedRouter, LengthPredictor, Router, assign_batch, load_spread  # noqa: E402
 
 
 def run_server_share(engine: ReferenceEngine, share: list[str], lengths: dict[str, list[int]]) -> tuple[float, int]:

@@ -40,11 +40,11 @@ import torch
 
 from benchlib import REPO_ROOT, parse_bench_args, tiny_or_given_model  # noqa: E402  (first: it puts the checkout on sys.path)
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR, HistoSpecConfig, TaskConfig  # noqa: E402
-from rl_core.contracts import GenerationResult, SamplingParams  # noqa: E402
-from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
-from rl_core.speculation import HistoryDrafter  # noqa: E402
-from rl_core.tasks import load_task  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, HistoSpecConfig, TaskConfig  # noqa: E402
+from rl_core.common.contracts import GenerationResult, SamplingParams  # noqa: E402
+from rl_core.inference.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.inference.speculation import HistoryDrafter  # noqa: E402
+from rl_core.envs.problems import load_task  # noqa: E402
 
 
 def encode_prompts(tokenizer, task: TaskConfig, count: int) -> tuple[list[str], list[list[int]]]:

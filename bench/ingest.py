@@ -56,7 +56,6 @@ def ingest_orm(run_id: int, points) -> None:
 
 
 def throughput(owner, total_points: int, batch_points: int, mode: str) -> float:
-    from inflight.runs import services
 
     with live_run(owner, f"bench-{mode}-{batch_points}") as run:
         return _throughput(run, total_points, batch_points, mode)

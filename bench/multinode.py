@@ -57,8 +57,8 @@ from netns_cluster import INTERFACE, NetnsCluster, netns_usable  # noqa: E402
 
 from tests.metrics_file import read_metrics  # noqa: E402
 from tests.rl_core.server_process import start_server_process  # noqa: E402
-from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
-from rl_core.weight_sync import default_streams  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
+from rl_core.weights.sync import default_streams  # noqa: E402
 
 GAIN = 0.20
 
@@ -80,7 +80,7 @@ def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir:
     from transformers import AutoModelForCausalLM
 
     from benchlib import keep_decoding
-    from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, WeightBroadcaster
+    from rl_core.weights.sync import DEFAULT_BUCKET_BYTES, WeightBroadcaster
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -30,15 +30,15 @@ from benchlib import REPO_ROOT, parse_bench_args, smoke_demo_config  # noqa: E40
 
 import torch  # noqa: E402
 
-from rl_core.advantages import group_advantages  # noqa: E402
-from rl_core.config import DEFAULT_ROW_TOKENS  # noqa: E402
-from rl_core.config_files import load_config
-from rl_core.contracts import RolloutSample, SamplingParams  # noqa: E402
-from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
-from rl_core.rewards import score_answer  # noqa: E402
-from rl_core.tasks import load_task  # noqa: E402
-from rl_core.tiny_model import ensure_tiny_model  # noqa: E402
-from rl_core.trainer import make_backend, train_step  # noqa: E402
+from rl_core.envs.advantages import group_advantages  # noqa: E402
+from rl_core.config.run_config import DEFAULT_ROW_TOKENS  # noqa: E402
+from rl_core.config.files import load_config
+from rl_core.common.contracts import RolloutSample, SamplingParams  # noqa: E402
+from rl_core.inference.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.envs.rewards import score_answer  # noqa: E402
+from rl_core.envs.problems import load_task  # noqa: E402
+from rl_core.models.tiny_model import ensure_tiny_model  # noqa: E402
+from rl_core.trainer.loop import make_backend, train_step  # noqa: E402
 
 
 def demo_batches(config_path: Path, steps: int) -> tuple[object, list[list[RolloutSample]]]:

@@ -45,12 +45,12 @@ import yaml
 
 from benchlib import REPO_ROOT, bare_broadcast  # noqa: E402  (first: it puts the checkout on sys.path)
 
-from rl_core.model_shapes import SHAPES, add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES  # noqa: E402
+from rl_core.models.model_shapes import SHAPES, add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
+from rl_core.weights.sync import DEFAULT_BUCKET_BYTES  # noqa: E402
 
 SAMPLE_EVERY_S = 0.5
 # Which role a process of the run is, by its command line (`python -m rl_core <command>`).
-ROLE_COMMANDS = {"serve": "server", "rl_core.vllm_engine": "server", "trainer": "trainer", "actor": "actor"}
+ROLE_COMMANDS = {"serve": "server", "rl_core.inference.vllm_engine": "server", "trainer": "trainer", "actor": "actor"}
 
 
 class RunSampler:
@@ -197,7 +197,7 @@ def bare_broadcast_floor(model_dir: Path, dtype: str, rounds: int, scratch: Path
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.model_io import model_dtype
+    from rl_core.models.model_io import model_dtype
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_dtype(dtype))
     named = [(name, parameter.detach()) for name, parameter in model.named_parameters()]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
-import sys
 import time
 
 from benchlib import parse_bench_args, platform_services  # first: it puts the checkout on sys.path

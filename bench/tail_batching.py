@@ -45,10 +45,10 @@ import torch
 
 from benchlib import REPO_ROOT, LengthProfile, parse_bench_args, prepare_model, prompt_tokens  # first: it puts the checkout on sys.path
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR, TailBatchingConfig  # noqa: E402
-from rl_core.contracts import SamplingParams  # noqa: E402
-from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
-from rl_core.tail_batching import TailBatchPlanner, TailRound  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, TailBatchingConfig  # noqa: E402
+from rl_core.common.contracts import SamplingParams  # noqa: E402
+from rl_core.inference.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.actor.tail_batching import TailBatchPlanner, TailRound  # noqa: E402
 
 
 def run_round(engine: ReferenceEngine, round_: TailRound, profile: LengthProfile, attempts: dict[str, int]) -> tuple[float, float]:

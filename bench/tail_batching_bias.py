@@ -33,11 +33,11 @@ import torch
 
 from benchlib import REPO_ROOT, parse_bench_args, tiny_or_given_model  # noqa: E402  (first: it puts the checkout on sys.path)
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR, TaskConfig  # noqa: E402
-from rl_core.contracts import SamplingParams  # noqa: E402
-from rl_core.engine import EngineConfig, ReferenceEngine  # noqa: E402
-from rl_core.rewards import score_many  # noqa: E402
-from rl_core.tasks import load_task  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, TaskConfig  # noqa: E402
+from rl_core.common.contracts import SamplingParams  # noqa: E402
+from rl_core.inference.engine import EngineConfig, ReferenceEngine  # noqa: E402
+from rl_core.envs.rewards import score_many  # noqa: E402
+from rl_core.envs.problems import load_task  # noqa: E402
 
 
 def sample_groups(model_dir: Path, prompts: int, per_prompt: int, max_new_tokens: int) -> tuple[list[list[float]], list[list[int]]]:

@@ -26,10 +26,10 @@ import torch
 
 import benchlib  # noqa: F401  (first: it puts the checkout on sys.path)
 
-from rl_core.config import RunConfig  # noqa: E402
-from rl_core.contracts import RolloutSample  # noqa: E402
-from rl_core.model_shapes import add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
-from rl_core.trainer import make_backend, train_step  # noqa: E402
+from rl_core.config.run_config import RunConfig  # noqa: E402
+from rl_core.common.contracts import RolloutSample  # noqa: E402
+from rl_core.models.model_shapes import add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
+from rl_core.trainer.loop import make_backend, train_step  # noqa: E402
 
 
 def synthetic_batch(count: int, prompt_tokens: int, completion_tokens: int, vocab: int, seed: int) -> list[RolloutSample]:

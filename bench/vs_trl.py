@@ -15,7 +15,7 @@ Runs both on the same run config (default examples/tiny-cpu.yaml), one after the
 Matched, read from the YAML for both: model dir and dtype, task and training prompts in
 `load_task(config.task).train_stream()` order (TRL: shuffle_dataset=False), the server's chat
 template (tokenizer.apply_chat_template(..., add_generation_prompt=True): identical prompt ids),
-rl_core.rewards scoring, group size (num_generations), samples per optimizer step
+rl_core.envs.rewards scoring, group size (num_generations), samples per optimizer step
 (per_device_train_batch_size, one generation batch per step, num_iterations=1: TRL is strictly
 on-policy), lr with rl_core's own warm-up/schedule function (torch_backend.lr_multiplier via a
 LambdaLR: HF's constant_with_warmup would give step 0 an lr of 0), AdamW as TorchBackend builds it
@@ -44,7 +44,7 @@ What cannot match, and why:
 - HF generate() decodes the 64 sequences as one padded batch to the longest; Inflight's
   continuous batching does not. This is a speed difference, not a learning one.
 
-Held-out evaluation, the same code for both: rl_core.evaluation.evaluate over the task's 64
+Held-out evaluation, the same code for both: rl_core.evaluation.evaluator.evaluate over the task's 64
 held-out problems, k=eval.heldout_k, T=sampling temperature, seeded per problem with config.seed
 (the actor's `success/heldout`). TRL: at step 0 and every eval.heldout_every_n_steps (and the last
 step) the weights are saved to a temp dir and evaluated through a ReferenceEngine in the child,
@@ -96,14 +96,14 @@ def trl_child(config_path: str, max_steps: int, out_json: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl_core.config_files import load_config
-    from rl_core.contracts import SamplingParams
-    from rl_core.engine import EngineConfig, ReferenceEngine
-    from rl_core.evaluation import PromptTemplate, engine_generate, evaluate
-    from rl_core.model_io import model_dtype
-    from rl_core.rewards import score_many
-    from rl_core.tasks import load_task
-    from rl_core.torch_backend import lr_multiplier
+    from rl_core.config.files import load_config
+    from rl_core.common.contracts import SamplingParams
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
+    from rl_core.evaluation.evaluator import PromptTemplate, engine_generate, evaluate
+    from rl_core.models.model_io import model_dtype
+    from rl_core.envs.rewards import score_many
+    from rl_core.envs.problems import load_task
+    from rl_core.trainer.torch_backend import lr_multiplier
 
     config = load_config(config_path)
     t, e = config.trainer, config.eval
@@ -123,7 +123,7 @@ def trl_child(config_path: str, max_steps: int, out_json: str) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=model_dtype(config.model.dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    # AdamW and the LR factor exactly as rl_core.torch_backend.TorchBackend builds them.
+    # AdamW and the LR factor exactly as rl_core.trainer.torch_backend.TorchBackend builds them.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, t.warmup_steps, t.schedule, max_steps))
@@ -194,7 +194,7 @@ def trl_child(config_path: str, max_steps: int, out_json: str) -> None:
 
 def ensure_trl_venv() -> None:
     """Create .venv-trl on first use (never the project's venv: TRL pins its own stack)."""
-    if TRL_PYTHON.exists() and subprocess.run([str(TRL_PYTHON), "-c", "import trl, rl_core.config"], cwd=REPO,
+    if TRL_PYTHON.exists() and subprocess.run([str(TRL_PYTHON), "-c", "import trl, rl_core.config.run_config"], cwd=REPO,
                                               env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True).returncode == 0:
         return
     print("creating .venv-trl (torch 2.13.0 CPU, trl 1.16.0): a few minutes, once", flush=True)

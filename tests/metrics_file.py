@@ -1,6 +1,6 @@
 """`read_metrics`: every complete record of a run's `metrics.jsonl` or `evals.jsonl` at once, for
 tests and benches (`from tests.metrics_file import read_metrics`; benchlib puts the checkout on
-sys.path). The product reads these files as they grow, through `rl_core.jsonl_tail.JsonlTail`.
+sys.path). The product reads these files as they grow, through `rl_core.common.jsonl_tail.JsonlTail`.
 """
 
 from __future__ import annotations

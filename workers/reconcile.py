@@ -27,9 +27,9 @@ from django.utils import timezone
 
 from inflight.runs import run_paths, services
 from inflight.runs.models import ACTIVE_STATUSES, ALLOWED_TRANSITIONS, Run, RunStatus
-from rl_core.run_dir import FINAL_STATES, read_status
-from rl_core.processes import stop_process_groups
-from rl_core.resume import read_resumes
+from rl_core.rundir.layout import FINAL_STATES, read_status
+from rl_core.common.processes import stop_process_groups
+from rl_core.rundir.resume import read_resumes
 from workers.supervisor import RunSupervisor
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def reconcile_run(run: Run, timeout_s: float = 60.0) -> str:
         _stop_engine(status.pid, run_dir)
         status = read_status(run_dir)
     supervisor = RunSupervisor(run_dir=run_dir, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=settings.REPO_ROOT)
-    # A resumed run's rewound lines stay superseded here too (rl_core/resume.py).
+    # A resumed run's rewound lines stay superseded here too (rl_core/rundir/resume.py).
     supervisor.resumes = read_resumes(run_dir)
     deadline = time.monotonic() + timeout_s
     while not supervisor.deliver():

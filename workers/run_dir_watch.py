@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from rl_core.run_dir import EVALS_FILE, METRICS_FILE, RESUMES_FILE, STATUS_FILE
+from rl_core.rundir.layout import EVALS_FILE, METRICS_FILE, RESUMES_FILE, STATUS_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rl_core.config import StreamConfig  # no torch: the config's models only
-from rl_core.jsonl_tail import JsonlTail, parse_record
-from rl_core.run_dir import REDIS_DIR, REDIS_PASSWORD_FILE, ROLLOUTS_FILE, stream_redis_url
-from rl_core.stream import redis_stream_key
+from rl_core.config.run_config import StreamConfig  # no torch: the config's models only
+from rl_core.common.jsonl_tail import JsonlTail, parse_record
+from rl_core.rundir.layout import REDIS_DIR, REDIS_PASSWORD_FILE, ROLLOUTS_FILE, stream_redis_url
+from rl_core.rundir.stream import redis_stream_key
 
 logger = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from rl_core.jsonl_tail import JsonlTail
-from rl_core.processes import die_with_parent, stop_process_groups
-from rl_core.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
-from rl_core.run_dir import (  # no torch either: the run directory's layout and records
+from rl_core.common.jsonl_tail import JsonlTail
+from rl_core.common.processes import die_with_parent, stop_process_groups
+from rl_core.rundir.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
+from rl_core.rundir.layout import (  # no torch either: the run directory's layout and records
     CHECKPOINTS_DIR,
     EVALS_FILE,
     FINAL_STATES,
@@ -43,7 +43,7 @@ from rl_core.run_dir import (  # no torch either: the run directory's layout and
     TRAIN_LOGPROBS_FILE,
     read_status,
 )
-from rl_core.stream import start_redis_server  # no torch: the stream's files and Redis
+from rl_core.rundir.stream import start_redis_server  # no torch: the stream's files and Redis
 from workers.run_dir_watch import RunDirWatch
 from workers.stream_tail import FileStreamTail, RedisStreamTail, rollouts_tail as open_rollouts_tail
 
@@ -181,7 +181,7 @@ class RunSupervisor:
     drain_timeout_s: float = 120.0  # after exit: how long to keep retrying undelivered lines
     env: dict[str, str] | None = None
     # Continue the run in `run_dir` from its latest checkpoint (`--resume`): the directory is
-    # kept, and lines the resume rewinds (rl_core/resume.py) are not delivered.
+    # kept, and lines the resume rewinds (rl_core/rundir/resume.py) are not delivered.
     resume: bool = False
     process: subprocess.Popen | None = field(default=None, init=False)
     resumes: list[ResumePoint] = field(default_factory=list, init=False)
@@ -250,7 +250,7 @@ class RunSupervisor:
         try:
             self.process = subprocess.Popen(
                 # SIGTERM to the run if this worker dies (no orphaned runs), set without a
-                # preexec_fn: the worker is threaded (rl_core/processes.py says why).
+                # preexec_fn: the worker is threaded (rl_core/common/processes.py says why).
                 die_with_parent(command),
                 cwd=self.cwd,
                 env=self.env,

@@ -19,7 +19,7 @@ from inflight.alerts import services as alert_services
 from inflight.provenance.services import ingest_provenance
 from inflight.runs import evaluations, run_paths, services
 from inflight.runs.models import Run, RunStatus
-from rl_core.run_dir import CHECKPOINTS_DIR, METRICS_FILE
+from rl_core.rundir.layout import CHECKPOINTS_DIR, METRICS_FILE
 from workers.supervisor import Outcome, RunSupervisor
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class PlatformReporter:
 
     def resumed(self, point: Any) -> None:
         """The engine resumed from checkpoint `point.step`: drop what the dead attempt logged
-        after it (rl_core.resume.ResumePoint), so every step is charted once."""
+        after it (rl_core.rundir.resume.ResumePoint), so every step is charted once."""
         from inflight.runs.actions import supersede_rewound_history
 
         self._call(supersede_rewound_history, self.run_id, point.step, point.lines.get(METRICS_FILE, 0), point.t)
@@ -176,7 +176,7 @@ class PlatformReporter:
         run = self._call(lambda: Run.objects.get(pk=self.run_id))
         if run.status == RunStatus.STARTING:
             self._call(services.transition_run, self.run_id, RunStatus.RUNNING)
-        try:  # what ran it (rl_core/provenance.py wrote it before the run's children started)
+        try:  # what ran it (rl_core/launch/provenance.py wrote it before the run's children started)
             self._call(ingest_provenance, self.run_id, run_paths.run_dir(self.run_id))
         except Exception:  # noqa: BLE001 - the run page says "not recorded"; the run goes on
             logger.exception("run %s: its provenance was not stored", self.run_id)

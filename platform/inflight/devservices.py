@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rl_core.processes import free_port  # noqa: F401 (tests and benches take it from here)
+from rl_core.common.processes import free_port  # noqa: F401 (tests and benches take it from here)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_SERVICES_DIR = REPO_ROOT / "var" / "services"

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from netns_cluster import INTERFACE, NetnsCluster, demo_on_cluster
-from rl_core.resume import is_superseded, read_resumes
+from rl_core.rundir.resume import is_superseded, read_resumes
 from tests.metrics_file import read_metrics
 
 pytestmark = [pytest.mark.slow]
@@ -42,7 +42,7 @@ def launch(cluster: NetnsCluster, config: Path, out: Path, *extra: str) -> subpr
 
 def stream_samples(out: Path) -> list:
     """The run's stream read back from its Redis append-only file (the server is stopped with the run)."""
-    from rl_core.stream import RedisStreamReader, redis_stream_key, start_redis_server
+    from rl_core.rundir.stream import RedisStreamReader, redis_stream_key, start_redis_server
 
     process, url = start_redis_server(out / "redis")
     try:
@@ -110,7 +110,7 @@ def role_environment(out: Path, role: str) -> dict[str, str]:
 
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if str(out) in " ".join(cmdline) and role in cmdline and "rl_core.processes" not in cmdline:
+        if str(out) in " ".join(cmdline) and role in cmdline and "rl_core.common.processes" not in cmdline:
             return process.environ()
     raise AssertionError(f"no {role} process of {out}")
 

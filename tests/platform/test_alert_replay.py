@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from rl_core.config import RunConfig
-from rl_core.run_dir import CONFIG_FILE, EVALS_FILE, METRICS_FILE
+from rl_core.config.run_config import RunConfig
+from rl_core.rundir.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import demo_health  # noqa: E402  (a bench script: its folder is its import root)

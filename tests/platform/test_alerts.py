@@ -14,7 +14,7 @@ import pytest
 
 from inflight.alerts import services as alerts
 from inflight.alerts.models import Alert, AlertWebhook
-from inflight.runs import evaluations, services
+from inflight.runs import evaluations
 from inflight.runs.models import Run
 
 pytestmark = pytest.mark.django_db

@@ -58,7 +58,7 @@ def test_docs_page_shows_the_run_config_fields_with_their_help(daphne_server: st
     """Creating a run: its body's `config` is the typed RunConfig, each field with its help text,
     and "Try it out" starts from a small example, not every default spelled out. Screenshot:
     /tmp/api_docs_run_config.png."""
-    from rl_core.config import RunConfig, TrainerConfig
+    from rl_core.config.run_config import RunConfig, TrainerConfig
 
     with playwright_session() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

@@ -113,7 +113,7 @@ def test_the_document_names_the_fields_the_api_sends(document) -> None:
     log_params = {param["name"]: param["schema"] for param in document["paths"]["/api/runs/{run_id}/logs/{name}"]["get"]["parameters"]}
     assert log_params["max_bytes"]["maximum"] == MAX_LOG_CHUNK_BYTES
     # The run config is the typed RunConfig, with its help, in what create takes and a run answers.
-    from rl_core.config import RunConfig, TrainerConfig
+    from rl_core.config.run_config import RunConfig, TrainerConfig
 
     for config in (schemas["RunCreate"]["properties"]["config"], schemas["RunClone"]["properties"]["config"], schemas["Run"]["properties"]["config"]):
         assert set(config["properties"]) == set(RunConfig.model_fields) and config["additionalProperties"] is False

@@ -12,7 +12,7 @@ import pytest
 from inflight.alerts import services as alerts
 from inflight.alerts.models import Alert
 from inflight.runs.models import Run
-from rl_core.config_files import load_config
+from rl_core.config.files import load_config
 
 pytestmark = pytest.mark.django_db
 

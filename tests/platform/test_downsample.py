@@ -15,7 +15,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from downsample_oracle import (  # tests/platform is on sys.path (rootdir-relative test modules)
     MAX_BUCKETS,

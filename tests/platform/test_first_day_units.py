@@ -86,7 +86,7 @@ def test_every_entry_point_gets_the_same_run_defaults(owner, owner_api, owner_we
     """Issue 33: the API (the README's own example), a minimal YAML on the create page's YAML tab,
     the form and the engine's command line all resolve a silent field to the same value."""
     from inflight.runs.models import Run
-    from rl_core.config_files import load_config
+    from rl_core.config.files import load_config
 
     api = owner_api.post("/api/runs/", json.dumps({"name": "from-api", "config": {"trainer": {"max_steps": 20}}}), content_type="application/json")
     assert api.status_code == 201, api.content
@@ -123,7 +123,7 @@ def test_the_run_page_marks_defaulted_and_set_values(owner, owner_web) -> None:
 
 def test_benchmark_samples_show_the_problem_not_its_id(owner, owner_web) -> None:
     from inflight.runs.evaluations import ingest_eval
-    from rl_core.evaluation import ProblemResult
+    from rl_core.evaluation.evaluator import ProblemResult
 
     # The engine writes the statement beside the id (evaluation.ProblemResult.to_json) ...
     row = ProblemResult(problem_id="math500/42", problem="What is $2 + 3$?", answer="5", samples=["\\boxed{5}"], extracted=["5"], verdicts=[True]).to_json()

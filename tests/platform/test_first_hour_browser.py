@@ -11,7 +11,6 @@ real Celery worker. Screenshots go to docs/screenshots/ (the README shows them).
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -35,8 +34,8 @@ pytestmark = [
 def demo_config(**overrides: Any) -> dict[str, Any]:
     """The demo preset (examples/tiny-cpu.yaml) resolved as a submission is (a run's defaults
     where it is silent), with dotted overrides."""
-    from rl_core.config import RunConfig
-    from rl_core.config_files import with_run_defaults
+    from rl_core.config.run_config import RunConfig
+    from rl_core.config.files import with_run_defaults
 
     data = yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text())
     for dotted, value in overrides.items():
@@ -123,7 +122,7 @@ def test_create_page_errors_show_a_summary_linking_to_each_field(daphne_server: 
 
 
 def test_leaderboard_defaults_to_a_figure_every_run_has_and_says_what_each_measures(daphne_server: str, owner, browser) -> None:
-    from inflight.runs import evaluations, services
+    from inflight.runs import evaluations
 
     # "lucky" has the best single training batch (0.95) but the worst held-out success; only
     # "aime" was evaluated on AIME 2024, the old default sort.

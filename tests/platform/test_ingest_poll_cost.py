@@ -78,7 +78,7 @@ def append(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def test_a_poll_costs_the_database_only_what_its_lines_need(owner: Any, tmp_path: Path) -> None:
-    from rl_core.run_dir import METRICS_FILE, ROLLOUTS_FILE
+    from rl_core.rundir.layout import METRICS_FILE, ROLLOUTS_FILE
     from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 

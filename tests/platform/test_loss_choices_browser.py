@@ -22,7 +22,7 @@ def test_the_create_page_offers_the_losses_and_refuses_a_correction_the_loss_can
 ) -> None:
     from inflight.runs.models import Run
 
-    from rl_core.config import IS_CORRECTIONS_BY_LOSS
+    from rl_core.config.run_config import IS_CORRECTIONS_BY_LOSS
 
     page = signed_in_page(browser, daphne_server, "/runs/new/")
     loss = page.locator('[id="f-trainer.loss"]')

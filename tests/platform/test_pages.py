@@ -21,7 +21,7 @@ from inflight.runs.models import Run, RunStatus
 from inflight.runs.services import PointIn
 from inflight.web.config_form import build_sections, iter_fields
 from inflight.web.views import MAX_COMPARED_RUNS
-from rl_core.config import RunConfig
+from rl_core.config.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 """Issue 33, reproducibility: what ran a run (code version, packages, host, exact command) is
-recorded by the engine (rl_core/provenance.py), stored by the worker once the run is running,
+recorded by the engine (rl_core/launch/provenance.py), stored by the worker once the run is running,
 shown on the run page and diffed between runs on compare."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from inflight.provenance.models import RunProvenance
 from inflight.runs import run_paths
 from inflight.runs.models import Run
-from rl_core.provenance import record_launch
-from rl_core.run_dir import PROVENANCE_FILE
+from rl_core.launch.provenance import record_launch
+from rl_core.rundir.layout import PROVENANCE_FILE
 from workers.tasks import PlatformReporter
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -192,7 +192,7 @@ def test_exports(owner_api, owner, stored) -> None:
 
 
 def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner, tmp_path: Path) -> None:
-    from rl_core.run_dir import ROLLOUTS_FILE
+    from rl_core.rundir.layout import ROLLOUTS_FILE
     from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 
@@ -245,7 +245,7 @@ def test_trainer_logprobs_attach_to_stored_samples_and_give_ratios(owner_api, ow
 
 
 def test_supervisor_attaches_trainer_logprobs_once_their_stream_lines_are_stored(owner, tmp_path: Path) -> None:
-    from rl_core.run_dir import ROLLOUTS_FILE, TRAIN_LOGPROBS_FILE
+    from rl_core.rundir.layout import ROLLOUTS_FILE, TRAIN_LOGPROBS_FILE
     from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 
@@ -293,9 +293,9 @@ def test_without_a_stream_file_trainer_logprobs_are_not_held(owner, tmp_path: Pa
 
 
 def test_a_redis_stream_run_fills_the_viewer_like_a_file_stream(owner, tmp_path: Path) -> None:
-    from rl_core.contracts import RolloutSample
-    from rl_core.run_dir import REDIS_DIR
-    from rl_core.stream import RedisStreamWriter, redis_stream_key, start_redis_server
+    from rl_core.common.contracts import RolloutSample
+    from rl_core.rundir.layout import REDIS_DIR
+    from rl_core.rundir.stream import RedisStreamWriter, redis_stream_key, start_redis_server
     from workers.supervisor import TRAIN_LOGPROBS_FILE, RunSupervisor
     from workers.tasks import PlatformReporter
 
@@ -324,9 +324,9 @@ def test_a_redis_stream_run_fills_the_viewer_like_a_file_stream(owner, tmp_path:
 def test_rollouts_an_embedded_redis_run_wrote_after_the_last_poll_still_reach_the_viewer(owner, tmp_path: Path) -> None:
     """The run's private Redis stops with the run, with what the actor wrote since the
     supervisor's last poll unread: the final drain starts it again on its append-only file."""
-    from rl_core.contracts import RolloutSample
-    from rl_core.run_dir import REDIS_DIR
-    from rl_core.stream import RedisStreamWriter, redis_stream_key, start_redis_server
+    from rl_core.common.contracts import RolloutSample
+    from rl_core.rundir.layout import REDIS_DIR
+    from rl_core.rundir.stream import RedisStreamWriter, redis_stream_key, start_redis_server
     from workers.supervisor import RunSupervisor
     from workers.tasks import PlatformReporter
 

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from django.test import Client
 
 from inflight.runs import services
 from inflight.runs.models import MetricPoint, Run, RunStatus
-from rl_core.resume import is_superseded, read_resumes
+from rl_core.rundir.resume import is_superseded, read_resumes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rl_core.run_dir import ended_sentence, write_status
+from rl_core.rundir.layout import ended_sentence, write_status
 from tests.platform.test_browser import CHROMIUM, daphne_server, playwright_session, signed_in_page  # noqa: F401 - fixtures used by name
 from tests.platform.test_cli import INFLIGHT, Cli
 from workers.supervisor import NullReporter, Outcome, RunSupervisor

@@ -42,7 +42,7 @@ def write_checkpoint(run_id: int, step: int, settings: Any) -> None:
 
 
 def test_the_panel_follows_pushes_without_polling_and_the_wall_time_counts(daphne_server: str, owner, browser, tiny_config: dict, settings) -> None:  # noqa: F811
-    from inflight.runs import actions, evaluations, services
+    from inflight.runs import actions, evaluations
     from inflight.runs.models import Run, RunStatus
     from workers.tasks import PlatformReporter
 

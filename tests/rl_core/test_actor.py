@@ -14,13 +14,13 @@ from typing import Iterator
 
 import pytest
 
-from rl_core.actor import Actor
-from rl_core.config import RunConfig
-from rl_core.metrics import JsonlSink
+from rl_core.actor.loop import Actor
+from rl_core.config.run_config import RunConfig
+from rl_core.rundir.metrics import JsonlSink
 from tests.metrics_file import read_metrics
-from rl_core.stream import FileStreamReader, FileStreamWriter
-from rl_core.submission import PromptSource, TailRounds, TailWindow
-from rl_core.run_dir import TrainerProgress, parse_ready_line, write_progress
+from rl_core.rundir.stream import FileStreamReader, FileStreamWriter
+from rl_core.actor.submission import PromptSource, TailRounds, TailWindow
+from rl_core.rundir.layout import TrainerProgress, parse_ready_line, write_progress
 
 
 def actor_config(model: Path, **overrides: object) -> RunConfig:
@@ -110,7 +110,7 @@ async def wait_until(predicate, timeout_s: float = 120.0) -> None:
 
 @pytest.mark.timeout(300)
 async def test_actor_generates_throttles_and_finishes_with_eval(tiny_model: Path, server_url: str, tmp_path: Path) -> None:
-    from rl_core.client import InferenceClient
+    from rl_core.inference.client import InferenceClient
 
     config = actor_config(tiny_model)
     writer = FileStreamWriter(tmp_path)
@@ -161,7 +161,7 @@ async def test_actor_generates_throttles_and_finishes_with_eval(tiny_model: Path
 async def test_tail_batching_keeps_first_group_size_responses(tiny_model: Path, server_url: str, tmp_path: Path) -> None:
     """RollPacker in the async actor: short groups ask for 1.5 x G responses (one request
     each) and keep the first G; the surplus is aborted on the server."""
-    from rl_core.client import InferenceClient
+    from rl_core.inference.client import InferenceClient
 
     config = actor_config(
         tiny_model, actor={"group_size": 2, "groups_in_flight": 3, "max_lag": 3},
@@ -191,7 +191,7 @@ async def test_tail_batching_keeps_first_group_size_responses(tiny_model: Path, 
 async def test_final_benchmark_eval_writes_evals(tiny_model: Path, server_url: str, shared_data_dir: Path, tmp_path: Path) -> None:
     """The trainer is already done: the actor goes straight to the final evaluations,
     the held-out curve point and the benchmark files of docs/ARCHITECTURE.md."""
-    from rl_core.client import InferenceClient
+    from rl_core.inference.client import InferenceClient
 
     config = actor_config(tiny_model, eval={
         "heldout_every_n_steps": 0, "heldout_k": 1, "benchmarks": ["math500"], "k": {"math500": 1},
@@ -227,7 +227,7 @@ async def test_sync_tail_rounds_train_every_prompt_once(tiny_model: Path, server
     1.5 x G responses each and keep the first B prompts to complete; the others are aborted and
     queued; once the queue holds B prompts a long round trains exactly those. No drawn prompt
     is lost or trained twice: trained + queued is exactly the prefix of the prompt stream."""
-    from rl_core.client import InferenceClient
+    from rl_core.inference.client import InferenceClient
 
     config = actor_config(
         tiny_model, mode="sync", actor={"group_size": 2, "groups_in_flight": 4, "max_lag": 1},
@@ -284,8 +284,8 @@ class DroppingClient:
     async def generate(self, messages, sampling, n=1, prompt_id=None, request_id_prefix=None):
         import httpx
 
-        from rl_core.client import ServerError
-        from rl_core.contracts import GenerationResult
+        from rl_core.inference.client import ServerError
+        from rl_core.common.contracts import GenerationResult
 
         self.prefixes.append(request_id_prefix)
         if len(self.prefixes) <= self.drops:
@@ -295,7 +295,7 @@ class DroppingClient:
 
 
 async def test_a_request_whose_connection_dropped_is_sent_again_under_its_prefix(tiny_model: Path, tmp_path: Path) -> None:
-    from rl_core.client import ServerError
+    from rl_core.inference.client import ServerError
 
     config = actor_config(tiny_model)
     client = DroppingClient(drops=2)
@@ -324,7 +324,7 @@ class SlowGroupClient:
         self.slow_prompt_ids: list[str] = []
 
     async def generate(self, messages, sampling, n: int = 1, prompt_id=None, request_id_prefix=None):
-        from rl_core.contracts import GenerationResult
+        from rl_core.common.contracts import GenerationResult
 
         version = self.version
         delay = self.base_delay_s
@@ -351,7 +351,7 @@ async def test_a_slow_group_is_waited_for_not_trained_late_or_dropped(tiny_model
     group 10x slower than the rest. Before the lag bound was kept at submission, the groups
     finishing after it were written first and the slow group reached the trainer ~8 versions
     late, to be dropped as stale."""
-    from rl_core.tasks import load_task
+    from rl_core.envs.problems import load_task
 
     config = actor_config(
         tiny_model, actor={"group_size": 8, "groups_in_flight": 8, "max_lag": 2, "drop_zero_advantage_groups": True},
@@ -424,7 +424,7 @@ async def test_a_launch_pass_runs_in_histopipe_order_on_the_least_predicted_load
 async def test_the_final_version_is_evaluated_once_when_a_periodic_eval_already_ran(tiny_model: Path, tmp_path: Path) -> None:
     """max_steps a multiple of eval.heldout_every_n_steps: the periodic held-out eval at the last
     version is the final one (before, a second identical evaluation logged a duplicate line)."""
-    from rl_core.tasks import load_task
+    from rl_core.envs.problems import load_task
 
     config = actor_config(tiny_model, eval={"heldout_every_n_steps": 2, "heldout_k": 1})
     task = load_task(config.task)
@@ -445,7 +445,7 @@ async def test_the_final_version_is_evaluated_once_when_a_periodic_eval_already_
 
 
 def test_the_actor_imports_neither_torch_nor_the_engine_or_trainer_modules() -> None:
-    code = ("import sys, rl_core.actor; print(sorted(m for m in ('torch', 'rl_core.trainer', 'rl_core.loss', "
-            "'rl_core.engine', 'rl_core.speculation', 'rl_core.server') if m in sys.modules))")
+    code = ("import sys, rl_core.actor.loop; print(sorted(m for m in ('torch', 'rl_core.trainer.loop', 'rl_core.trainer.loss', "
+            "'rl_core.inference.engine', 'rl_core.inference.speculation', 'rl_core.inference.server') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

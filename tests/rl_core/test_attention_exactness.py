@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from rl_core.contracts import RolloutSample
+from rl_core.common.contracts import RolloutSample
 
 # What config.json says about attention in each model directory the tests build: nothing (loads
 # as sdpa), sdpa, eager, a flash kernel (not installable on CPU: only loadable because the trainer
@@ -76,7 +76,7 @@ def grouped_samples(seed: int = 5) -> list[RolloutSample]:
 
 def exactness_config(backend: str, zero_stage: int = 0, kind: str = "pipelinerl") -> Any:
     """Small micro-batches of short rows (several of each), prefixes shared, a KL term, T=0.7."""
-    from rl_core.config import RunConfig
+    from rl_core.config.run_config import RunConfig
 
     return RunConfig.model_validate({
         "sampling": {"temperature": TEMPERATURE},
@@ -89,8 +89,8 @@ def unpacked_loss_and_gradients(model_path: Path, samples: list[RolloutSample], 
     """The step's loss and gradients from one unmasked forward per sample of a stock eager model."""
     from transformers import AutoModelForCausalLM
 
-    from rl_core.loss import model_token_logprobs, pack_micro_batches
-    from rl_core.losses import LossSettings, policy_loss
+    from rl_core.trainer.loss import model_token_logprobs, pack_micro_batches
+    from rl_core.trainer.losses import LossSettings, policy_loss
 
     settings = LossSettings.from_config(config)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, attn_implementation="eager")
@@ -112,8 +112,8 @@ def unpacked_loss_and_gradients(model_path: Path, samples: list[RolloutSample], 
 def packed_loss_and_gradients(backend: Any, parameters: Any, samples: list[RolloutSample], config: Any) -> dict[str, Any]:
     """`trainer.train_step` on the backend, with the gradients of `parameters()` read just before
     the optimizer step (empty where ZeRO partitions them); `grad_norm` is the step's own."""
-    from rl_core.loss import pack_micro_batches
-    from rl_core.trainer import train_step
+    from rl_core.trainer.loss import pack_micro_batches
+    from rl_core.trainer.loop import train_step
 
     t = config.trainer
     batches = pack_micro_batches(samples, t.micro_batch_tokens, t.packed_row_tokens(), share_prefixes=True)
@@ -160,7 +160,7 @@ def assert_exact(differences: dict[str, float], with_gradient: bool = True) -> N
 def test_torch_backend_packed_equals_unpacked(
     untrained_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, attention: str, kind: str
 ) -> None:
-    from rl_core.torch_backend import TorchBackend
+    from rl_core.trainer.torch_backend import TorchBackend
 
     model = model_dir_with_attention(untrained_tiny_model, attention, tmp_path_factory.getbasetemp())
     samples = grouped_samples()
@@ -174,11 +174,11 @@ def test_torch_backend_packed_equals_unpacked(
 def test_the_trainer_says_when_it_replaces_the_configured_attention(
     untrained_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from rl_core.packed_attention import PACKED_ATTENTION
-    from rl_core.torch_backend import TorchBackend
+    from rl_core.kernels.packed_attention import PACKED_ATTENTION
+    from rl_core.trainer.torch_backend import TorchBackend
 
     model = model_dir_with_attention(untrained_tiny_model, "eager", tmp_path_factory.getbasetemp())
-    with caplog.at_level(logging.WARNING, logger="rl_core.packed_attention"):
+    with caplog.at_level(logging.WARNING, logger="rl_core.kernels.packed_attention"):
         backend = TorchBackend(model, reference_model=True)
     assert backend.model.config._attn_implementation == PACKED_ATTENTION
     assert backend.reference.config._attn_implementation == PACKED_ATTENTION
@@ -190,7 +190,7 @@ def test_the_trainer_says_when_it_replaces_the_configured_attention(
 def test_every_backend_packs_a_micro_batch_as_one_row_by_default(backend: str) -> None:
     """Rows were kept at 512 tokens for DeepSpeed while it attended by the dense mask (cost: the
     square of a row); it attends by the layout now, so its rows are as long as TorchBackend's."""
-    from rl_core.config import LAYOUT_ROW_TOKENS, RunConfig
+    from rl_core.config.run_config import LAYOUT_ROW_TOKENS, RunConfig
 
     trainer = RunConfig.model_validate({"trainer": {"backend": backend, "micro_batch_tokens": 2048}}).trainer
     assert trainer.packed_row_tokens() == 2048
@@ -207,8 +207,8 @@ def test_a_model_whose_attention_cannot_be_replaced_is_refused(
     AttentionInterface, and the model keeps attending its own way: the trainer refuses instead."""
     from transformers import Qwen2ForCausalLM
 
-    from rl_core.packed_attention import PackedAttentionUnsupported
-    from rl_core.torch_backend import TorchBackend
+    from rl_core.kernels.packed_attention import PackedAttentionUnsupported
+    from rl_core.trainer.torch_backend import TorchBackend
 
     monkeypatch.setattr(Qwen2ForCausalLM, "_can_set_attn_implementation", classmethod(lambda cls: False))
     with pytest.raises(PackedAttentionUnsupported, match=r"model\.path .*Qwen2ForCausalLM.*AttentionInterface"):
@@ -216,9 +216,9 @@ def test_a_model_whose_attention_cannot_be_replaced_is_refused(
 
 
 def test_a_sliding_window_shorter_than_a_row_is_refused(untrained_tiny_model: Path, tmp_path: Path) -> None:
-    from rl_core.loss import pack_micro_batches
-    from rl_core.packed_attention import PackedAttentionUnsupported
-    from rl_core.torch_backend import TorchBackend
+    from rl_core.trainer.loss import pack_micro_batches
+    from rl_core.kernels.packed_attention import PackedAttentionUnsupported
+    from rl_core.trainer.torch_backend import TorchBackend
 
     model = tmp_path / "windowed"
     shutil.copytree(untrained_tiny_model, model)
@@ -239,7 +239,7 @@ def test_a_sliding_window_shorter_than_a_row_is_refused(untrained_tiny_model: Pa
 def test_attention_math_packed_attention_does_not_do_is_refused(argument: str, setting: str) -> None:
     """Logit soft-capping (Gemma 2) and attention sinks (gpt-oss) change the softmax: an attention
     layer passing them would otherwise get plain attention without a word."""
-    from rl_core.packed_attention import PackedAttentionUnsupported, packed_attention
+    from rl_core.kernels.packed_attention import PackedAttentionUnsupported, packed_attention
 
     query = key = torch.zeros(1, 2, 3, 8)
     packed_attention(torch.nn.Module(), query, key, key, None, **{argument: None})  # unset: attends

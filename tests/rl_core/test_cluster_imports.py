@@ -25,18 +25,19 @@ def modules_after_import(module: str) -> set[str]:
 
 
 def test_the_launchers_ray_side_does_not_import_torch() -> None:
-    loaded = modules_after_import("rl_core.ray_placement")
+    loaded = modules_after_import("rl_core.cluster.ray_placement")
     assert "ray" in loaded
-    assert "torch" not in loaded and "rl_core.weight_sync" not in loaded
+    assert "torch" not in loaded and "rl_core.weights.sync" not in loaded
 
 
 def test_the_nodes_ray_actor_imports_neither_torch_nor_the_run_config() -> None:
-    loaded = modules_after_import("rl_core.role_actor")
+    loaded = modules_after_import("rl_core.cluster.role_actor")
     assert "ray" in loaded
-    assert not {"torch", "pydantic", "rl_core.config", "rl_core.weight_sync"} & loaded
+    assert not {"torch", "pydantic", "rl_core.config.run_config", "rl_core.weights.sync"} & loaded
 
 
 def test_the_advertised_address_variable_is_the_one_the_weight_group_reads() -> None:
-    from rl_core import run_dir, weight_sync
+    from rl_core.rundir import layout as run_dir
+    from rl_core.weights import sync as weight_sync
 
     assert weight_sync.ADVERTISED_ADDRESS_ENV is run_dir.ADVERTISED_ADDRESS_ENV == "INFLIGHT_ADVERTISED_ADDRESS"

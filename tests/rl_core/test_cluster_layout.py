@@ -1,5 +1,5 @@
 """The cluster section of the config and the role layout of a cluster run (no Ray, no cluster:
-rl_core/cluster_layout.py is pure). The runs on a real cluster are in tests/multinode/."""
+rl_core/cluster/layout.py is pure). The runs on a real cluster are in tests/multinode/."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from rl_core.cluster_layout import ClusterError, check_cluster_request, layout_summary, node_bundles, role_slots
-from rl_core.config import RunConfig
-from rl_core.config_files import ConfigError, load_config
-from rl_core.launcher import LaunchError, place_cluster_run, trainer_children
-from rl_core.placement import check_placement
+from rl_core.cluster.layout import ClusterError, check_cluster_request, layout_summary, node_bundles, role_slots
+from rl_core.config.run_config import RunConfig
+from rl_core.config.files import ConfigError, load_config
+from rl_core.launch.launcher import LaunchError, place_cluster_run, trainer_children
+from rl_core.cluster.placement import check_placement
 
 
 def cluster_run(**cluster: object) -> RunConfig:
@@ -73,6 +73,6 @@ def test_cluster_fields_out_of_range_are_refused_naming_the_field(tmp_path) -> N
 
 
 def test_a_single_node_run_never_imports_ray() -> None:
-    code = ("import sys, rl_core.launcher, rl_core.role_hosts, rl_core.cluster_layout, rl_core.stream, rl_core.weight_sync; "
+    code = ("import sys, rl_core.launch.launcher, rl_core.cluster.role_hosts, rl_core.cluster.layout, rl_core.rundir.stream, rl_core.weights.sync; "
             "print('ray' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

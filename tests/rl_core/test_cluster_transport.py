@@ -1,6 +1,6 @@
 """What a cluster run relies on to cross machines, on one machine: the run's Redis on a network
-address behind a password (rl_core/stream.py), and a weight update that ends with an error when
-a server goes silent (rl_core/weight_sync.py), with real redis-server and real gloo groups."""
+address behind a password (rl_core/rundir/stream.py), and a weight update that ends with an error when
+a server goes silent (rl_core/weights/sync.py), with real redis-server and real gloo groups."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 import redis
 import torch
 
-from rl_core.contracts import RolloutSample
-from rl_core.run_dir import ADVERTISED_ADDRESS_ENV
-from rl_core.stream import STREAM_REDIS_PASSWORD_ENV, RedisStreamReader, RedisStreamWriter, start_redis_server
-from rl_core.weight_sync import ParamSpec, WeightBroadcaster, WeightSyncError, create_group
+from rl_core.common.contracts import RolloutSample
+from rl_core.rundir.layout import ADVERTISED_ADDRESS_ENV
+from rl_core.rundir.stream import STREAM_REDIS_PASSWORD_ENV, RedisStreamReader, RedisStreamWriter, start_redis_server
+from rl_core.weights.sync import ParamSpec, WeightBroadcaster, WeightSyncError, create_group
 
 
 def sample(index: int) -> RolloutSample:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl_core.cpu_kernels import ENV_SWITCH, use_onednn_linear
-from rl_core.engine import ReferenceEngine
-from rl_core.torch_backend import TorchBackend
+from rl_core.kernels.cpu import ENV_SWITCH, use_onednn_linear
+from rl_core.inference.engine import ReferenceEngine
+from rl_core.trainer.torch_backend import TorchBackend
 
 
 def _load(model_dir: Path) -> torch.nn.Module:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.cpu_kernels import ENV_SWITCH
+from rl_core.kernels.cpu import ENV_SWITCH
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install deepspeed with DS_BUILD_OPS=0)")
 
@@ -27,7 +27,7 @@ REPO_ROOT = THIS_FILE.parents[2]
 
 
 def run_scenario(scenario: str, tmp_path: Path, *args: str, timeout: float = 480) -> dict:
-    from rl_core.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
+    from rl_core.trainer.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
 
     result_file = tmp_path / f"{scenario}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DEFAULT)))
@@ -46,7 +46,7 @@ def run_scenario(scenario: str, tmp_path: Path, *args: str, timeout: float = 480
 
 
 def _config(zero_stage: int, **trainer: object):
-    from rl_core.config import RunConfig
+    from rl_core.config.run_config import RunConfig
 
     return RunConfig.model_validate({
         "trainer": {"backend": "deepspeed", "zero_stage": zero_stage, "lr": 1e-2, "warmup_steps": 1,
@@ -82,8 +82,8 @@ def scenario_match_torch(result_file: str, model_path: str) -> None:
     """Every ZeRO stage takes the same steps as the plain torch backend."""
     import torch
 
-    from rl_core.deepspeed_backend import DeepSpeedBackend
-    from rl_core.torch_backend import TorchBackend
+    from rl_core.trainer.deepspeed_backend import DeepSpeedBackend
+    from rl_core.trainer.torch_backend import TorchBackend
 
     torch.set_num_threads(1)
     config = _config(0)
@@ -115,7 +115,7 @@ def scenario_checkpoint(result_file: str, model_path: str, checkpoint_dir: str) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.deepspeed_backend import DeepSpeedBackend
+    from rl_core.trainer.deepspeed_backend import DeepSpeedBackend
 
     torch.set_num_threads(1)
     original = DeepSpeedBackend(_config(3), model_path, broadcast_bucket_bytes=64 * 1024)
@@ -152,13 +152,12 @@ def scenario_checkpoint(result_file: str, model_path: str, checkpoint_dir: str) 
 def scenario_broadcast(result_file: str, model_path: str) -> None:
     """ZeRO-3 trainer -> real reference server through WeightBroadcaster (gloo): the
     server then computes with exactly the trainer's gathered weights."""
-    import httpx
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.deepspeed_backend import DeepSpeedBackend
+    from rl_core.trainer.deepspeed_backend import DeepSpeedBackend
     from server_process import start_vllm_server  # tests/rl_core is on sys.path
-    from rl_core.weight_sync import WeightBroadcaster
+    from rl_core.weights.sync import WeightBroadcaster
 
     torch.set_num_threads(1)
     server = start_vllm_server(
@@ -202,7 +201,7 @@ def scenario_packed_exactness(result_file: str, model_path: str, work_dir: str) 
     `trainer.train_step`'s packed loss and gradients against one unpacked forward per sample."""
     import torch
 
-    from rl_core.deepspeed_backend import DeepSpeedBackend
+    from rl_core.trainer.deepspeed_backend import DeepSpeedBackend
     from test_attention_exactness import (  # tests/rl_core is this script's directory, so on sys.path
         CONFIGURED_ATTENTION, compare, exactness_config, grouped_samples, model_dir_with_attention,
         packed_loss_and_gradients, unpacked_loss_and_gradients)
@@ -288,7 +287,7 @@ def test_deepspeed_packed_micro_batches_give_the_unpacked_loss_and_gradient(untr
     own size; a flash-attention config did not load at all."""
     from test_attention_exactness import CONFIGURED_ATTENTION, assert_exact
 
-    from rl_core.packed_attention import PACKED_ATTENTION
+    from rl_core.kernels.packed_attention import PACKED_ATTENTION
 
     result = run_scenario("packed_exactness", tmp_path, str(untrained_tiny_model), str(tmp_path))
     assert set(result) == {f"{stage}/{attention}" for stage in (0, 3) for attention in CONFIGURED_ATTENTION}
@@ -308,7 +307,7 @@ def _stream_samples(count: int, seed: int):
     numbers of micro-batches (the padding path) and both signs of advantage appear."""
     import random
 
-    from rl_core.contracts import RolloutSample
+    from rl_core.common.contracts import RolloutSample
 
     rng = random.Random(seed)
     samples = []
@@ -332,20 +331,19 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     processes, gloo, ZeRO-3) against a real reference server: after 2 steps the server
     generates exactly with the consolidated checkpoint weights, the ranks trained disjoint
     halves of each batch, and the result equals one torch process on the whole batches."""
-    import httpx
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_core.config import RunConfig
-    from rl_core.config_files import config_to_yaml
-    from rl_core.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
-    from rl_core.launcher import place_run, trainer_children
-    from rl_core.processes import free_port
+    from rl_core.config.run_config import RunConfig
+    from rl_core.config.files import config_to_yaml
+    from rl_core.trainer.deepspeed_backend import TORCH_EXTENSIONS_DEFAULT
+    from rl_core.launch.launcher import place_run, trainer_children
+    from rl_core.common.processes import free_port
     from tests.metrics_file import read_metrics
-    from rl_core.stream import FileStreamWriter
-    from rl_core.torch_backend import TorchBackend
-    from rl_core.run_dir import SHARDS_FILE, latest_checkpoint
-    from rl_core.trainer import train_step
+    from rl_core.rundir.stream import FileStreamWriter
+    from rl_core.trainer.torch_backend import TorchBackend
+    from rl_core.rundir.layout import SHARDS_FILE, latest_checkpoint
+    from rl_core.trainer.loop import train_step
     from server_process import start_vllm_server  # tests/rl_core is on sys.path
 
     config = RunConfig.model_validate({
@@ -359,8 +357,8 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(config_to_yaml(config))
     samples = _stream_samples(16, seed=1)
-    from rl_core.loss import pack_micro_batches
-    from rl_core.trainer import shard_for_rank
+    from rl_core.trainer.loss import pack_micro_batches
+    from rl_core.trainer.loop import shard_for_rank
 
     counts = [[len(pack_micro_batches(shard_for_rank(batch, rank, 2), 32)) for rank in (0, 1)] for batch in (samples[:8], samples[8:])]
     assert any(a != b for a, b in counts), "the data must make one rank pad its micro-batches (ZeRO-3 collectives)"
@@ -401,7 +399,7 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
         assert not by_rank[0] & by_rank[1]
         assert by_rank[0] | by_rank[1] == {sample.sample_id for sample in batch}
     # Each rank recorded the trainer logprobs of its own share: every sample once, whole.
-    from rl_core.run_dir import TRAIN_LOGPROBS_FILE
+    from rl_core.rundir.layout import TRAIN_LOGPROBS_FILE
 
     recorded = [json.loads(line) for line in (run_dir / TRAIN_LOGPROBS_FILE).read_text().splitlines()]
     assert sorted(r["sample_id"] for r in recorded) == sorted(s.sample_id for s in samples)
@@ -440,8 +438,8 @@ def test_deepspeed_zero3_two_trainer_ranks_train_shares_and_rank0_updates_the_se
 
 
 def test_deepspeed_backend_refuses_a_missing_model_dir(tmp_path: Path) -> None:
-    from rl_core.config import RunConfig
-    from rl_core.deepspeed_backend import DeepSpeedBackend
+    from rl_core.config.run_config import RunConfig
+    from rl_core.trainer.deepspeed_backend import DeepSpeedBackend
 
     with pytest.raises(FileNotFoundError, match="model.path"):
         DeepSpeedBackend(RunConfig(), tmp_path / "nope")

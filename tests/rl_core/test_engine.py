@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from rl_core.contracts import EVAL_PRIORITY, SamplingParams
-from rl_core.engine import EngineConfig, ReferenceEngine
-from rl_core.engine_sampling import verify_draft, verify_drafts, width_groups
-from rl_core.speculation import DraftLengthController
+from rl_core.common.contracts import EVAL_PRIORITY, SamplingParams
+from rl_core.inference.engine import EngineConfig, ReferenceEngine
+from rl_core.inference.sampling import verify_draft, verify_drafts, width_groups
+from rl_core.inference.speculation import DraftLengthController
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 

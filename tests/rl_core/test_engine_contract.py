@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from engine_kinds import ENGINE_KINDS, start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
-from rl_core.client import InferenceClient, ServerError
-from rl_core.contracts import SamplingParams
+from rl_core.inference.client import InferenceClient, ServerError
+from rl_core.common.contracts import SamplingParams
 
 MESSAGES = [{"role": "user", "content": "What is 3 + 4?"}]
 
@@ -118,7 +118,7 @@ def test_malformed_requests_get_4xx_with_a_message(server, model_name: str, body
 def test_a_request_too_long_for_the_context_is_refused_as_evaluation_recognises(server) -> None:
     # evaluation.py skips (and counts) such a problem instead of failing the whole eval; it
     # recognises the refusal by the client's 400 and the contract's wording.
-    from rl_core.evaluation import is_prompt_too_long
+    from rl_core.evaluation.evaluator import is_prompt_too_long
 
     async def ask() -> None:
         async with InferenceClient(server.url) as client:

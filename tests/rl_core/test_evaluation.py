@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.benchmarks import BENCHMARKS
-from rl_core.contracts import GenerationResult, SamplingParams
-from rl_core.evaluation import PROMPT_TEMPLATES, EvalError, engine_generate, evaluate, load_benchmark, write_report
-from rl_core.tasks import Problem
+from rl_core.config.benchmarks import BENCHMARKS
+from rl_core.common.contracts import GenerationResult, SamplingParams
+from rl_core.evaluation.evaluator import PROMPT_TEMPLATES, EvalError, engine_generate, evaluate, load_benchmark, write_report
+from rl_core.envs.problems import Problem
 
 PROBLEMS = [Problem(id=f"p{i}", problem=f"Compute {i} + {i}.", answer=str(2 * i)) for i in range(4)]
 
@@ -103,7 +103,7 @@ def test_benchmarks_load_from_the_shared_data(shared_data_dir: Path) -> None:
 
 
 def test_evaluate_with_the_reference_engine(untrained_tiny_model: Path, shared_data_dir: Path) -> None:
-    from rl_core.engine import ReferenceEngine
+    from rl_core.inference.engine import ReferenceEngine
 
     engine = ReferenceEngine.from_pretrained(untrained_tiny_model)
     engine.start()
@@ -125,7 +125,7 @@ def test_evaluate_with_the_reference_engine(untrained_tiny_model: Path, shared_d
 def test_a_problem_too_long_for_the_engine_is_skipped_counted_and_reported(untrained_tiny_model: Path, tmp_path: Path) -> None:
     """One problem whose prompt + max_new_tokens exceeds the engine's context must not sink the
     evaluation: it is skipped (said per problem and in the summary) and the rest is scored."""
-    from rl_core.engine import EngineConfig, ReferenceEngine
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
 
     long_problem = Problem(id="long", problem="Compute 1 + 1. " * 80, answer="2")
     problems = [PROBLEMS[0], long_problem, PROBLEMS[1], PROBLEMS[2]]
@@ -155,7 +155,7 @@ def test_a_problem_too_long_for_the_engine_is_skipped_counted_and_reported(untra
 def test_a_server_refusing_a_too_long_prompt_skips_that_problem_only() -> None:
     """Through inference servers (a run's periodic eval), the engine's refusal arrives as the
     client's ServerError 400 with the contract's message; any other failure still fails the eval."""
-    from rl_core.client import ServerError
+    from rl_core.inference.client import ServerError
 
     responses = {p.problem: [f"\\boxed{{{p.answer}}}"] * 2 for p in PROBLEMS}
     replay, _ = scripted_generate(responses)
@@ -193,8 +193,8 @@ def test_cli_prints_the_score_and_writes_per_problem_jsonl(untrained_tiny_model:
 
 
 def test_evaluate_through_a_real_inference_server(untrained_tiny_model: Path, shared_data_dir: Path, tmp_path: Path, repo_root: Path) -> None:
-    from rl_core.client import InferenceClient
-    from rl_core.run_dir import parse_ready_line
+    from rl_core.inference.client import InferenceClient
+    from rl_core.rundir.layout import parse_ready_line
 
     server = subprocess.Popen(
         [sys.executable, "-m", "rl_core", "serve", "--model", str(untrained_tiny_model), "--port", "0"],

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core import attention_kernels
-from rl_core.attention_kernels import masked_gqa_sdpa, repeat_kv_heads
-from rl_core.model_io import use_tf32_matmul
-from rl_core.trainer import make_backend, train_step
+from rl_core.kernels import attention as attention_kernels
+from rl_core.kernels.attention import masked_gqa_sdpa, repeat_kv_heads
+from rl_core.models.model_io import use_tf32_matmul
+from rl_core.trainer.loop import make_backend, train_step
 from tests.rl_core.test_trainer import make_config, make_samples
 
 

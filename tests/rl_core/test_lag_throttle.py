@@ -3,7 +3,7 @@ held back only while an older group still needs the room."""
 
 from __future__ import annotations
 
-from rl_core.lag_throttle import LagThrottle
+from rl_core.actor.lag_throttle import LagThrottle
 
 
 def throttle() -> LagThrottle[str, int]:

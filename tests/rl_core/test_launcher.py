@@ -17,8 +17,8 @@ import psutil
 import pytest
 import yaml
 
-from rl_core.config import RunConfig
-from rl_core.launcher import LaunchError, place_run, server_children, trainer_children
+from rl_core.config.run_config import RunConfig
+from rl_core.launch.launcher import LaunchError, place_run, server_children, trainer_children
 from tests.metrics_file import read_metrics
 
 
@@ -130,7 +130,7 @@ def test_children_get_exactly_their_gpus_on_an_eight_gpu_node(tmp_path: Path) ->
     assert [spec.name for spec in servers] == ["server0", "server1"]
     assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in servers] == ["0,1", "2,3"]
     for index, spec in enumerate(servers):
-        assert spec.command[:3] == ["/opt/vllm/bin/python", "-m", "rl_core.vllm_engine"]
+        assert spec.command[:3] == ["/opt/vllm/bin/python", "-m", "rl_core.inference.vllm_engine"]
         # Settings come from the run directory's config.yaml, not from flags.
         assert spec.command[3:] == ["--run-dir", str(tmp_path), "--server-index", str(index), "--model", "/models/m", "--port", "0"]
     ranks = trainer_children(config, placement, tmp_path, "/models/m", ["http://a", "http://b"], False, 29501, python="py")
@@ -242,7 +242,7 @@ def test_every_engine_setting_of_a_run_config_reaches_the_engine_config() -> Non
     is set from the run config (none left at a default the config cannot change)."""
     import dataclasses
 
-    from rl_core.engine_config import EngineConfig, engine_config_for
+    from rl_core.config.engine import EngineConfig, engine_config_for
 
     config = RunConfig.model_validate({
         "seed": 7,
@@ -261,8 +261,8 @@ def test_every_engine_setting_of_a_run_config_reaches_the_engine_config() -> Non
 
 
 def test_a_vllm_server_of_a_run_takes_its_settings_from_config_yaml(tmp_path: Path) -> None:
-    from rl_core.config_files import config_to_yaml
-    from rl_core.vllm_engine import _parser, apply_run_config
+    from rl_core.config.files import config_to_yaml
+    from rl_core.inference.vllm_engine import _parser, apply_run_config
 
     config = RunConfig.model_validate({"seed": 4, "inference": {"max_batch_size": 6, "max_seq_len": 512, "threads_per_server": 2,
                                                                 "cpu_kv_cache_gib": 3, "prefix_caching": True}})
@@ -275,8 +275,8 @@ def test_a_vllm_server_of_a_run_takes_its_settings_from_config_yaml(tmp_path: Pa
 def test_a_resumed_run_logs_its_first_system_sample_at_its_checkpoint_step(tmp_path: Path) -> None:
     """Issue 33: the launcher's system samples before the trainer publishes progress were logged at
     step 0, so a resumed run logged a second step-0 sample; now at the step it resumes from."""
-    from rl_core.launcher import sample_start_step
-    from rl_core.run_dir import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir
+    from rl_core.launch.launcher import sample_start_step
+    from rl_core.rundir.layout import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir
 
     assert sample_start_step(tmp_path, resume=False) == 0
     checkpoint_dir(tmp_path, 20).mkdir(parents=True)

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from rl_core.advantages import group_advantages
-from rl_core.contracts import RolloutSample
-from rl_core.loss import model_token_logprobs, pack_micro_batches, token_logprobs_from_logits
-from rl_core.losses import LossSettings, effective_sample_size, policy_loss
+from rl_core.envs.advantages import group_advantages
+from rl_core.common.contracts import RolloutSample
+from rl_core.trainer.loss import model_token_logprobs, pack_micro_batches, token_logprobs_from_logits
+from rl_core.trainer.losses import LossSettings, effective_sample_size, policy_loss
 
 
 def make_sample(sample_id: str, prompt: list[int], completion: list[int], behaviour: list[float], advantage: float, versions: list[int] | None = None) -> RolloutSample:

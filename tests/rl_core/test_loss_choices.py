@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.actor import Actor
-from rl_core.advantages import divides_by_group_std, group_advantages
-from rl_core.config import IS_CORRECTIONS_BY_LOSS, RunConfig
-from rl_core.config_files import ConfigError, parse_config
-from rl_core.metrics import JsonlSink
-from rl_core.stream import FileStreamReader, FileStreamWriter
-from rl_core.submission import PromptSource, ZeroAdvantageGroups
-from rl_core.tasks import Problem
+from rl_core.actor.loop import Actor
+from rl_core.envs.advantages import divides_by_group_std, group_advantages
+from rl_core.config.run_config import IS_CORRECTIONS_BY_LOSS, RunConfig
+from rl_core.config.files import ConfigError, parse_config
+from rl_core.rundir.metrics import JsonlSink
+from rl_core.rundir.stream import FileStreamReader, FileStreamWriter
+from rl_core.actor.submission import PromptSource, ZeroAdvantageGroups
+from rl_core.envs.problems import Problem
 from tests.metrics_file import read_metrics
 from tests.rl_core.test_actor import SlowGroupClient, actor_config, publish, wait_until
 
@@ -93,7 +93,7 @@ async def test_dapo_resamples_zero_advantage_groups_within_the_lag_bound(untrain
     """DAPO's dynamic sampling in a running actor: the first prompt answers all-wrong forever (drawn
     again twice, then dropped), the second all-wrong once (drawn again, then trained). No
     zero-advantage sample reaches the stream, and no token is trained past max_lag."""
-    from rl_core.tasks import load_task
+    from rl_core.envs.problems import load_task
 
     config = actor_config(untrained_tiny_model, actor={"group_size": 4, "groups_in_flight": 4, "max_lag": 1,
                                              "dynamic_sampling_max_resamples": 2},

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import pytest
 import torch
 
-from rl_core.config import RunConfig
-from rl_core.contracts import RolloutSample
+from rl_core.config.run_config import RunConfig
+from rl_core.common.contracts import RolloutSample
 from tests.rl_core.test_attention_exactness import grouped_samples, packed_loss_and_gradients
 
 CURRENT_VERSION = 6
@@ -63,7 +63,7 @@ def load_eager(model_path: Path) -> Any:
 def product_backend(model_path: Path) -> Any:
     """The product's backend, one per session: its optimizer never steps (the gradient is read
     before it), so its weights stay those of the reference's model."""
-    from rl_core.torch_backend import TorchBackend
+    from rl_core.trainer.torch_backend import TorchBackend
 
     backend = TorchBackend(model_path)
     backend.optimizer_step = lambda: {"grad_norm": float("nan")}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import MirrorConfig
-from rl_core.metrics import (
+from rl_core.config.run_config import MirrorConfig
+from rl_core.rundir.metrics import (
     JsonlSink,
     MetricsMirror,
     MirrorUnavailable,
@@ -22,7 +22,7 @@ from rl_core.metrics import (
     WandbSink,
     check_mirror_sinks,
 )
-from rl_core.run_dir import METRICS_FILE, TENSORBOARD_DIR
+from rl_core.rundir.layout import METRICS_FILE, TENSORBOARD_DIR
 
 # What the run's processes log, as they log it: steps out of order (an evaluation logs at the
 # step it started), one process's keys at a time, a NaN (kept out, flagged).
@@ -231,7 +231,7 @@ def test_a_failing_mirror_is_dropped_once_and_the_others_continue(tmp_path: Path
             return exploding
         return TensorBoardSink(run_dir / TENSORBOARD_DIR)
 
-    with caplog.at_level(logging.WARNING, logger="rl_core.metrics"):
+    with caplog.at_level(logging.WARNING, logger="rl_core.rundir.metrics"):
         mirror = MetricsMirror(tmp_path, MirrorConfig(sinks=["wandb", "tensorboard"]), poll_s=0.05, opener=opener)
         mirror.close()
     assert exploding.calls == 1  # dropped at its first failure, not retried per line
@@ -255,8 +255,8 @@ def test_a_mirror_that_cannot_start_never_blocks(tmp_path: Path) -> None:
 def test_a_missing_package_fails_before_the_run_naming_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from rl_core import launcher
-    from rl_core.config import RunConfig
+    from rl_core.launch import launcher
+    from rl_core.config.run_config import RunConfig
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

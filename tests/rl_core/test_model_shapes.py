@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core import model_shapes
-from rl_core.model_shapes import SHAPES, build_model
+from rl_core.models import model_shapes
+from rl_core.models.model_shapes import SHAPES, build_model
 
 
 def test_parameter_counts_match_the_architecture_and_the_published_sizes() -> None:
     from transformers import Qwen2ForCausalLM
 
-    from rl_core.tiny_model import build_tokenizer
+    from rl_core.models.tiny_model import build_tokenizer
 
     tokenizer = build_tokenizer(0, 1024)
     for shape in SHAPES.values():

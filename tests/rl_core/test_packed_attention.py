@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from rl_core.contracts import RolloutSample
-from rl_core.loss import pack_micro_batches
-from rl_core.torch_backend import TorchBackend
+from rl_core.common.contracts import RolloutSample
+from rl_core.trainer.loss import pack_micro_batches
+from rl_core.trainer.torch_backend import TorchBackend
 
 
 def samples_with_shared_prompts(seed: int) -> list[RolloutSample]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.config import RunConfig
-from rl_core.placement import PlacementError, check_placement, detect_gpus, even_split
+from rl_core.config.run_config import RunConfig
+from rl_core.cluster.placement import PlacementError, check_placement, detect_gpus, even_split
 
 
 def gpu_config(**sections: dict) -> RunConfig:

@@ -1,4 +1,4 @@
-"""Process plumbing (rl_core/processes.py) and the JSONL tail (rl_core/jsonl_tail.py)."""
+"""Process plumbing (rl_core/common/processes.py) and the JSONL tail (rl_core/common/jsonl_tail.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.jsonl_tail import JsonlTail
-from rl_core.processes import die_with_parent, free_port, run_event_loop, stop_process_groups
+from rl_core.common.jsonl_tail import JsonlTail
+from rl_core.common.processes import die_with_parent, free_port, run_event_loop, stop_process_groups
 
 
 def test_free_port_can_be_bound() -> None:
@@ -27,7 +27,7 @@ def test_free_port_can_be_bound() -> None:
 def test_frozen_startup_objects_are_out_of_the_collectors_reach() -> None:
     # Run in a fresh interpreter: freezing is process-wide and would outlive this test.
     code = (
-        "import gc, torch; from rl_core.processes import freeze_startup_objects;"
+        "import gc, torch; from rl_core.common.processes import freeze_startup_objects;"
         "before = len(gc.get_objects()); freeze_startup_objects();"
         "print(before, len(gc.get_objects()), gc.get_freeze_count())"
     )
@@ -60,7 +60,7 @@ def test_the_wrapped_command_keeps_its_pid_and_output() -> None:
 def test_the_child_gets_sigterm_when_its_parent_dies(tmp_path: Path) -> None:
     # A middle process starts a long sleeper through die_with_parent, then is SIGKILLed.
     middle_code = (
-        "import subprocess, sys, time; from rl_core.processes import die_with_parent;"
+        "import subprocess, sys, time; from rl_core.common.processes import die_with_parent;"
         "p = subprocess.Popen(die_with_parent([sys.executable, '-c', 'import time; time.sleep(60)']));"
         "print(p.pid, flush=True); time.sleep(60)"
     )
@@ -112,7 +112,7 @@ def test_tail_counts_and_logs_a_bad_line_once_however_often_it_is_peeked(tmp_pat
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\nnot json\n{"step": 2}\n')
     tail = JsonlTail(path)
-    with caplog.at_level(logging.WARNING, logger="rl_core.jsonl_tail"):
+    with caplog.at_level(logging.WARNING, logger="rl_core.common.jsonl_tail"):
         for _ in range(3):
             records, offset, line_no = tail.peek()
             assert [n for n, _ in records] == [0, 2]

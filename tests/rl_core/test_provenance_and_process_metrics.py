@@ -10,9 +10,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from rl_core.provenance import code_version, differences, read_provenance, record_launch
-from rl_core.run_dir import PROVENANCE_FILE
-from rl_core.system_metrics import SystemSampler, proc_metric
+from rl_core.launch.provenance import code_version, differences, read_provenance, record_launch
+from rl_core.rundir.layout import PROVENANCE_FILE
+from rl_core.common.system_metrics import SystemSampler, proc_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPIN = "import subprocess, sys, time\nchild = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: pass'])\ntime.sleep(60)"

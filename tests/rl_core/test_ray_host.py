@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("ray")
 
-from rl_core.cluster_layout import RoleSlot  # noqa: E402
-from rl_core.config import RunConfig  # noqa: E402
-from rl_core.ray_placement import RayHost  # noqa: E402
+from rl_core.cluster.layout import RoleSlot  # noqa: E402
+from rl_core.config.run_config import RunConfig  # noqa: E402
+from rl_core.cluster.ray_placement import RayHost  # noqa: E402
 
 
 def test_each_role_gets_its_own_slice_of_its_node_actors_gpus(tmp_path: Path) -> None:

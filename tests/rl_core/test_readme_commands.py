@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rl_core.run_dir import parse_ready_line
+from rl_core.rundir.layout import parse_ready_line
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = [".venv/bin/python", "-m", "rl_core"]

@@ -1,4 +1,4 @@
-"""Resume bookkeeping (rl_core/resume.py): a missing or unreadable checkpoint is refused with
+"""Resume bookkeeping (rl_core/rundir/resume.py): a missing or unreadable checkpoint is refused with
 its name, and the lines a resume rewinds are recorded and recognised. The SIGKILL → resume
 run through the platform is tests/platform/test_run_actions_stack.py."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.launcher import LaunchError, prepare_run_dir
-from rl_core.config import RunConfig
-from rl_core.resume import ResumeError, check_checkpoint, is_superseded, read_resumes, record_resume
+from rl_core.launch.launcher import LaunchError, prepare_run_dir
+from rl_core.config.run_config import RunConfig
+from rl_core.rundir.resume import ResumeError, check_checkpoint, is_superseded, read_resumes, record_resume
 
 
 def fake_checkpoint(run_dir: Path, step: int, *, state: dict | None = None) -> Path:

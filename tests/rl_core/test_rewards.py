@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.rewards import RewardResult, VerifierPool, extract_last_boxed, score_answer, score_many
+from rl_core.envs.rewards import RewardResult, VerifierPool, extract_last_boxed, score_answer, score_many
 
 
 @pytest.fixture(scope="module")

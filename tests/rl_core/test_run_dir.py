@@ -1,4 +1,4 @@
-"""The run directory's records and the server ready line (rl_core/run_dir.py)."""
+"""The run directory's records and the server ready line (rl_core/rundir/layout.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl_core import run_dir as rd
+from rl_core.rundir import layout as rd
 
 
 def test_status_round_trips_with_the_documented_keys(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_ready_line_parses_back_and_other_lines_do_not() -> None:
 
 
 def test_the_layout_module_imports_neither_torch_nor_django() -> None:
-    code = "import sys, rl_core.run_dir; print(sorted(m for m in ('torch', 'django') if m in sys.modules))"
+    code = "import sys, rl_core.rundir.layout; print(sorted(m for m in ('torch', 'django') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from tests.metrics_file import read_metrics
-from rl_core.provenance import read_provenance
-from rl_core.stream import FileStreamReader
+from rl_core.launch.provenance import read_provenance
+from rl_core.rundir.stream import FileStreamReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

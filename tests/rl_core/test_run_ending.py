@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.run_dir import read_status
+from rl_core.rundir.layout import read_status
 from tests.metrics_file import read_metrics
 from tests.rl_core.test_launcher import assert_all_gone, children_of, start_run, status, trained_steps, wait_for, write_config
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from rl_core.config import HistoPipeConfig, RunConfig
-from rl_core.scheduling import (
+from rl_core.config.run_config import HistoPipeConfig, RunConfig
+from rl_core.actor.scheduling import (
     HistoPipeRouter,
     LeastLoadedRouter,
     LengthPredictor,

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
-from rl_core.client import InferenceClient, ServerError
-from rl_core.contracts import SamplingParams
+from rl_core.inference.client import InferenceClient, ServerError
+from rl_core.common.contracts import SamplingParams
 
 MESSAGES = [{"role": "user", "content": "Compute 12 + 30."}]
 
@@ -72,7 +72,7 @@ def test_a_burst_of_requests_leaves_few_idle_connections_in_the_client_pool(untr
     """httpcore walks every pooled connection (and, per idle one, every one again) whenever a
     request starts or ends; an evaluation's burst of concurrent requests used to leave all its
     connections idle in the pool, which made that walk most of the actor's CPU."""
-    from rl_core.client import MAX_IDLE_CONNECTIONS
+    from rl_core.inference.client import MAX_IDLE_CONNECTIONS
 
     server = start_server("reference", untrained_tiny_model, max_batch_size=32)
     try:

@@ -1,4 +1,4 @@
-"""Decode rows shared by sequences with identical histories (rl_core/shared_decode.py): the
+"""Decode rows shared by sequences with identical histories (rl_core/inference/shared_decode.py): the
 engine with sharing gives exactly what it gives without, and never groups what may differ."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from rl_core.contracts import GenerationResult, SamplingParams
-from rl_core.engine import EngineConfig, ReferenceEngine
-from rl_core.shared_decode import extended_history_hash, prompt_history_hash, representatives
+from rl_core.common.contracts import GenerationResult, SamplingParams
+from rl_core.inference.engine import EngineConfig, ReferenceEngine
+from rl_core.inference.shared_decode import extended_history_hash, prompt_history_hash, representatives
 
 
 def run(model_dir: Path, share: bool, requests: list[tuple[list[int], SamplingParams]]) -> tuple[list[GenerationResult], int]:
@@ -32,8 +32,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def test_samples_of_one_prompt_share_rows_and_yield_what_unshared_decoding_yields(tiny_model: Path) -> None:
     # The demo's warm-started model on held-out problems at T=1: a group's samples agree on their
     # first tokens, then drift apart.
-    from rl_core.config import TaskConfig
-    from rl_core.tasks import build_messages, load_task
+    from rl_core.config.run_config import TaskConfig
+    from rl_core.envs.problems import build_messages, load_task
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     config = TaskConfig()

@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from rl_core.config import HistoSpecConfig
-from rl_core.speculation import (
+from rl_core.config.run_config import HistoSpecConfig
+from rl_core.inference.speculation import (
     DraftLengthController,
     HistoryDrafter,
     make_drafter,
 )
-from rl_core.spec_metrics import SpeculationStats, spec_metrics_from_counters
+from rl_core.inference.spec_metrics import SpeculationStats, spec_metrics_from_counters
 
 
 def _drafter(**overrides) -> HistoryDrafter:
@@ -191,8 +191,8 @@ def _chat_prompt(tokenizer, text: str) -> list[int]:
 
 
 def test_greedy_outputs_identical_with_drafts_from_history(tiny_model) -> None:
-    from rl_core.contracts import SamplingParams
-    from rl_core.engine import EngineConfig, ReferenceEngine
+    from rl_core.common.contracts import SamplingParams
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
 
     engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=8))
     prompts = [_chat_prompt(engine.tokenizer, f"Compute {a} + {b}.") for a, b in ((3, 4), (12, 7), (9, 15), (20, 1))]
@@ -215,8 +215,8 @@ def test_seeded_sampled_outputs_are_identical_with_and_without_drafts(tiny_model
     """Every position is drawn with that position's uniform of the request's seed, drafted or
     not, so a seeded request at T=1 yields the same tokens with HistoSpec as without (before,
     verification drew two uniforms per drafted token and the streams parted at the first draft)."""
-    from rl_core.contracts import SamplingParams
-    from rl_core.engine import EngineConfig, ReferenceEngine
+    from rl_core.common.contracts import SamplingParams
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
 
     engine = ReferenceEngine.from_pretrained(tiny_model, config=EngineConfig(max_batch_size=16))
     prompts = [_chat_prompt(engine.tokenizer, f"Compute {a} + {b}.") for a, b in ((3, 4), (12, 7), (9, 15), (20, 1))]
@@ -238,8 +238,8 @@ def test_sampled_tokens_keep_the_model_distribution_when_drafts_are_often_wrong(
     """Chi-square of the drafted position's token frequencies against the model's exact
     next-token probabilities. The draft is the *second* most likely token, so both the accept
     and the reject-and-resample paths are taken many times."""
-    from rl_core.contracts import SamplingParams
-    from rl_core.engine import EngineConfig, ReferenceEngine
+    from rl_core.common.contracts import SamplingParams
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
 
     torch = pytest.importorskip("torch")
     # The engine drafts already at prefill (from the empty response), so a 2-token draft covers

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.contracts import RolloutSample
-from rl_core.stream import (
+from rl_core.common.contracts import RolloutSample
+from rl_core.rundir.stream import (
     FileStreamReader,
     FileStreamWriter,
     open_reader,

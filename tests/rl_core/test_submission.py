@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rl_core.config import EvalConfig, RunConfig
-from rl_core.contracts import GenerationResult, SamplingParams
-from rl_core.submission import (
+from rl_core.config.run_config import EvalConfig, RunConfig
+from rl_core.common.contracts import GenerationResult, SamplingParams
+from rl_core.actor.submission import (
     EvalSchedule, LagBound, PlainGroups, PromptSource, Request, SyncBatches, TailRounds, TailWindow, fan_out,
     make_plan, make_throttle,
 )
-from rl_core.tasks import Problem
+from rl_core.envs.problems import Problem
 
 
 def problem(index: int) -> Problem:

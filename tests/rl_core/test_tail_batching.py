@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from rl_core.config import RunConfig, TailBatchingConfig
-from rl_core.tail_batching import (
+from rl_core.config.run_config import RunConfig, TailBatchingConfig
+from rl_core.actor.tail_batching import (
     AsyncTailTracker,
     LongTailHistory,
     TailBatchPlanner,

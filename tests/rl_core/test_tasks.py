@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config import TaskConfig
-from rl_core.tasks import Problem, TaskDataError, build_messages, load_jsonl_problems, load_task, make_arithmetic_problem
+from rl_core.config.run_config import TaskConfig
+from rl_core.envs.problems import Problem, TaskDataError, build_messages, load_jsonl_problems, load_task, make_arithmetic_problem
 
 
 def test_synthetic_task_is_seeded_and_heldout_is_disjoint() -> None:

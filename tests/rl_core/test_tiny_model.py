@@ -7,14 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
 import random
 
-from rl_core.tasks import make_arithmetic_problem
-from rl_core.tiny_model import (
+from rl_core.envs.problems import make_arithmetic_problem
+from rl_core.models.tiny_model import (
     IM_END,
     WarmStartSpec,
     build_tiny_model,

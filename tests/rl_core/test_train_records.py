@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.config import RunConfig
-from rl_core.config_files import config_to_yaml
-from rl_core.contracts import RolloutSample
-from rl_core.loss import pack_micro_batches
-from rl_core.metrics import JsonlSink
-from rl_core.run_dir import TRAIN_LOGPROBS_FILE
-from rl_core.stream import FileStreamWriter, open_reader
-from rl_core.train_records import TrainRecords
-from rl_core.trainer import Trainer, make_backend
+from rl_core.config.run_config import RunConfig
+from rl_core.config.files import config_to_yaml
+from rl_core.common.contracts import RolloutSample
+from rl_core.trainer.loss import pack_micro_batches
+from rl_core.rundir.metrics import JsonlSink
+from rl_core.rundir.layout import TRAIN_LOGPROBS_FILE
+from rl_core.rundir.stream import FileStreamWriter, open_reader
+from rl_core.trainer.train_records import TrainRecords
+from rl_core.trainer.loop import Trainer, make_backend
 
 
 def grouped_samples(groups: int, group_size: int, seed: int, start: int = 0) -> list[RolloutSample]:

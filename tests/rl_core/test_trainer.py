@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_core.config import RunConfig
-from rl_core.config_files import config_to_yaml
-from rl_core.contracts import RolloutSample
-from rl_core.metrics import JsonlSink
+from rl_core.config.run_config import RunConfig
+from rl_core.config.files import config_to_yaml
+from rl_core.common.contracts import RolloutSample
+from rl_core.rundir.metrics import JsonlSink
 from tests.metrics_file import read_metrics
-from rl_core.stream import FileStreamWriter, open_reader
-from rl_core.torch_backend import TorchBackend, lr_multiplier
-from rl_core.run_dir import latest_checkpoint, read_progress
-from rl_core.trainer import Trainer, make_backend, train_step
+from rl_core.rundir.stream import FileStreamWriter, open_reader
+from rl_core.trainer.torch_backend import TorchBackend, lr_multiplier
+from rl_core.rundir.layout import latest_checkpoint, read_progress
+from rl_core.trainer.loop import Trainer, make_backend, train_step
 
 
 def make_config(model: Path, **trainer: object) -> RunConfig:
@@ -75,8 +75,8 @@ def test_a_step_with_no_policy_change_is_on_policy_at_any_temperature(untrained_
     """Samples drawn by the engine at temperature T, scored by the trainer before any update:
     every importance ratio is 1 and the ESS is 1 (before the fix the trainer scored at T=1:
     ESS 0.905 at T=1.6 on the demo model)."""
-    from rl_core.contracts import SamplingParams
-    from rl_core.engine import EngineConfig, ReferenceEngine
+    from rl_core.common.contracts import SamplingParams
+    from rl_core.inference.engine import EngineConfig, ReferenceEngine
 
     engine = ReferenceEngine.from_pretrained(untrained_tiny_model, config=EngineConfig(max_batch_size=8))
     params = SamplingParams(temperature=temperature, max_new_tokens=12, seed=7)
@@ -124,7 +124,7 @@ def test_gradient_does_not_depend_on_micro_batching(untrained_tiny_model: Path) 
 
 
 def run_trainer(config: RunConfig, run_dir: Path, resume: bool = False) -> Trainer:
-    from rl_core.metrics import JsonlSink
+    from rl_core.rundir.metrics import JsonlSink
 
     backend = make_backend(config, config.model.path)
     trainer = Trainer(config, run_dir, backend, open_reader("file", run_dir), JsonlSink(run_dir / "metrics.jsonl"))
@@ -181,7 +181,7 @@ def test_samples_too_stale_for_max_lag_are_dropped(untrained_tiny_model: Path, t
     writer.append(stale + fresh)
     backend = make_backend(config, untrained_tiny_model)
     backend.version = 5
-    from rl_core.metrics import JsonlSink
+    from rl_core.rundir.metrics import JsonlSink
 
     trainer = Trainer(config, tmp_path, backend, open_reader("file", tmp_path), JsonlSink(tmp_path / "metrics.jsonl"))
     batch = trainer.next_batch()
@@ -242,7 +242,7 @@ def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
 def test_truncated_sampling_is_refused_at_config_time_naming_the_field() -> None:
     from pydantic import ValidationError
 
-    from rl_core.config_files import format_validation_error
+    from rl_core.config.files import format_validation_error
 
     with pytest.raises(ValidationError) as error:
         RunConfig.model_validate({"sampling": {"top_p": 0.9}})
@@ -252,8 +252,8 @@ def test_truncated_sampling_is_refused_at_config_time_naming_the_field() -> None
 
 
 def test_sharing_a_groups_prompt_and_completion_starts_leaves_the_gradient_unchanged(untrained_tiny_model: Path) -> None:
-    from rl_core.loss import pack_micro_batches
-    from rl_core.losses import policy_loss
+    from rl_core.trainer.loss import pack_micro_batches
+    from rl_core.trainer.losses import policy_loss
 
     samples = make_samples(8, 11)
     for k, sample in enumerate(samples[1:4], start=1):  # a group of four on one prompt, the rest on their own
@@ -282,8 +282,8 @@ def test_zero_advantage_samples_count_in_the_step_but_are_not_computed(untrained
     """A step whose batch holds an all-equal group (advantage 0, kept as TRL keeps it) has the
     gradient of computing every sample, divided by the whole batch, but only the informative
     samples' tokens go through the model."""
-    from rl_core.loss import pack_micro_batches
-    from rl_core.losses import policy_loss
+    from rl_core.trainer.loss import pack_micro_batches
+    from rl_core.trainer.losses import policy_loss
 
     samples = make_samples(8, 5)
     for sample in samples[4:]:
@@ -309,7 +309,7 @@ def test_zero_advantage_samples_count_in_the_step_but_are_not_computed(untrained
 def test_a_kl_penalty_or_an_all_zero_batch_still_computes_samples() -> None:
     """With a KL penalty a zero-advantage token still has a gradient; a batch with no
     informative sample keeps one so every rank runs a forward."""
-    from rl_core.loss import samples_with_gradient
+    from rl_core.trainer.loss import samples_with_gradient
 
     samples = make_samples(4, 6)
     samples[1].advantage = samples[3].advantage = 0.0

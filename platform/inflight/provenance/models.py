@@ -1,4 +1,4 @@
-"""A run's launches as the engine recorded them (`rl_core.provenance`, the run directory's
+"""A run's launches as the engine recorded them (`rl_core.launch.provenance`, the run directory's
 provenance.jsonl), stored by the worker so the run page and compare read them from the database."""
 
 from __future__ import annotations

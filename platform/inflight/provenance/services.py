@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from inflight.provenance.models import RunProvenance
-from rl_core.provenance import ProvenanceRecord, read_provenance
+from rl_core.launch.provenance import ProvenanceRecord, read_provenance
 
 
 def ingest_provenance(run_id: int, run_dir: str | Path) -> int:

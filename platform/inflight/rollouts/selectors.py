@@ -9,8 +9,8 @@ from django.db.models import QuerySet
 
 from inflight.rollouts.models import StoredRollout
 from inflight.runs.models import Run
-from rl_core.advantages import carries_gradient
-from rl_core.config import RunConfig
+from rl_core.envs.advantages import carries_gradient
+from rl_core.config.run_config import RunConfig
 
 SHORT_CHARS = 120
 PAGE_SIZE = 50
@@ -34,7 +34,7 @@ def summary_json(row: StoredRollout) -> dict[str, Any]:
 
 
 # Why a sample has no importance ratios (the viewer shows it): the trainer computes only samples
-# with a gradient (rl_core.advantages.carries_gradient).
+# with a gradient (rl_core.envs.advantages.carries_gradient).
 NO_RATIOS_ZERO_ADVANTAGE = "advantage 0: no gradient, so the trainer did not compute this sample"
 NO_RATIOS_YET = "no trainer logprobs for this sample (not trained yet, or the run does not record them)"
 

@@ -27,8 +27,8 @@ from django.utils import timezone
 from inflight.runs import run_limits, run_paths, services
 from inflight.runs.models import TERMINAL_STATUSES, EvalScore, MetricPoint, Run, RunStatus
 from inflight.runs.selectors import can_manage_run
-from rl_core.resume import ResumeError, check_checkpoint
-from rl_core.run_dir import CHECKPOINT_STATE_FILE, LATEST_CHECKPOINT_LINK, checkpoint_step
+from rl_core.rundir.resume import ResumeError, check_checkpoint
+from rl_core.rundir.layout import CHECKPOINT_STATE_FILE, LATEST_CHECKPOINT_LINK, checkpoint_step
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def supersede_rewound_history(run_id: int, step: int, metrics_lines: int, resume
     """A resume rewound the run to checkpoint `step`: forget the points logged after it by the
     attempt that died (metrics.jsonl lines below `metrics_lines`) and its evaluations after
     it, so the chart shows each step once. The lines stay in the run directory; the supervisor
-    skips them when it re-reads the files (rl_core.resume.is_superseded). The snapshot is
+    skips them when it re-reads the files (rl_core.rundir.resume.is_superseded). The snapshot is
     folded again, and the batch counter jumps by one so that open pages see a gap and reload.
     Idempotent. Returns how many points went."""
     from inflight.live.folding import fold_pending_batches

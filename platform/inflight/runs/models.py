@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 
 from inflight.runs.statuses import ACTIVE_STATUSES, TERMINAL_STATUSES, RunStatus  # noqa: F401 - re-exported: the model's choices
-from rl_core.run_dir import ENDED_REASONS
+from rl_core.rundir.layout import ENDED_REASONS
 
 
 # The state machine, enforced by `services.transition_run`. A run that finishes
@@ -59,7 +59,7 @@ class Run(models.Model):
     error = models.TextField(blank=True, default="", help_text="Why the run failed or was lost.")
     ended_reason = models.CharField(
         max_length=16, blank=True, default="", choices=[(code, label) for code, label in ENDED_REASONS.items()],
-        help_text="Why an ended run ended (rl_core.run_dir.EndedReason): its steps done, its wall-time budget, cancelled, failed, hung, lost; empty while it has not ended.",
+        help_text="Why an ended run ended (rl_core.rundir.layout.EndedReason): its steps done, its wall-time budget, cancelled, failed, hung, lost; empty while it has not ended.",
     )
     ended_detail = models.CharField(
         max_length=300, blank=True, default="",

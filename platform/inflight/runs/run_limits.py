@@ -7,7 +7,7 @@ Bounds (settings, README's table), each refusal naming the field and the limit:
 - processes (inference servers + trainer ranks) <= INFLIGHT_MAX_PROCESSES;
 - CPU threads (servers x threads_per_server + ranks x trainer.threads) <= INFLIGHT_MAX_THREADS
   and <= the CPUs of the largest worker of the run's queue;
-- GPUs: the run must fit on the largest GPU worker (`rl_core.placement.check_placement`);
+- GPUs: the run must fit on the largest GPU worker (`rl_core.cluster.placement.check_placement`);
 - sequences held at once <= INFLIGHT_MAX_SAMPLES_PER_STEP: `trainer.samples_per_step` (one step's
   samples, all in the trainer's memory before it trains), `actor.groups_in_flight` x
   `actor.group_size` (requests queued at the servers), `inference.max_batch_size` (KV slots a
@@ -33,9 +33,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from inflight.runs.models import ACTIVE_STATUSES, Run, RunQueue, RunStatus, Worker
-from rl_core.config import RunConfig
-from rl_core.placement import PlacementError, check_placement
-from rl_core.tasks import synthetic_train_count
+from rl_core.config.run_config import RunConfig
+from rl_core.cluster.placement import PlacementError, check_placement
+from rl_core.envs.problems import synthetic_train_count
 
 
 def queue_capacity(queue: str) -> dict[str, int] | None:
@@ -71,7 +71,7 @@ def cluster_inventory() -> list[dict[str, Any]] | None:
 def cluster_errors(config: RunConfig) -> list[tuple[str, str]]:
     """(field, message) for a cluster request the reporting cluster cannot hold: more nodes than
     are alive, or a node's bundle (its processes' CPUs and GPUs) larger than every free node."""
-    from rl_core.cluster_layout import ClusterError, node_bundles, plan_cluster_run
+    from rl_core.cluster.layout import ClusterError, node_bundles, plan_cluster_run
 
     if config.cluster.ray_address != "auto":
         # The `cluster` workers join their own cluster (RAY_ADDRESS and its token are theirs): a run

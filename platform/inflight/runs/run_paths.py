@@ -32,8 +32,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from inflight.datasets.roots import datasets_root, user_folder
-from rl_core.config import RunConfig, StreamConfig
-from rl_core.run_dir import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir, checkpoint_step
+from rl_core.config.run_config import RunConfig, StreamConfig
+from rl_core.rundir.layout import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir, checkpoint_step
 
 _RUN_ID_RE = re.compile(r"[0-9]{1,18}")
 

@@ -41,9 +41,9 @@ from inflight.runs.models import (
 from inflight.runs.safe_input import value_errors
 from inflight.runs.selectors import can_manage_run
 from inflight.task_queue import EXECUTE_RUN_TASK, app
-from rl_core.config import RunConfig
-from rl_core.config_files import field_errors, with_run_defaults
-from rl_core.run_dir import ended_sentence
+from rl_core.config.run_config import RunConfig
+from rl_core.config.files import field_errors, with_run_defaults
+from rl_core.rundir.layout import ended_sentence
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def validate_run_config(config_dict: Any) -> RunConfig:
     and after it: a float field that became non-finite by coercion (the text '1e999')."""
     if not isinstance(config_dict, dict):
         raise InvalidRunConfig({"config": ["must be a mapping of config sections"]})
-    # The run defaults (rl_core.config_files.RUN_DEFAULTS) where the config is silent: every way of
+    # The run defaults (rl_core.config.files.RUN_DEFAULTS) where the config is silent: every way of
     # submitting (form, YAML tab, API, CLI) goes through here, so all get the same run.
     config_dict = with_run_defaults(config_dict)
     errors = value_errors(config_dict)

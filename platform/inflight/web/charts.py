@@ -30,7 +30,7 @@ CHART_GROUPS: list[dict[str, object]] = [
     # Which way a run's weights reach its servers (the placement picks it: inference.weight_handoff).
     {"id": "handoff", "title": "Weight handoff: 1 = same device (shared memory, CUDA IPC), 0 = process group", "patterns": [r"^weights/same_device_handoff$"], "y": "path"},
     {"id": "pause", "title": "Weight-update pause", "patterns": [r"^weights/"], "y": "seconds"},
-    # rl_core/watchdog.py: seconds since the quietest role answered (a few normally; each role silent long enough by name).
+    # rl_core/launch/watchdog.py: seconds since the quietest role answered (a few normally; each role silent long enough by name).
     {"id": "watchdog", "title": "Roles answering: longest silence (watchdog)", "patterns": [r"^watchdog/silent_s"], "y": "seconds"},
     {"id": "lr", "title": "Learning rate", "patterns": [r"^train/lr$"], "y": "lr"},
     {"id": "proc_cpu", "title": "CPU per process (trainer, servers, actor)", "patterns": [r"^system/proc/[^/]+/cpu_percent$"], "y": "% of one core"},
@@ -45,7 +45,7 @@ CHART_GROUPS: list[dict[str, object]] = [
     {"id": "spec", "title": "Speculation (HistoSpec): acceptance", "patterns": [r"^spec/(acceptance_rate|mean_accepted_len)$"], "y": "rate / tokens"},
     {"id": "spec_tokens", "title": "Speculation (HistoSpec): drafted tokens", "patterns": [r"^spec/"], "y": "tokens"},
     {"id": "sched", "title": "Scheduling (HistoPipe, tail batching)", "patterns": [r"^sched/"], "y": "value"},
-    # The objectives' own readings (rl_core/losses.py LossTotals): how far off-policy the batch was,
+    # The objectives' own readings (rl_core/trainer/losses.py LossTotals): how far off-policy the batch was,
     # M2PO's mask bound; GSPO's sequence ratio, whose clip range is ~1e-4 wide.
     {"id": "log_ratio", "title": "Off-policy: second moment of the log ratio, mean (log r)^2", "patterns": [r"^train/log_ratio_m2$"], "y": "nats^2"},
     {"id": "seq_ratio", "title": "Sequence ratio (GSPO): mean & spread", "patterns": [r"^train/seq_ratio_"], "y": "ratio"},

@@ -1,9 +1,9 @@
-"""The create-run form, generated from `rl_core.config.RunConfig` so it never drifts.
+"""The create-run form, generated from `rl_core.config.run_config.RunConfig` so it never drifts.
 
 Each pydantic field becomes one input named by its dotted path (`trainer.lr`),
 with the field's `description` as help text; nested models become fieldsets.
 Posted values go back through `RunConfig` itself, and its errors
-(`rl_core.config_files.field_errors`) are shown next to the field they name.
+(`rl_core.config.files.field_errors`) are shown next to the field they name.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pydantic.fields import FieldInfo
 
 from inflight.runs.actions import deep_merge
 from inflight.runs.safe_input import UnsafeInput, load_yaml
-from rl_core.config import RunConfig
-from rl_core.config_files import run_default_values, with_run_defaults
+from rl_core.config.run_config import RunConfig
+from rl_core.config.files import run_default_values, with_run_defaults
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,7 +32,7 @@ PRESETS: tuple[tuple[str, str, str], ...] = (
     ("qwen2.5-math-1.5b-math", "Qwen2.5-Math-1.5B on MATH (GPU: vLLM + DeepSpeed)", "examples/qwen2.5-math-1.5b-math.yaml"),
 )
 # What the create page opens with when no preset is asked for: the demo's values (a run that
-# finishes on a laptop); `?preset=` gives a run's defaults alone (rl_core.config_files.RUN_DEFAULTS).
+# finishes on a laptop); `?preset=` gives a run's defaults alone (rl_core.config.files.RUN_DEFAULTS).
 DEFAULT_PRESET = "tiny-cpu"
 
 
@@ -295,7 +295,7 @@ def resolved_values(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def config_view_rows(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The run page's config view: `[{"path", "value", "default"}]` per field of a stored config,
-    `default` true where the value is a run's default (rl_core.config_files.RUN_DEFAULTS over the
+    `default` true where the value is a run's default (rl_core.config.files.RUN_DEFAULTS over the
     schema), so what the submitter chose stands out from what every run gets."""
     from inflight.web.selectors import flatten_config
 

@@ -11,7 +11,7 @@ from django.db import connection
 
 from inflight.runs.models import EvalScore, Run
 from inflight.runs.selectors import eval_problem_results, eval_scores
-from rl_core.benchmarks import HELDOUT_BENCHMARK
+from rl_core.config.benchmarks import HELDOUT_BENCHMARK
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

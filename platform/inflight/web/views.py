@@ -42,8 +42,8 @@ from inflight.web.config_form import (
 )
 from inflight.web.selectors import latest_evaluations, status_rows
 
-from rl_core.config import RunConfig
-from rl_core.config_files import field_errors, with_run_defaults
+from rl_core.config.run_config import RunConfig
+from rl_core.config.files import field_errors, with_run_defaults
 
 # Each run's snapshot is at most MAX_BUCKETS buckets per series (live/downsample.py), so a compare's
 # data stays bounded; 20 runs answer in well under 300 ms server time (bench/platform_scale.py).

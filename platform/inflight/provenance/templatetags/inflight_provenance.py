@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from django import template
 
 from inflight.provenance.services import latest_launches, launches_of
-from rl_core.provenance import differences
+from rl_core.launch.provenance import differences
 
 register = template.Library()
 

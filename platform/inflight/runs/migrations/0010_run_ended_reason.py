@@ -18,6 +18,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='ended_reason',
-            field=models.CharField(blank=True, choices=[('max_steps', 'finished its steps'), ('wall_time', 'stopped by its wall-time budget'), ('cancelled', 'cancelled'), ('failed', 'failed'), ('hung', 'failed: a role stopped answering'), ('lost', 'lost with its worker')], default='', help_text='Why an ended run ended (rl_core.run_dir.EndedReason): its steps done, its wall-time budget, cancelled, failed, hung, lost; empty while it has not ended.', max_length=16),
+            field=models.CharField(blank=True, choices=[('max_steps', 'finished its steps'), ('wall_time', 'stopped by its wall-time budget'), ('cancelled', 'cancelled'), ('failed', 'failed'), ('hung', 'failed: a role stopped answering'), ('lost', 'lost with its worker')], default='', help_text='Why an ended run ended (rl_core.rundir.layout.EndedReason): its steps done, its wall-time budget, cancelled, failed, hung, lost; empty while it has not ended.', max_length=16),
         ),
     ]

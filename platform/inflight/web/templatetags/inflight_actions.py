@@ -9,7 +9,7 @@ from django import template
 
 from inflight.runs import actions
 from inflight.runs.selectors import can_manage_run, runs_visible_to
-from rl_core.run_dir import read_cluster
+from rl_core.rundir.layout import read_cluster
 
 register = template.Library()
 

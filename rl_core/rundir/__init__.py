@@ -1,0 +1,11 @@
+"""The run directory (`--out DIR`): its layout and every record written into it.
+
+- `layout`: the one owner of the directory's file names and how records are written
+- `stream`: the durable actor → trainer stream of samples
+- `resume`: resuming a run: refuse loudly when a checkpoint cannot be used
+- `metrics`: metrics sinks (`metrics.jsonl`, mirrors)
+- `heartbeats`: a role's heartbeat file, written by a thread of the role
+
+May import: `common`, `config`.
+Run-time imports go only downwards (pyproject.toml `[tool.importlinter]`).
+"""
