@@ -46,6 +46,25 @@ class RunQueue(models.TextChoices):
     CLUSTER = "cluster", "Ray cluster"
 
 
+class RunGroup(models.Model):
+    """A sweep: runs of one base config over a grid of dotted overrides and/or seeds, compared as
+    a distribution (`inflight.runs.sweeps`). Its runs point to it; the grid and seeds are kept as
+    asked, so the group says what it was meant to hold even after a run is deleted."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_groups")
+    name = models.CharField(max_length=120)
+    base_config = models.JSONField(help_text="The config every run starts from, before its grid point and seed.")
+    grid = models.JSONField(default=dict, blank=True, help_text="{dotted key: [values]}: every combination is a run (per seed).")
+    seeds = models.JSONField(default=list, blank=True, help_text="The `seed` values each grid point runs with.")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"group {self.pk} {self.name}"
+
+
 class Run(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     name = models.CharField(max_length=120, help_text="Human-readable run name.")
@@ -102,6 +121,10 @@ class Run(models.Model):
     archived_at = models.DateTimeField(
         null=True, blank=True, db_index=True, help_text="Hidden from the default run list since then; empty: not archived."
     )
+    # SET_NULL: deleting a sweep's record keeps its runs.
+    group = models.ForeignKey(RunGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
+                              help_text="The sweep this run belongs to.")
+    group_point = models.JSONField(default=dict, blank=True, help_text="Its sweep point: {dotted key: value}, `seed` included.")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -198,6 +221,9 @@ class EvalProblemResult(models.Model):
     verdicts = models.JSONField(default=list)
     mean = models.FloatField()
     passed = models.BooleanField(default=False)
+    used_tool = models.BooleanField(
+        null=True, blank=True, help_text="A sample of this problem called a tool (a tool-using env's evaluation); null: not recorded (no tool env)."
+    )
 
     class Meta:
         ordering = ["eval", "id"]
