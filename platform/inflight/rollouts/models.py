@@ -48,6 +48,18 @@ class StoredRollout(models.Model):
     train_logprobs = ArrayField(
         models.FloatField(), null=True, blank=True, help_text="Trainer logprob per token when the run recorded it (importance ratios)."
     )
+    # A multi-turn (tool-using) sample: which completion tokens the policy sampled and which a tool
+    # returned (context only: never trained, no ratio), and the turns they form (RolloutSample's
+    # `completion_mask` and `metadata["turns"]`). Null: a single-turn sample, every token the policy's.
+    completion_mask = ArrayField(
+        models.SmallIntegerField(), null=True, blank=True, help_text="Per completion token: 1 = sampled by the policy, 0 = tool output. Null: all 1."
+    )
+    turns = models.JSONField(
+        null=True, blank=True,
+        help_text='[{kind: "model"|"tool", start, end (completion-token offsets), and for a tool turn status, seconds}]; null: one model turn.',
+    )
+    tool_calls = models.IntegerField(default=0, help_text="Tool calls the sample made (metadata.tool_calls).")
+    env = models.CharField(max_length=64, blank=True, default="", help_text="The run's environment (metadata.env); empty: not recorded.")
     reward = models.FloatField()
     correct = models.BooleanField()
     advantage = models.FloatField()
