@@ -31,6 +31,18 @@ ROLLOUT_SUCCESS_MEAN: Final = "success/mean"
 ROLLOUT_TOKENS_PER_S: Final = "rollout/tokens_per_s"
 ZERO_ADVANTAGE_SHARE: Final = "rollout/zero_advantage_share"
 
+# Multi-turn envs (env.name math_python_tool / custom, issue 34): the actor's latest metrics window.
+TOOL_CALLS_PER_SAMPLE: Final = "tool/calls_per_sample"
+TOOL_CALL_SHARE: Final = "tool/call_share"
+TOOL_ERROR_SHARE: Final = "tool/error_share"
+TOOL_TIMEOUT_SHARE: Final = "tool/timeout_share"
+TOOL_SECONDS_MEAN: Final = "tool/seconds_mean"
+TOOL_WAIT_SHARE: Final = "tool/wait_share"
+ENV_TURNS_PER_SAMPLE: Final = "env/turns_per_sample"
+SUCCESS_WITH_TOOL: Final = "rollout/success_with_tool"
+SUCCESS_WITHOUT_TOOL: Final = "rollout/success_without_tool"
+ENV_PREFIX_REUSE_TOKENS: Final = "env/prefix_reuse_tokens"
+
 # --- written by the trainer, once per optimizer step --------------------------------------------
 TRAIN_LOSS: Final = "train/loss"
 TRAIN_GRAD_NORM: Final = "train/grad_norm"
@@ -62,6 +74,16 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     TRAIN_DROPPED_STALE: "samples dropped as too stale so far",
     POLICY_LAG_MAX: "largest policy lag of a trained token at the latest step",
     WEIGHTS_VERSION: "policy version (optimizer steps taken)",
+    TOOL_CALLS_PER_SAMPLE: "tool calls per sample, mean over the latest window's samples",
+    TOOL_CALL_SHARE: "share of samples that called the tool at least once",
+    TOOL_ERROR_SHARE: "share of tool calls that ended with status error (the code raised)",
+    TOOL_TIMEOUT_SHARE: "share of tool calls stopped at the wall-clock limit (env.tool_wall_s)",
+    TOOL_SECONDS_MEAN: "seconds one tool call ran, mean",
+    TOOL_WAIT_SHARE: "share of rollout wall time spent waiting on tools",
+    ENV_TURNS_PER_SAMPLE: "turns per sample (model and tool turns), mean",
+    SUCCESS_WITH_TOOL: "success rate of the samples that called the tool",
+    SUCCESS_WITHOUT_TOOL: "success rate of the samples that answered without a tool call",
+    ENV_PREFIX_REUSE_TOKENS: "tokens of a trajectory's earlier turns reused by the server's prefix cache for its next turn",
 }
 
 # The names the pages' scripts read, keyed by the constant's name (handed to them as JSON by the
