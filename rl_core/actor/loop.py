@@ -39,6 +39,7 @@ from typing import Any, Coroutine
 from rl_core.envs.advantages import divides_by_group_std, group_advantages
 from rl_core.config.run_config import RunConfig
 from rl_core.common.contracts import GenerationResult, RolloutSample, SamplingParams
+from rl_core.common import metric_names as mn
 from rl_core.rundir.metrics import MetricsSink
 from rl_core.rundir.layout import TrainerProgress, latest_checkpoint, read_progress
 from rl_core.rundir.stream import StreamWriter
@@ -253,9 +254,9 @@ class Actor:
         write_report(self.run_dir, step, report)
         versions = report.policy_versions
         self.sink.log(step, {
-            "success/heldout": report.mean_at_k, "success/heldout_pass_at_k": report.pass_at_k,
-            "success/heldout_version_min": float(min(versions)) if versions else float(step),
-            "success/heldout_version_max": float(max(versions)) if versions else float(step),
+            mn.HELDOUT_SUCCESS: report.mean_at_k, mn.HELDOUT_PASS_AT_K: report.pass_at_k,
+            mn.HELDOUT_VERSION_MIN: float(min(versions)) if versions else float(step),
+            mn.HELDOUT_VERSION_MAX: float(max(versions)) if versions else float(step),
         })
 
     async def benchmark_eval(self, step: int) -> None:
@@ -282,22 +283,22 @@ class Actor:
             return
         elapsed = max(1e-9, now - w.started)
         metrics: dict[str, float] = {
-            "rollout/tokens_per_s": w.tokens / elapsed,
+            mn.ROLLOUT_TOKENS_PER_S: w.tokens / elapsed,
             "rollout/in_flight": float(len(self.in_flight)),
             "rollout/samples_written": float(self.samples_total),
             "rollout/unconsumed": float(self.samples_total - self.consumed),
         }
         if w.rewards:
             metrics.update({
-                "reward/mean": sum(w.rewards) / len(w.rewards),
-                "success/mean": sum(w.successes) / len(w.successes),
+                mn.ROLLOUT_REWARD_MEAN: sum(w.rewards) / len(w.rewards),
+                mn.ROLLOUT_SUCCESS_MEAN: sum(w.successes) / len(w.successes),
                 "rollout/response_len/mean": sum(w.lengths) / len(w.lengths),
                 "rollout/versions_per_sequence/max": float(max(w.versions_per_sequence)),
                 "rollout/versions_per_sequence/mean": sum(w.versions_per_sequence) / len(w.versions_per_sequence),
                 "rollout/groups": float(w.groups),
             })
         if w.groups:
-            metrics["rollout/zero_advantage_share"] = w.zero_advantage_groups / w.groups
+            metrics[mn.ZERO_ADVANTAGE_SHARE] = w.zero_advantage_groups / w.groups
         if w.dropped_groups:
             metrics["rollout/dropped_zero_advantage_groups"] = float(w.dropped_groups)
         resampled = self.zero_advantage.take_count()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Mapping, Protocol
 
 from rl_core.common.jsonl_tail import JsonlTail
+from rl_core.common import metric_names as mn
 from rl_core.rundir.layout import METRICS_FILE, TENSORBOARD_DIR, WANDB_RUN_ID_FILE
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class JsonlSink:
 class ConsoleSink:
     """A one-line progress bar with the key figures (stderr, overwritten in place on a TTY)."""
 
-    KEYS = ("success/mean", "reward/mean", "policy_lag/max", "weights/version", "rollout/tokens_per_s", "train/loss")
+    KEYS = (mn.ROLLOUT_SUCCESS_MEAN, mn.ROLLOUT_REWARD_MEAN, mn.POLICY_LAG_MAX, mn.WEIGHTS_VERSION, mn.ROLLOUT_TOKENS_PER_S, mn.TRAIN_LOSS)
 
     def __init__(self, total_steps: int, stream: IO[str] | None = None) -> None:
         self.total_steps = total_steps

@@ -44,6 +44,7 @@ import torch
 
 from rl_core.config.run_config import RunConfig
 from rl_core.common.contracts import RolloutSample, TrainerBackend
+from rl_core.common import metric_names as mn
 from rl_core.trainer.loss import pack_micro_batches, samples_with_gradient, scoring_temperature
 from rl_core.trainer.losses import LossSettings, LossTotals, effective_sample_size, m2po_keep_masks, policy_loss, step_normaliser
 from rl_core.rundir.metrics import JsonlSink, MetricsSink, MultiSink
@@ -430,29 +431,29 @@ class Trainer:
             last_end = now
             version = self.backend.version
             metrics = {
-                "train/loss": stats.loss,
-                "train/grad_norm": step_info.get("grad_norm", float("nan")),
-                "train/lr": step_info.get("lr", float("nan")),
-                "train/entropy": stats.entropy,
+                mn.TRAIN_LOSS: stats.loss,
+                mn.TRAIN_GRAD_NORM: step_info.get("grad_norm", float("nan")),
+                mn.TRAIN_LR: step_info.get("lr", float("nan")),
+                mn.TRAIN_ENTROPY: stats.entropy,
                 "train/ess": stats.ess,
                 "train/clip_fraction": stats.clip_fraction,
                 "train/samples_per_s": stats.num_samples / elapsed,
                 "train/tokens_per_s": stats.num_tokens / elapsed,
                 "train/step_s": train_s,
-                "train/reward_mean": sum(sample.reward for sample in samples) / len(samples),
+                mn.TRAIN_REWARD_MEAN: sum(sample.reward for sample in samples) / len(samples),
                 "train/samples_consumed": float(self.consumed),
-                "train/dropped_stale": float(self.dropped_stale),
+                mn.TRAIN_DROPPED_STALE: float(self.dropped_stale),
                 "train/dropped_stale_token_share": self.dropped_stale_tokens
                 / max(1, self.dropped_stale_tokens + self.trained_tokens),
                 "policy_lag/mean": stats.lag_mean,
-                "policy_lag/max": float(stats.lag_max),
+                mn.POLICY_LAG_MAX: float(stats.lag_max),
                 **lag_shares(stats.lag_counts),
                 **stats.loss_metrics,
-                "weights/version": float(version),
+                mn.WEIGHTS_VERSION: float(version),
                 "weights/update_pause_s": float(sync.get("weights/update_pause_s", 0.0)),
             }
             if t.kl_coef > 0:
-                metrics["train/kl"] = stats.kl
+                metrics[mn.TRAIN_KL] = stats.kl
             for key, value in sync.items():
                 metrics.setdefault(key, float(value))
             self.sink.log(version, metrics)

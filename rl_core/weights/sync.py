@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from rl_core.models.model_io import dtype_name, torch_dtype
 from rl_core.common.processes import free_port
+from rl_core.common.metric_names import WEIGHTS_VERSION
 from rl_core.rundir.layout import ADVERTISED_ADDRESS_ENV  # where the TCPStore listens on a cluster
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
@@ -284,7 +285,7 @@ def update_metrics(results: list[Any], started: float, version: int, same_device
         "weights/update_pause_s": max(pauses),
         **timings,
         "weights/update_total_s": time.perf_counter() - started,
-        "weights/version": float(version),
+        WEIGHTS_VERSION: float(version),
         "weights/same_device_handoff": 1.0 if same_device else 0.0,
     }
 
