@@ -55,7 +55,8 @@ test: venv tiny-model
 	@# A JIT build killed mid-way leaves torch's lock file behind and every later build waits on
 	@# it forever; nothing else builds into this cache while the tests start, so clear it.
 	@find $(TORCH_EXTENSIONS_DIR) -maxdepth 2 -name lock -type f -delete 2>/dev/null || true
-	@$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
+	@# --durations: CI's log names the slowest tests, so the suite's time has an owner (keep CI well under 45 min).
+	@$(PY) -m pytest tests --durations=40 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
 
 # Every bench in bench/ at its smallest real settings (`--smoke`: seconds each, the same code path),
