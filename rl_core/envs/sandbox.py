@@ -1,0 +1,283 @@
+"""The sandbox in which a policy's Python tool calls run during multi-turn math RL.
+
+`ProcessSandbox.run(code, limits)` runs `code` in a fresh process and always returns a
+`ToolResult`: whatever the code does (loops forever, forks without end, prints 10 GB, reads
+/etc/passwd, connects somewhere, writes outside its directory) the caller gets a status other
+than "ok" and goes on. Per call:
+
+- a private temporary directory, the code's cwd and its only writable place, removed afterwards;
+- a minimal environment (no variable of the worker's: DATABASE_URL, tokens, ...);
+- its own session (`start_new_session`): at the wall-time limit, at the output limit, and after
+  it exits, the whole process group gets SIGKILL (`os.killpg`);
+- stdout and stderr read as they come, `output_bytes` kept in all; more is an "output_limit";
+- inside, `sandbox_exec` (the launcher, see its docstring) adds a network namespace (no network),
+  a PID namespace (nothing outlives the call, not even a `setsid` escapee), rlimits (CPU seconds,
+  address space, processes, file size), privileges dropped to `nobody` when the worker is root,
+  and an audit hook refusing sockets, subprocesses, ctypes, and files outside its directory and
+  the Python installation.
+
+Calls run concurrently: asyncio subprocesses, so a slow tool never blocks the event loop, with
+a semaphore (one per event loop) capping how many run at once.
+
+What it protects against: the policy's mistakes and ordinary mischief (resource exhaustion,
+reading the worker's secrets, the run directory or the database, network access, leftovers).
+What not: kernel exploits and CPU side channels (same kernel, same cores); and where the kernel
+refuses namespaces and the worker cannot drop root (see `probe_isolation`), code that gets past
+the audit hook with native code — audit hooks live in the interpreter they watch and are not a
+security boundary. Where that matters, put a stronger sandbox (gVisor's runsc, nsjail, bubblewrap,
+a container runtime) behind the same `Sandbox` protocol: `CommandSandbox` runs the same launcher
+under a configurable command prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
+
+from rl_core.envs import sandbox_exec
+
+LAUNCHER = os.path.abspath(sandbox_exec.__file__)
+ToolStatus = Literal["ok", "error", "timeout", "output_limit", "refused"]
+_READ_CHUNK = 65536
+# The code's whole environment. HOME and TMPDIR point into its directory; one BLAS thread each,
+# because threads count against RLIMIT_NPROC and each reserves address space against RLIMIT_AS.
+_BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one tool call may use; the defaults are the env section's defaults."""
+
+    wall_s: float = 5.0  # wall-time limit; the whole process group is killed at it
+    cpu_s: int = 5  # RLIMIT_CPU
+    memory_mb: int = 512  # RLIMIT_AS
+    output_bytes: int = 16_384  # stdout+stderr kept; more is cut and the call is an error ("output_limit")
+    processes: int = 32  # RLIMIT_NPROC-style cap (fork bombs)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    status: ToolStatus  # anything but "ok" is a tool error
+    stdout: str
+    stderr: str
+    seconds: float
+    exit_code: int | None  # None when the sandbox killed it (wall time, output limit)
+
+
+class Sandbox(Protocol):
+    async def run(self, code: str, limits: SandboxLimits) -> ToolResult: ...
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Which of the launcher's OS layers take on this machine (the audit hook always does)."""
+
+    network: bool  # a new network namespace: no network at all
+    pid: bool  # a new PID namespace: nothing outlives the call
+    dropped_privileges: bool  # root dropped to the sandbox user (False when not root, or it cannot read Python)
+    uid: int  # the uid the code runs as
+
+
+class _Output:
+    """stdout and stderr as read, `limit` bytes kept in all; `exceeded` is set past it."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self.exceeded = asyncio.Event()
+
+    async def drain(self, stream: asyncio.StreamReader | None, sink: bytearray) -> None:
+        while stream is not None and (chunk := await stream.read(_READ_CHUNK)):
+            keep = min(len(chunk), self.left)
+            sink += chunk[:keep]
+            self.left -= keep
+            if keep < len(chunk):
+                self.exceeded.set()
+                return
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # already gone
+        pass
+
+
+def _status_of(exit_code: int) -> ToolStatus:
+    if exit_code == 0:
+        return "ok"
+    if exit_code == sandbox_exec.REFUSED_EXIT:
+        return "refused"
+    if exit_code == sandbox_exec.CPU_LIMIT_EXIT:
+        return "timeout"
+    return "error"
+
+
+class ProcessSandbox:
+    """The default `Sandbox`: a confined local process per call (see the module docstring).
+
+    `python`: the interpreter the code runs under (its site-packages are what the code can
+    import; the sandbox user must be able to read it for privileges to be dropped).
+    `user`: when the worker is root, the user the code runs as (None: stay root).
+    `audit_hook`: False only in tests that check what the OS layers hold alone."""
+
+    def __init__(self, max_concurrent: int = 4, *, python: str = sys.executable, user: str | None = "nobody",
+                 audit_hook: bool = True) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        self.max_concurrent = max_concurrent
+        self.python = python
+        self.audit_hook = audit_hook
+        self._ids = (-1, -1)
+        if user is not None and os.geteuid() == 0:
+            entry = pwd.getpwnam(user)
+            self._ids = (entry.pw_uid, entry.pw_gid)
+        # asyncio primitives belong to one loop; a sandbox shared by several loops caps each.
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    def command(self, workdir: str, limits: SandboxLimits, *, probe: bool = False) -> list[str]:
+        """The launcher's command line for one call in `workdir`."""
+        command = [
+            self.python, "-I", LAUNCHER, "--workdir", workdir, "--parent", str(self._parent()),
+            "--cpu-s", str(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--processes", str(limits.processes),
+            "--uid", str(self._ids[0]), "--gid", str(self._ids[1]),
+        ]
+        if not self.audit_hook:
+            command.append("--no-audit-hook")
+        if probe:
+            command.append("--probe")
+        return command
+
+    def _parent(self) -> int:
+        """The pid the launcher checks is its parent (so that it dies with the worker)."""
+        return os.getpid()
+
+    def _workdir(self, code: str) -> str:
+        workdir = tempfile.mkdtemp(prefix="inflight-sandbox-")  # 0700
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as file:
+            file.write(code)
+        if self._ids[0] >= 0:
+            os.chown(workdir, *self._ids)
+            os.chown(os.path.join(workdir, "main.py"), *self._ids)
+        return workdir
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if loop not in self._semaphores:
+            self._semaphores[loop] = asyncio.Semaphore(self.max_concurrent)
+        return self._semaphores[loop]
+
+    async def run(self, code: str, limits: SandboxLimits) -> ToolResult:
+        async with self._semaphore():
+            workdir = self._workdir(code)
+            try:
+                return await self._run_in(workdir, limits)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    async def _run_in(self, workdir: str, limits: SandboxLimits) -> ToolResult:
+        started = time.monotonic()
+        process = await asyncio.create_subprocess_exec(
+            *self.command(workdir, limits), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=workdir, env={**_BASE_ENV, "HOME": workdir, "TMPDIR": workdir}, start_new_session=True)
+        output = _Output(limits.output_bytes)
+        stdout, stderr = bytearray(), bytearray()
+
+        async def finish() -> int:
+            await asyncio.gather(output.drain(process.stdout, stdout), output.drain(process.stderr, stderr))
+            return await process.wait()
+
+        finished = asyncio.ensure_future(finish())
+        over = asyncio.ensure_future(output.exceeded.wait())
+        try:
+            await asyncio.wait({finished, over}, timeout=limits.wall_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Always: at a limit this is the kill; after a clean exit it takes whatever the code left.
+            _kill_group(process.pid)
+            over.cancel()
+            if not finished.done():
+                finished.cancel()
+            await process.wait()
+        status: ToolStatus
+        exit_code: int | None = None
+        if output.exceeded.is_set():
+            status = "output_limit"
+        elif not finished.done() or finished.cancelled():
+            status = "timeout"
+        else:
+            exit_code = finished.result()
+            status = _status_of(exit_code)
+        if status == "timeout" and exit_code is None:
+            separator = b"\n" if stderr and not stderr.endswith(b"\n") else b""
+            stderr += separator + f"sandbox: wall-time limit ({limits.wall_s:g} s) reached\n".encode()
+        return ToolResult(status=status, stdout=stdout.decode("utf-8", errors="replace"),
+                          stderr=stderr.decode("utf-8", errors="replace"), seconds=time.monotonic() - started,
+                          exit_code=exit_code)
+
+    def probe(self) -> Isolation:
+        """Which OS layers the launcher gets on this machine (a process started for it)."""
+        workdir = self._workdir("")
+        try:
+            done = subprocess.run(self.command(workdir, SandboxLimits(), probe=True), capture_output=True, text=True,
+                                  cwd=workdir, env={**_BASE_ENV, "HOME": workdir}, timeout=30, check=True,
+                                  start_new_session=True)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return Isolation(**json.loads(done.stdout))
+
+
+class CommandSandbox(ProcessSandbox):
+    """The launcher run under an operator's command prefix: a stronger sandbox behind the same
+    protocol, e.g. `["nsjail", "--quiet", "--mode", "o", "--chroot", "/", "--bindmount", "{workdir}",
+    "--"]` or `["runsc", "do", "--"]`. `{workdir}` in an argument is replaced by the call's
+    directory, which the prefix must leave visible and writable at the same path. The launcher's
+    own layers still apply inside, as far as the outer sandbox lets them."""
+
+    def __init__(self, prefix: Sequence[str], max_concurrent: int = 4, **kwargs: object) -> None:
+        if not prefix:
+            raise ValueError("CommandSandbox needs a command prefix (use ProcessSandbox for none)")
+        super().__init__(max_concurrent, **kwargs)  # type: ignore[arg-type]
+        self.prefix = list(prefix)
+
+    def _parent(self) -> int:
+        return 0  # the launcher's parent is the prefix's process (or what it execs): no pid to check
+
+    def command(self, workdir: str, limits: SandboxLimits, *, probe: bool = False) -> list[str]:
+        return [part.replace("{workdir}", workdir) for part in self.prefix] + super().command(workdir, limits, probe=probe)
+
+
+@functools.cache
+def probe_isolation(python: str = sys.executable) -> Isolation:
+    """`ProcessSandbox(python=python).probe()`, once per process: for a startup log line and tests."""
+    return ProcessSandbox(python=python).probe()
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> ToolResult:
+    """Synchronous `ProcessSandbox().run` (tests, evaluation). From a thread whose event loop is
+    running, the call runs on a loop of its own in a helper thread rather than failing."""
+    def call() -> ToolResult:
+        return asyncio.run(ProcessSandbox(max_concurrent=1).run(code, limits))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return call()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()

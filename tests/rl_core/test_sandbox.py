@@ -1,0 +1,273 @@
+"""The Python tool's sandbox (rl_core/envs/sandbox.py): ordinary math runs; every escape the
+issue lists is contained, scored as a tool error, and the caller goes on; calls run concurrently
+without blocking the event loop.
+
+Most escapes are checked twice: with the default sandbox (where the audit hook refuses them)
+and with the hook off, to show the OS layer under it holds alone — those run under an
+interpreter the sandbox user can read (/usr/bin/python3) and skip where the machine does not
+give that layer (not root, no namespaces)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_core.envs.sandbox import (CommandSandbox, Isolation, ProcessSandbox, SandboxLimits, ToolResult,
+                                  probe_isolation, run_python)
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+FAST = SandboxLimits(wall_s=10.0)  # a shared 2-core machine: room for a slow interpreter start
+
+
+def run(code: str, limits: SandboxLimits = FAST, sandbox: ProcessSandbox | None = None) -> ToolResult:
+    return asyncio.run((sandbox or ProcessSandbox()).run(code, limits))
+
+
+def assert_goes_on(sandbox: ProcessSandbox | None = None) -> None:
+    """After a contained escape the sandbox still runs ordinary code."""
+    result = run("print(6*7)", sandbox=sandbox)
+    assert (result.status, result.stdout) == ("ok", "42\n")
+
+
+def os_layer(need: str) -> ProcessSandbox:
+    """A sandbox without the audit hook, on an interpreter `nobody` can read; skips without `need`."""
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip(f"no {SYSTEM_PYTHON} to run as the sandbox user")
+    isolation = probe_isolation(SYSTEM_PYTHON)
+    if not getattr(isolation, need):
+        pytest.skip(f"this machine does not give the sandbox {need}: {isolation}")
+    return ProcessSandbox(python=SYSTEM_PYTHON, audit_hook=False)
+
+
+def test_ordinary_math_is_ok() -> None:
+    result = run_python("print(37*48)")
+    assert result == ToolResult(status="ok", stdout="1776\n", stderr="", seconds=result.seconds, exit_code=0)
+
+
+def test_sympy_is_ok() -> None:
+    pytest.importorskip("sympy")
+    result = run("import sympy\nx = sympy.symbols('x')\nprint(sympy.solve(x**2 - 5*x + 6, x))",
+                 SandboxLimits(wall_s=60.0, cpu_s=30))
+    assert (result.status, result.stdout, result.stderr) == ("ok", "[2, 3]\n", "")
+
+
+def test_an_exception_is_an_error_with_its_traceback() -> None:
+    result = run("1/0")
+    assert result.status == "error" and result.exit_code == 1
+    assert "ZeroDivisionError" in result.stderr and 'main.py", line 1' in result.stderr
+
+
+def test_fork_bomb_is_refused() -> None:
+    result = run("import os\nwhile True:\n    os.fork()")
+    assert result.status == "refused" and "os.fork refused" in result.stderr
+    assert_goes_on()
+
+
+def test_fork_bomb_without_the_hook_hits_the_process_limit() -> None:
+    sandbox = os_layer("dropped_privileges")
+    result = run("import os\nwhile True:\n    os.fork()", SandboxLimits(wall_s=10.0, processes=8), sandbox)
+    assert result.status != "ok" and result.seconds < 10.0
+    assert "BlockingIOError" in result.stderr  # RLIMIT_NPROC refused a fork
+    assert_goes_on(sandbox)
+
+
+def test_infinite_loop_is_killed_at_the_wall_time() -> None:
+    result = run("while True:\n    pass", SandboxLimits(wall_s=1.0))
+    assert result.status == "timeout" and result.exit_code is None and 1.0 <= result.seconds < 5.0
+    assert "wall-time limit" in result.stderr
+    assert_goes_on()
+
+
+def test_infinite_loop_is_killed_at_the_cpu_limit() -> None:
+    result = run("while True:\n    pass", SandboxLimits(wall_s=30.0, cpu_s=1))
+    assert result.status == "timeout" and "CPU time limit" in result.stderr and result.seconds < 30.0
+
+
+def test_a_child_left_behind_is_killed() -> None:
+    # The code exits at once, leaving a child that left its process group; without the group
+    # kill and the PID namespace it would sleep on. Hook off so that it may fork.
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
+    result = run(code, sandbox=ProcessSandbox(audit_hook=False))
+    assert (result.status, result.stdout) == ("ok", "parent done\n")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _sandbox_processes():
+        time.sleep(0.1)
+    assert not _sandbox_processes()
+
+
+def _sandbox_processes() -> list[int]:
+    """Live launcher processes (and their forks) started by this test process."""
+    ours = b"--parent\x00" + str(os.getpid()).encode() + b"\x00"
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"sandbox_exec.py" in (cmdline := (entry / "cmdline").read_bytes()) and ours in cmdline:
+                if (entry / "stat").read_text().split(") ")[1][0] != "Z":  # a zombie is dead, awaiting its reaper
+                    found.append(int(entry.name))
+        except OSError:  # exited while we looked
+            continue
+    return found
+
+
+def test_ten_gigabytes_of_output_are_cut() -> None:
+    code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(10 * 1024):\n    sys.stdout.write(chunk)"
+    limits = SandboxLimits(wall_s=30.0, output_bytes=16_384)
+    result = run(code, limits)
+    assert result.status == "output_limit" and result.exit_code is None
+    assert len(result.stdout) + len(result.stderr) <= limits.output_bytes
+    assert result.seconds < 15.0  # killed at the limit, not after writing 10 GB
+    assert_goes_on()
+
+
+def test_reading_etc_passwd_is_refused() -> None:
+    result = run("print(open('/etc/passwd').read())")
+    assert result.status == "refused" and "root:" not in result.stdout
+    result = run("import pwd\nprint(pwd.getpwall())")  # C reads it below the hook: no import
+    assert result.status != "ok" and "root" not in result.stdout
+
+
+@pytest.fixture
+def secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run directory with a secret only the worker's user can read, and one in its environment."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    secret = run_dir / "token.txt"
+    secret.write_text("s3cret-run-token")
+    secret.chmod(0o600)
+    monkeypatch.setenv("DATABASE_URL", "postgres://inflight:s3cret-db@db/inflight")
+    return secret
+
+
+def test_the_run_directory_is_refused(secrets: Path) -> None:
+    result = run(f"print(open({str(secrets)!r}).read())")
+    assert result.status == "refused" and "s3cret" not in result.stdout + result.stderr
+    result = run(f"import os\nprint(os.listdir({str(secrets.parent)!r}))")
+    assert result.status == "refused" and "token" not in result.stdout
+
+
+def test_the_run_directory_without_the_hook_is_denied_by_the_os(secrets: Path) -> None:
+    sandbox = os_layer("dropped_privileges")
+    result = run(f"print(open({str(secrets)!r}).read())", sandbox=sandbox)
+    assert result.status == "error" and "PermissionError" in result.stderr and "s3cret" not in result.stdout
+
+
+def test_the_workers_environment_is_not_passed(secrets: Path) -> None:
+    result = run("import os\nprint(os.environ['DATABASE_URL'])")
+    assert result.status == "error" and "KeyError" in result.stderr and "s3cret" not in result.stdout
+    result = run("import os\nprint(sorted(os.environ))")
+    assert result.status == "ok" and "DATABASE_URL" not in result.stdout
+    result = run(f"print(open('/proc/{os.getpid()}/environ').read())")  # the worker's, through /proc
+    assert result.status == "refused" and "s3cret" not in result.stdout
+
+
+@pytest.fixture
+def listener() -> socket.socket:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+def _connect_code(server: socket.socket) -> str:
+    port = server.getsockname()[1]
+    return f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\nprint('sent')"
+
+
+def _accepted(server: socket.socket) -> bool:
+    try:
+        server.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
+
+
+def test_opening_a_socket_is_refused(listener: socket.socket) -> None:
+    result = run(_connect_code(listener))
+    assert result.status == "refused" and "socket" in result.stderr and not _accepted(listener)
+    assert_goes_on()
+
+
+def test_a_socket_without_the_hook_finds_no_network(listener: socket.socket) -> None:
+    if not probe_isolation().network:
+        pytest.skip("no network namespace on this machine")
+    result = run(_connect_code(listener), sandbox=ProcessSandbox(audit_hook=False))
+    assert result.status == "error" and "sent" not in result.stdout and not _accepted(listener)
+
+
+def test_writing_outside_its_directory_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "escaped.txt"
+    result = run(f"open({str(target)!r}, 'w').write('x')")
+    assert result.status == "refused" and not target.exists()
+    result = run("open('/tmp/inflight-sandbox-escape.txt', 'w').write('x')")
+    assert result.status == "refused" and not Path("/tmp/inflight-sandbox-escape.txt").exists()
+
+
+def test_writing_outside_without_the_hook_is_denied_by_the_os(tmp_path: Path) -> None:
+    sandbox = os_layer("dropped_privileges")
+    target = tmp_path / "escaped.txt"
+    result = run(f"open({str(target)!r}, 'w').write('x')", sandbox=sandbox)
+    assert result.status == "error" and "PermissionError" in result.stderr and not target.exists()
+
+
+def test_its_directory_is_writable_and_removed_afterwards() -> None:
+    result = run("import os\nopen('notes.txt', 'w').write('12')\nprint(os.getcwd())\nprint(open('notes.txt').read())")
+    assert result.status == "ok"
+    workdir, content = result.stdout.split()
+    assert content == "12" and workdir.startswith("/") and not Path(workdir).exists()
+
+
+async def test_calls_run_concurrently_without_blocking_the_loop() -> None:
+    sandbox = ProcessSandbox(max_concurrent=8)
+    sleep = SandboxLimits(wall_s=30.0)
+    started = time.monotonic()
+    assert (await sandbox.run("import time\ntime.sleep(1)", sleep)).status == "ok"
+    one = time.monotonic() - started
+
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    ticker = asyncio.ensure_future(tick())
+    started = time.monotonic()
+    results = await asyncio.gather(*(sandbox.run("import time\ntime.sleep(1)", sleep) for _ in range(8)))
+    eight = time.monotonic() - started
+    ticker.cancel()
+    assert [r.status for r in results] == ["ok"] * 8
+    assert eight < 4 * one, (eight, one)
+    assert ticks >= eight / 0.05 / 4  # the loop kept turning while the tools slept
+
+
+async def test_the_semaphore_caps_concurrency() -> None:
+    sandbox = ProcessSandbox(max_concurrent=1)
+    started = time.monotonic()
+    results = await asyncio.gather(*(sandbox.run("import time\ntime.sleep(1)", FAST) for _ in range(3)))
+    assert all(r.status == "ok" for r in results)
+    assert time.monotonic() - started >= 3.0  # one at a time; together they would take about 1 s
+
+
+def test_command_sandbox_runs_under_a_prefix() -> None:
+    sandbox = CommandSandbox(["env", "SANDBOX_PREFIX_SEEN={workdir}"])
+    result = run("import os\nprint(37*48)\nprint(os.environ['SANDBOX_PREFIX_SEEN'] == os.getcwd())", sandbox=sandbox)
+    assert (result.status, result.stdout) == ("ok", "1776\nTrue\n")
+    assert "--parent 0" in " ".join(sandbox.command("/w", SandboxLimits()))
+
+
+def test_probe_tells_the_uid_the_code_runs_as() -> None:
+    isolation = probe_isolation()
+    assert isinstance(isolation, Isolation)
+    assert run("import os\nprint(os.getuid())").stdout == f"{isolation.uid}\n"
+
+
+async def test_run_python_works_inside_a_running_loop() -> None:
+    assert run_python("print(1)").stdout == "1\n"
