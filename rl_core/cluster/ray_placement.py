@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
@@ -43,7 +43,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rl_core.cluster.layout import ClusterError, RoleSlot, layout_summary, node_bundles
 from rl_core.config.run_config import RunConfig
 from rl_core.cluster.role_actor import NodeRoles
-from rl_core.rundir.layout import ADVERTISED_ADDRESS_ENV
+from rl_core.cluster.role_hosts import LostRoles
+from rl_core.common.system_metrics import SystemSampler
+from rl_core.rundir.layout import ADVERTISED_ADDRESS_ENV, ClusterRecord, ClusterRole
 
 ROLE_CALL_TIMEOUT_S = 30.0  # one call to a node's actor (start a role) on a live node
 ROLE_START_TIMEOUT_S = 120.0  # every node's actor up once the group is ready (a fresh Ray worker each)
@@ -115,9 +117,7 @@ def route_address(target: str) -> str:
 
 
 class RayHost:
-    """Every role of one run on its node of a Ray cluster."""
-
-    remote = True
+    """Every role of one run on its node of a Ray cluster (a `role_hosts.RoleHost`)."""
 
     def __init__(self, config: RunConfig, slots: list[RoleSlot], run_dir: Path) -> None:
         self.config = config
@@ -131,6 +131,24 @@ class RayHost:
         self.actors_wait_s = 0.0  # the group asked for -> every node's actor answering (`await_roles`)
         self._asked_at = 0.0
         self._node_refs: dict[int, Any] = {}  # node index -> its actor's pending `node()` answer
+        self.processes: dict[str, RemoteProcess] = {}  # role -> the launcher's handle on it
+
+    # --- before any role starts ------------------------------------------------------
+    def prepare(self, waiting: Callable[[str | None], None], reserved: Callable[[], None]) -> str:
+        """Reserve every node (`reserve`), call `reserved` while the nodes' actors start, wait for
+        them (`await_roles`)."""
+        cluster = self.config.cluster
+        waiting(f"waiting for the Ray placement group: cluster.nodes={cluster.nodes}, at most "
+                f"{cluster.placement_timeout_s:g} s; no role starts before every node is reserved")
+        self.reserve()
+        reserved()  # the nodes' actors start meanwhile (a Ray worker process each)
+        self.await_roles()
+        waiting(None)
+        return (f"placement group ready after {self.placement_wait_s:.1f} s (every node's Ray actor up after "
+                f"{self.actors_wait_s:.1f} s):\n{self.summary()}")
+
+    def stream_address(self) -> str | None:
+        return self.advertised_address()
 
     # --- reservation ---------------------------------------------------------------
     def reserve(self) -> None:
@@ -222,6 +240,12 @@ class RayHost:
     def address(self, name: str) -> str:
         return self.nodes[name]["address"]
 
+    def listen_address(self, name: str) -> str | None:
+        return self.address(name)  # its node's, on the cluster network: other nodes reach it there
+
+    def role_nodes(self, names: list[str]) -> list[int] | None:
+        return [self.slots[name].node for name in names]
+
     def free_port(self, name: str) -> int:
         return int(ray.get(self.actors[name].free_port.remote(self.address(name)), timeout=ROLE_CALL_TIMEOUT_S))
 
@@ -249,9 +273,10 @@ class RayHost:
                           timeout=ROLE_CALL_TIMEOUT_S)
         except (RayError, GetTimeoutError) as exc:
             raise ClusterError(f"{name}: cannot start on node {self.address(name)}: {exc}") from exc
-        return RemoteProcess(name, actor, int(pid), self.address(name))
+        process = self.processes[name] = RemoteProcess(name, actor, int(pid), self.address(name))
+        return process
 
-    def unresponsive_roles(self, timeout_s: float) -> dict[str, list[str]]:
+    def unresponsive_roles(self, timeout_s: float) -> LostRoles:
         """Node address -> roles whose node's actor did not answer within `timeout_s` (the node is
         gone or cut off). Ray's own verdict on a dead node comes from the GCS health checks, later."""
         pings = {node: actor.ping.remote() for node, actor in self.node_actors.items()}
@@ -269,6 +294,31 @@ class RayHost:
             if self.slots[name].node not in answered:
                 lost.setdefault(self.address(name), []).append(name)
         return lost
+
+    def sample_system(self, sampler: SystemSampler, pids: Mapping[str, int]) -> dict[str, float]:
+        """The launcher's machine, then every node of the run: the roles' pids are their nodes'."""
+        sample = sampler.sample(roles=None)
+        sample.update(self.node_metrics())
+        return sample
+
+    def forget(self, lost: LostRoles) -> None:
+        names = {name for roles in lost.values() for name in roles}
+        for name, process in self.processes.items():
+            if name in names:
+                process.mark_lost("its node was lost")
+
+    def where(self, name: str) -> str:
+        process = self.processes.get(name)  # the run's stream is the launcher's own child
+        return f" on node {process.node_address}" if process is not None else ""
+
+    def lost_reason(self, name: str) -> str | None:
+        process = self.processes.get(name)
+        return process.lost if process is not None else None
+
+    def cluster_record(self, pids: Mapping[str, int]) -> ClusterRecord | None:
+        roles = [ClusterRole(role=name, node=self.slots[name].node, address=self.address(name), pid=pid)
+                 for name, pid in pids.items() if name in self.slots]
+        return ClusterRecord(placement_wait_s=round(self.placement_wait_s, 3), roles=roles)
 
     def node_metrics(self, timeout_s: float = 2.0) -> dict[str, float]:
         """`system/node<k>/<metric>` for every node of the run (what `system/<metric>` is for the
@@ -288,7 +338,7 @@ class RayHost:
                 metrics[f"system/node{node}/{key.removeprefix('system/')}"] = value
         return metrics
 
-    def dead_nodes(self) -> dict[str, list[str]]:
+    def dead_nodes(self) -> LostRoles:
         """Node address -> roles on nodes the GCS has declared dead."""
         dead_ids = {node["NodeID"] for node in ray.nodes() if not node.get("Alive")}
         lost: dict[str, list[str]] = {}

@@ -49,15 +49,13 @@ from rl_core.rundir.metrics import ConsoleSink, JsonlSink, MetricsMirror, Mirror
 from rl_core.cluster.placement import Placement, PlacementError, check_placement, detect_gpus
 from rl_core.weights.segments import remove_run_segments
 from rl_core.launch.provenance import record_launch
-from rl_core.cluster.role_hosts import LocalHost, RoleHost
+from rl_core.cluster.role_hosts import LocalHost, LostRoles, RoleHost, RoleProcess
 from rl_core.launch.watchdog import RoleHung, Watchdog
 from rl_core.rundir.resume import ResumeError, record_resume
 from rl_core.rundir.layout import (
     CHECKPOINTS_DIR,
     CLUSTER_FILE,
     CONFIG_FILE,
-    ClusterRecord,
-    ClusterRole,
     METRICS_FILE,
     REDIS_DIR,
     REDIS_LOG_FILE,
@@ -135,6 +133,11 @@ def validate_inputs(config: RunConfig) -> None:
         raise LaunchError(str(exc)) from exc
     except (ValueError, OSError) as exc:
         raise LaunchError(f"task: {exc}") from exc
+    from rl_core.envs.environments import class_path_error
+
+    refusal = class_path_error(config)  # a custom env: importable, and only from INFLIGHT_ENV_ROOTS
+    if refusal:
+        raise LaunchError(f"env.class_path: {refusal}")
     for name in config.eval.benchmarks:
         try:
             get_benchmark(name)
@@ -173,19 +176,20 @@ class ChildSpec:
 
 
 def server_children(config: RunConfig, placement: Placement, run_dir: str | Path, serve_model: str | Path, python: str = sys.executable,
-                    vllm_python: str | None = None, hosts: list[str] | None = None) -> list[ChildSpec]:
+                    vllm_python: str | None = None, hosts: list[str | None] | None = None) -> list[ChildSpec]:
     """One spec per inference server, each seeing only its own GPUs. A server reads its
     settings from the run directory's config.yaml; its command line names only the run
     directory, which server it is, the weights (the model or a resumed checkpoint) and its port.
-    `hosts`: the address each server listens on (its node's, on a cluster; default localhost)."""
+    `hosts`: the address each server listens on (its node's, on a cluster; None: localhost)."""
     c = config
     specs = []
     for index, where in enumerate(placement.servers):
         port = c.inference.base_port + index if c.inference.base_port else 0
         env = where.env()
         run_args = ["--run-dir", str(run_dir), "--server-index", str(index), "--model", str(serve_model), "--port", str(port)]
-        if hosts is not None:
-            run_args += ["--host", hosts[index]]
+        host = hosts[index] if hosts is not None else None
+        if host is not None:
+            run_args += ["--host", host]
         if c.inference.engine == "vllm":
             from rl_core.inference.vllm_engine import REPO_ROOT, server_command
 
@@ -231,7 +235,7 @@ def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, mod
 @dataclass
 class Child:
     name: str
-    process: Any  # subprocess.Popen, or ray_placement.RemoteProcess (the same methods) on a cluster
+    process: RoleProcess  # subprocess.Popen, or what the run's host hands back (role_hosts.RoleHost.start)
     log_path: Path
     log_offset: int = 0  # the log is appended to across resumes: this launch's part starts here
 
@@ -303,7 +307,8 @@ class Launcher:
         self.model_path = model_path
         self.resume = resume
         self.placement = placement or place_run(config, detect_gpus())
-        # Where the children run: here (LocalHost), or on a Ray cluster's nodes (ray_placement.RayHost).
+        # Where the children run: here (LocalHost), or on a Ray cluster's nodes (ray_placement.RayHost);
+        # the launcher reaches it only through RoleHost's members, never asking which it is.
         self.host: RoleHost = host or LocalHost()
         self.child_env: dict[str, str] = {}  # on top of each spec's own (a cluster run's stream password)
         self._next_node_check = 0.0
@@ -346,17 +351,31 @@ class Launcher:
         self.children.append(child)
         return child
 
-    def start_cluster_stream(self) -> None:
-        """A cluster run's stream: the run's own redis-server on the launcher's node, on the
-        cluster network, behind a fresh password that only the roles' environments hold. The
-        children read its address from config.yaml, rewritten here."""
+    def start_stream(self) -> None:
+        """The run's own redis-server on the launcher's node (`stream.redis_embedded`), if the
+        config asks for one: on its unix socket alone when every role is on this node, else on
+        the address the host names (`RoleHost.stream_address`)."""
+        c = self.config
+        if not (c.stream.kind == "redis" and c.stream.redis_embedded):
+            return
+        bind = self.host.stream_address()
+        if bind is None:
+            from rl_core.rundir.stream import start_redis_server
+
+            process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
+            self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
+            return
+        self.start_networked_stream(bind)
+
+    def start_networked_stream(self, bind: str) -> None:
+        """A stream the roles reach over the network: on `bind`, behind a fresh password that only
+        the roles' environments hold. The children read its address from config.yaml, rewritten here."""
         import secrets
 
         from rl_core.rundir.stream import STREAM_REDIS_PASSWORD_ENV, start_redis_server
 
         password = secrets.token_urlsafe(24)
-        process, url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True,
-                                          bind=self.host.advertised_address(), password=password)  # type: ignore[attr-defined]
+        process, url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True, bind=bind, password=password)
         self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
         # The platform's rollout viewer reads the stream on the unix socket, which asks for it too.
         secret = os.open(self.run_dir / REDIS_DIR / REDIS_PASSWORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -367,39 +386,28 @@ class Launcher:
         (self.run_dir / CONFIG_FILE).write_text(config_to_yaml(self.config))
         self.child_env[STREAM_REDIS_PASSWORD_ENV] = password
 
-    def start_all(self) -> None:
-        c = self.config
-        if self.host.remote:
-            waiting = (f"waiting for the Ray placement group: cluster.nodes={c.cluster.nodes}, at most "
-                       f"{c.cluster.placement_timeout_s:g} s; no role starts before every node is reserved")
-            print(waiting, flush=True)
-            self.set_status("starting", detail=waiting)  # the platform shows what the run waits for
-            try:
-                self.host.reserve()  # type: ignore[attr-defined]
-                # The nodes' actors start meanwhile (a Ray worker process each).
-                if c.stream.kind == "redis" and c.stream.redis_embedded:
-                    self.start_cluster_stream()
-                self.host.await_roles()  # type: ignore[attr-defined]
-            except ClusterError as exc:
-                raise LaunchError(str(exc)) from exc
-            self.set_status("starting")
-            print(f"placement group ready after {self.host.placement_wait_s:.1f} s (every node's Ray actor up after "  # type: ignore[attr-defined]
-                  f"{self.host.actors_wait_s:.1f} s):\n{self.host.summary()}", flush=True)  # type: ignore[attr-defined]
-        print(f"placement:\n{self.placement.summary()}", flush=True)
-        if c.stream.kind == "redis" and c.stream.redis_embedded and not self.host.remote:
-            from rl_core.rundir.stream import start_redis_server
+    def waiting(self, detail: str | None) -> None:
+        """What the run waits for before any role starts (None: nothing any more), in the run log
+        and in status.json, where the platform shows it."""
+        if detail is not None:
+            print(detail, flush=True)
+        self.set_status("starting", detail=detail)
 
-            process, _url = start_redis_server(self.run_dir / REDIS_DIR, die_with_parent=True)
-            self.children.append(Child("redis", process, self.run_dir / REDIS_DIR / REDIS_LOG_FILE))
+    def start_all(self) -> None:
+        try:
+            # The run's stream starts as soon as the machines are the run's (`reserved`).
+            where = self.host.prepare(self.waiting, self.start_stream)
+        except ClusterError as exc:
+            raise LaunchError(str(exc)) from exc
+        if where:
+            print(where, flush=True)
+        print(f"placement:\n{self.placement.summary()}", flush=True)
         serve_model = latest_checkpoint(self.run_dir) if self.resume else self.model_path
-        hosts = [self.host.address(f"server{index}") for index in range(len(self.placement.servers))] if self.host.remote else None
+        hosts = [self.host.listen_address(f"server{index}") for index in range(len(self.placement.servers))]
         servers = [self.spec_child(spec) for spec in server_children(self.config, self.placement, self.run_dir, str(serve_model), hosts=hosts)]
         # The trainer and the actor start now and load while the servers do; they read the
         # servers' URLs from servers.json, written below once every server is ready.
-        rank_nodes = None
-        if self.host.remote:
-            rank_nodes = [self.host.slots[trainer_rank_name(rank)].node  # type: ignore[attr-defined]
-                          for rank in range(self.placement.trainer_world_size)]
+        rank_nodes = self.host.role_nodes([trainer_rank_name(rank) for rank in range(self.placement.trainer_world_size)])
         for spec in trainer_children(self.config, self.placement, self.run_dir, self.model_path, None, self.resume,
                                      self.host.free_port("trainer"), master_address=self.host.address("trainer"),
                                      rank_nodes=rank_nodes):
@@ -408,8 +416,7 @@ class Launcher:
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
         write_servers(self.run_dir, urls)
         self.watch_roles(servers, urls)
-        if self.host.remote:
-            self.write_cluster_record()
+        self.write_cluster_record()
 
     def watch_roles(self, servers: list[Child], urls: list[str]) -> None:
         """Every role is watched the same way wherever it runs (this node or a Ray node): a
@@ -436,15 +443,16 @@ class Launcher:
             child = self.child(exc.role)
             raise HangError(f"{exc}; last log lines of {child.log_path}:\n{log_tail(child.log_path)}") from exc
 
+    def pids(self) -> dict[str, int]:
+        """Each child's pid on its own node, in the order they started."""
+        return {child.name: child.process.pid for child in self.children}
+
     def write_cluster_record(self) -> None:
-        """`cluster.json`: each role's node, address and pid there (the run page's "where" table)."""
-        roles = [
-            ClusterRole(role=child.name, node=self.host.slots[child.name].node,  # type: ignore[attr-defined]
-                        address=self.host.address(child.name), pid=child.process.pid)
-            for child in self.children if child.name in self.host.slots  # type: ignore[attr-defined]
-        ]
-        record = ClusterRecord(placement_wait_s=round(self.host.placement_wait_s, 3), roles=roles)  # type: ignore[attr-defined]
-        write_json_atomic(self.run_dir / CLUSTER_FILE, record.model_dump(mode="json"))
+        """`cluster.json`: each role's node, address and pid there (the run page's "where" table),
+        for a run its host spread over several nodes."""
+        record = self.host.cluster_record(self.pids())
+        if record is not None:
+            write_json_atomic(self.run_dir / CLUSTER_FILE, record.model_dump(mode="json"))
 
     def child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)
@@ -481,9 +489,7 @@ class Launcher:
                 now = time.monotonic()
                 if now >= next_sample:
                     progress = read_progress(self.run_dir)
-                    sample = sampler.sample(roles=None if self.host.remote else {child.name: child.process.pid for child in self.children})
-                    if self.host.remote:  # every node of a cluster run, not only the launcher's
-                        sample.update(self.host.node_metrics())  # type: ignore[attr-defined]
+                    sample = self.host.sample_system(sampler, self.pids())
                     if self.watchdog is not None:  # the platform's `stalled` rule reads these
                         sample.update(self.watchdog.metrics(time.monotonic(), self.running_roles()))
                     sink.log(progress.version if progress else start_step, sample)
@@ -492,7 +498,7 @@ class Launcher:
                 if wall is not None and now - self.started > wall and not stop_requested(self.run_dir):
                     request_stop(self.run_dir, "max_wall_time_s reached")
                     self.wall_time_stop = True
-                if self.host.remote and now >= self._next_node_check:
+                if now >= self._next_node_check:
                     self.check_nodes()
                     self._next_node_check = now + NODE_CHECK_EVERY_S
                 self.check_children()
@@ -513,18 +519,11 @@ class Launcher:
             sink.close()
 
     def check_nodes(self) -> None:
-        """A cluster run fails as soon as Ray declares one of its nodes dead, naming it and its roles."""
-        dead = self.host.dead_nodes()  # type: ignore[attr-defined]
+        """A run fails as soon as its host declares one of its nodes dead, naming it and its roles."""
+        dead = self.host.dead_nodes()
         if dead:
-            self.forget_lost(dead)
+            self.host.forget(dead)  # stopping their roles must not wait on a dead machine
             raise LaunchError(lost_nodes_message(dead, "Ray declared it dead"))
-
-    def forget_lost(self, lost: dict[str, list[str]]) -> None:
-        """Roles on a lost node are gone with it: stopping them must not wait on a dead machine."""
-        names = {name for roles in lost.values() for name in roles}
-        for child in self.children:
-            if child.name in names and hasattr(child.process, "mark_lost"):
-                child.process.mark_lost("its node was lost")
 
     def check_children(self) -> None:
         # The actor may exit a moment before the trainer process does: trust the published flag.
@@ -544,22 +543,22 @@ class Launcher:
         failed = [child for child in self.children if child.process.poll() is not None and not finished_ok(child)]
         order = {"redis": 0, "server": 1, "trainer": 2, "actor": 3}
         failed.sort(key=lambda child: order.get(child.name.rstrip("0123456789"), 9))
-        if self.host.remote:
-            # On a cluster the first death is often the symptom (the trainer losing its server):
-            # a node whose roles stopped answering is the cause, named first.
-            lost = self.host.unresponsive_roles(self.config.cluster.node_lost_grace_s)  # type: ignore[attr-defined]
-            if lost:
-                self.forget_lost(lost)
-                raise LaunchError(lost_nodes_message(lost, "its roles stopped answering"))
+        # On several nodes the first death is often the symptom (the trainer losing its server):
+        # a node whose roles stopped answering is the cause, named first.
+        lost = self.host.unresponsive_roles(self.config.cluster.node_lost_grace_s)
+        if lost:
+            self.host.forget(lost)
+            raise LaunchError(lost_nodes_message(lost, "its roles stopped answering"))
         first = failed[0]
         code = first.process.returncode
         if first.name == "actor" and code == 0:
             message = "actor exited before the trainer finished"
         else:
-            where = f" on node {first.process.node_address}" if hasattr(first.process, "node_address") else ""
+            where = self.host.where(first.name)
+            lost_reason = self.host.lost_reason(first.name)
             message = f"{first.name} (pid {first.process.pid}{where}) {exit_description(code)}"
-            if getattr(first.process, "lost", None):
-                message = f"{first.name} (pid {first.process.pid}{where}): {first.process.lost}"
+            if lost_reason:
+                message = f"{first.name} (pid {first.process.pid}{where}): {lost_reason}"
         raise LaunchError(f"{message}; last log lines of {first.log_path}:\n{log_tail(first.log_path)}")
 
     def run(self) -> int:
@@ -609,7 +608,7 @@ class Launcher:
         return {"succeeded": 0, "cancelled": 130}.get(state, 1)
 
 
-def lost_nodes_message(lost: dict[str, list[str]], why: str) -> str:
+def lost_nodes_message(lost: LostRoles, why: str) -> str:
     return "; ".join(f"node {address} lost ({why}): role(s) {', '.join(names)} ran there" for address, names in lost.items())
 
 
