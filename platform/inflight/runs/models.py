@@ -56,6 +56,13 @@ class RunGroup(models.Model):
     base_config = models.JSONField(help_text="The config every run starts from, before its grid point and seed.")
     grid = models.JSONField(default=dict, blank=True, help_text="{dotted key: [values]}: every combination is a run (per seed).")
     seeds = models.JSONField(default=list, blank=True, help_text="The `seed` values each grid point runs with.")
+    waiting = models.JSONField(
+        default=list, blank=True,
+        help_text="Runs past the owner's active-run limit, validated and waiting for a free slot: [{point, name, config}], queued in order as runs end.",
+    )
+    refused = models.JSONField(
+        default=list, blank=True, help_text="Waiting runs the platform refused when their turn came (a path gone): [{point, name, error}].",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
