@@ -11,7 +11,10 @@
   signal setting carry over to COMMAND.
 - `stop_process_groups`: SIGTERM, a grace period, then SIGKILL to process groups (each child
   started with `start_new_session=True`, so one signal reaches its children too): the
-  platform's worker (a cancelled run, a dead worker's engine) and the demo's children.
+  platform's worker (a cancelled run, a dead worker's engine) and the demo's children. The
+  shared-memory segments Python's multiprocessing made in those groups (vLLM's message queues:
+  ~420 MB of /dev/shm per server) are removed once nothing maps them: a SIGKILL also kills the
+  resource tracker that would have removed them, and /dev/shm is RAM.
 - `freeze_startup_objects` and `run_event_loop`: what a run's long-lived processes (server,
   trainer, actor) do once they are loaded, so that the interpreter costs less per step.
 
@@ -82,6 +85,7 @@ def stop_process_groups(leaders: Iterable[GroupLeader], timeout_s: float, *, kil
     it. Only for leaders this process started: a foreign pid that has exited may be reused."""
     leaders = list(leaders)
     running = [leader for leader in leaders if leader.poll() is None]
+    segments = multiprocessing_segments({leader.pid for leader in leaders})
     needed_kill: list[int] = []
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_wait_s)):
         if sig == signal.SIGKILL:
@@ -95,7 +99,66 @@ def stop_process_groups(leaders: Iterable[GroupLeader], timeout_s: float, *, kil
     if kill_orphans:
         for leader in leaders:
             _signal_group(leader.pid, signal.SIGKILL)
+    remove_unmapped_segments(segments)
     return needed_kill
+
+
+# Names Python's multiprocessing gives what it creates in /dev/shm: `shared_memory.SharedMemory`
+# (psm_*) and its semaphores (sem.mp-*). Only these are swept: other /dev/shm files (PostgreSQL's,
+# the same-device weight handoff's) have owners of their own that remove them.
+_MULTIPROCESSING_SEGMENT_PREFIXES = ("psm_", "sem.mp-")
+_SHM = "/dev/shm/"
+
+
+def _mapped_shm_files(pid: int) -> set[str]:
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split(None, 5)[5].strip() for line in maps if _SHM in line and len(line.split(None, 5)) == 6}
+    except OSError:  # gone, or not ours to read
+        return set()
+
+
+def _pids_of_groups(pgids: set[int]) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) in pgids:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def multiprocessing_segments(pgids: set[int]) -> set[str]:
+    """The multiprocessing segments (`/dev/shm/psm_*`, `sem.mp-*`) mapped now by any process of
+    these process groups. Linux only (/proc); elsewhere, nothing."""
+    if not pgids or not os.path.isdir("/proc"):
+        return set()
+    found: set[str] = set()
+    for pid in _pids_of_groups(pgids):
+        found |= {path for path in _mapped_shm_files(pid) if os.path.basename(path).startswith(_MULTIPROCESSING_SEGMENT_PREFIXES)}
+    return found
+
+
+def remove_unmapped_segments(segments: set[str]) -> list[str]:
+    """Unlink each of `segments` that no live process maps any more; the ones removed."""
+    if not segments:
+        return []
+    still_mapped: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            still_mapped |= _mapped_shm_files(int(entry)) & segments
+    removed = []
+    for path in sorted(segments - still_mapped):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:  # its owner removed it on the way out
+            pass
+        except OSError:
+            pass
+    return removed
 
 
 def freeze_startup_objects() -> None:

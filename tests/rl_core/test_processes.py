@@ -175,3 +175,30 @@ def test_stop_process_groups_terms_then_kills_the_whole_group() -> None:
     while not _gone(polite_child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(polite_child)
+
+
+SEGMENT_HOLDER = """
+import signal, sys, time
+from multiprocessing import shared_memory
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopped only by SIGKILL, as a wedged vLLM engine core is
+segment = shared_memory.SharedMemory(create=True, size=1 << 20)
+print(segment.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stopping_a_group_removes_the_shared_memory_its_killed_processes_left() -> None:
+    # A SIGKILLed group's multiprocessing segments (vLLM's message queues: ~420 MB of /dev/shm per
+    # server) outlive it: the resource tracker that would remove them is killed with the group.
+    holder = subprocess.Popen([sys.executable, "-c", SEGMENT_HOLDER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", SEGMENT_HOLDER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        segment = Path("/dev/shm") / holder.stdout.readline().strip()
+        untouched = Path("/dev/shm") / bystander.stdout.readline().strip()
+        assert segment.exists() and untouched.exists()
+        assert stop_process_groups([holder], timeout_s=0.5, kill_wait_s=5.0) == [holder.pid]
+        assert not segment.exists()
+        assert untouched.exists()  # another group's segment, still mapped by its live owner
+    finally:
+        stop_process_groups([bystander], timeout_s=0.5, kill_wait_s=5.0)
+    assert not untouched.exists()
