@@ -44,7 +44,9 @@ from rl_core.rundir.metrics import MetricsSink
 from rl_core.rundir.layout import TrainerProgress, latest_checkpoint, read_progress
 from rl_core.rundir.stream import StreamWriter
 from rl_core.actor.submission import EvalKind, EvalSchedule, PromptSource, ZeroAdvantageGroups, make_plan, make_throttle
-from rl_core.envs.problems import Problem, TaskData, load_task
+from rl_core.envs.problems import Problem, TaskData
+from rl_core.envs.environments import Environment, load_environment
+from rl_core.envs.trajectories import HFTokenCodec, ToolClock, Trajectory, TrajectoryRunner
 
 METRICS_EVERY_S = 2.0
 CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
@@ -73,7 +75,48 @@ class Window:
     # Groups whose advantages are all 0 (every answer equally right or wrong): nothing to learn
     # from them. Their share is the platform's `no_learning_signal` alert's early sign.
     zero_advantage_groups: int = 0
+    # Multi-turn envs (`env.name` math_python_tool or a multi-turn custom one): per trajectory.
+    trajectories: int = 0
+    tool_calls: int = 0
+    samples_with_tool: int = 0
+    tool_errors: int = 0  # calls that ended "error" or "refused": the code failed or was not allowed
+    tool_timeouts: int = 0
+    tool_seconds: list[float] = field(default_factory=list)
+    turns: int = 0
+    success_with_tool: list[float] = field(default_factory=list)
+    success_without_tool: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+
+    def add_trajectory(self, trajectory: Trajectory, success: bool) -> None:
+        self.trajectories += 1
+        self.turns += len(trajectory.turns)
+        self.tool_calls += trajectory.tool_calls
+        self.samples_with_tool += trajectory.tool_calls > 0
+        self.tool_errors += sum(status in ("error", "refused") for status in trajectory.tool_statuses)
+        self.tool_timeouts += sum(status == "timeout" for status in trajectory.tool_statuses)
+        self.tool_seconds += trajectory.tool_seconds
+        (self.success_with_tool if trajectory.tool_calls else self.success_without_tool).append(float(success))
+
+    def env_metrics(self, tool_busy_s: float, elapsed_s: float) -> dict[str, float]:
+        """The `tool/*` and `env/*` figures of the window (only what it has samples for)."""
+        metrics = {mn.TOOL_WAIT_SHARE: min(1.0, tool_busy_s / elapsed_s)}
+        if self.trajectories:
+            metrics.update({
+                mn.TOOL_CALLS_PER_SAMPLE: self.tool_calls / self.trajectories,
+                mn.TOOL_CALL_SHARE: self.samples_with_tool / self.trajectories,
+                mn.ENV_TURNS_PER_SAMPLE: self.turns / self.trajectories,
+            })
+        if self.tool_calls:
+            metrics.update({
+                mn.TOOL_ERROR_SHARE: self.tool_errors / self.tool_calls,
+                mn.TOOL_TIMEOUT_SHARE: self.tool_timeouts / self.tool_calls,
+                mn.TOOL_SECONDS_MEAN: sum(self.tool_seconds) / len(self.tool_seconds),
+            })
+        if self.success_with_tool:
+            metrics[mn.SUCCESS_WITH_TOOL] = sum(self.success_with_tool) / len(self.success_with_tool)
+        if self.success_without_tool:
+            metrics[mn.SUCCESS_WITHOUT_TOOL] = sum(self.success_without_tool) / len(self.success_without_tool)
+        return metrics
 
 
 class Actor:
@@ -86,6 +129,7 @@ class Actor:
         sink: MetricsSink,
         task: TaskData | None = None,
         router: Any = None,
+        env: Environment | None = None,
     ) -> None:
         from rl_core.actor.scheduling import make_router
 
@@ -96,7 +140,13 @@ class Actor:
         self.clients = clients
         self.writer = writer
         self.sink = sink
-        self.task = task or load_task(config.task)
+        # The environment: what a sample is (one response, or a trajectory with tool calls) and its
+        # reward. A multi-turn one needs the policy's tokenizer (tool output becomes tokens).
+        codec = HFTokenCodec.from_pretrained(config.model.path) if config.env.name != "math" else None
+        self.env = env or load_environment(config, chat_template=codec.chat_template if codec else None)
+        self.task = task or self.env.task
+        self.runner = TrajectoryRunner(self.env, codec) if self.env.multi_turn and codec is not None else None
+        self.prefix_counter: float | None = None  # last reading of the servers' prompt_tokens_shared
         self.router = router or make_router(config)
         self.problems_by_id = {problem.id: problem for problem in self.task.train}
         self.group_size = config.actor.group_size
@@ -129,7 +179,8 @@ class Actor:
     # --- generation through the servers -------------------------------------------
 
     async def generate_on(self, server: int, messages: list[dict[str, str]], sampling: SamplingParams, n: int,
-                          prompt_id: str | None, request_id_prefix: str | None = None) -> list[GenerationResult]:
+                          prompt_id: str | None, request_id_prefix: str | None = None,
+                          prompt_token_ids: list[int] | None = None) -> list[GenerationResult]:
         """One request to `server`. A request whose connection dropped is sent again (twice at most),
         under a new id that keeps `request_id_prefix` as its prefix, so aborts by prefix still reach it:
         a pooled keep-alive connection that the server closes just as a request goes out fails with
@@ -139,9 +190,12 @@ class Actor:
         try:
             for attempt in range(CONNECTION_RETRIES + 1):
                 prefix = request_id_prefix if attempt == 0 or request_id_prefix is None else f"{request_id_prefix}-retry{attempt}"
+                # A token prompt (a trajectory's next turn) only where there is one: clients of older
+                # shape (tests' stand-ins) take messages only.
+                tokens = {} if prompt_token_ids is None else {"prompt_token_ids": prompt_token_ids}
                 try:
                     return await self.clients[server].generate(messages, sampling, n=n, prompt_id=prompt_id,
-                                                                request_id_prefix=prefix)
+                                                                request_id_prefix=prefix, **tokens)
                 except Exception as exc:
                     if attempt == CONNECTION_RETRIES or not connection_dropped(exc):
                         raise
@@ -151,19 +205,34 @@ class Actor:
         finally:
             self.server_loads[server] -= n
 
+    def least_loaded(self) -> int:
+        return min(range(len(self.clients)), key=lambda i: (self.server_loads[i], i))
+
     async def generate_least_loaded(self, messages: list[dict[str, str]], sampling: SamplingParams, n: int) -> list[GenerationResult]:
         """Evaluation traffic: least-loaded, and kept out of the HistoPipe/HistoSpec history."""
-        server = min(range(len(self.clients)), key=lambda i: (self.server_loads[i], i))
-        return await self.generate_on(server, messages, sampling, n, prompt_id=None)
+        return await self.generate_on(self.least_loaded(), messages, sampling, n, prompt_id=None)
+
+    async def continue_turn(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationResult:
+        """A trajectory's next model turn (a token prompt): least-loaded, out of the HistoSpec
+        history (a continuation is not another attempt at the problem's prompt)."""
+        (result,) = await self.generate_on(self.least_loaded(), [], sampling, 1, prompt_id=None,
+                                           prompt_token_ids=prompt_token_ids)
+        return result
+
+    def messages(self, problem: Problem) -> list[dict[str, str]]:
+        """A problem's first messages, as the environment words them."""
+        return self.env.first_messages(problem)
 
     # --- scoring ------------------------------------------------------------------
 
     async def score_group(self, problem: Problem, epoch: int, group_id: str, results: list[GenerationResult]) -> list[RolloutSample]:
-        from rl_core.envs.rewards import score_many
-
-        scores = await asyncio.to_thread(
-            score_many, [(r.text, problem.answer) for r in results], self.config.task.reward_timeout_s
-        )
+        """Score a group's responses; in a multi-turn env each first response is continued into its
+        trajectory first (tool calls, further turns), all of the group's at once."""
+        if self.runner is not None:
+            trajectories = list(await asyncio.gather(
+                *(self.runner.complete(r, self.continue_turn, self.sampling) for r in results)))
+            return await self.score_trajectories(problem, epoch, group_id, trajectories)
+        scores = await asyncio.to_thread(self.env.score, problem, [r.text for r in results])
         rewards = [score.reward for score in scores]
         advantages = group_advantages(
             rewards, normalize_std=divides_by_group_std(self.config.actor.advantage, self.config.trainer.loss))
@@ -181,8 +250,43 @@ class Actor:
                 prompt_token_ids=list(result.prompt_token_ids), completion_token_ids=list(result.token_ids),
                 behaviour_logprobs=list(result.logprobs), token_versions=list(result.token_versions),
                 reward=score.reward, success=score.success, advantage=advantage, finish_reason=result.finish_reason,
-                metadata={"epoch": epoch, "extracted": score.extracted},
+                metadata={"epoch": epoch, "extracted": score.extracted,
+                          **({"env": self.env.name} if self.config.env.name != "math" else {})},
             ))
+        return self.close_group(problem, epoch, group_id, advantages, samples)
+
+    async def score_trajectories(self, problem: Problem, epoch: int, group_id: str,
+                                 trajectories: list[Trajectory]) -> list[RolloutSample]:
+        """A multi-turn group: each trajectory one sample; tool tokens masked out (mask 0, logprob
+        0.0, version -1), the reward from what the model wrote."""
+        scores = await asyncio.to_thread(self.env.score, problem, [t.model_text for t in trajectories])
+        advantages = group_advantages(
+            [score.reward for score in scores],
+            normalize_std=divides_by_group_std(self.config.actor.advantage, self.config.trainer.loss))
+        samples = []
+        for i, (trajectory, score, advantage) in enumerate(zip(trajectories, scores, advantages)):
+            w = self.window
+            w.rewards.append(score.reward)
+            w.successes.append(float(score.success))
+            w.lengths.append(len(trajectory.token_ids))
+            w.versions_per_sequence.append(trajectory.num_versions)
+            w.tokens += sum(trajectory.mask)  # decoded tokens: a tool's output was not generated
+            w.add_trajectory(trajectory, score.success)
+            if not trajectory.token_ids or trajectory.finish_reason == "abort":
+                continue
+            samples.append(RolloutSample(
+                sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.id,
+                prompt_token_ids=list(trajectory.prompt_token_ids), completion_token_ids=list(trajectory.token_ids),
+                behaviour_logprobs=list(trajectory.logprobs), token_versions=list(trajectory.token_versions),
+                reward=score.reward, success=score.success, advantage=advantage, finish_reason=trajectory.finish_reason,
+                metadata={"epoch": epoch, "extracted": score.extracted, **trajectory.metadata(self.env.name)},
+                completion_mask=list(trajectory.mask),
+            ))
+        return self.close_group(problem, epoch, group_id, advantages, samples)
+
+    def close_group(self, problem: Problem, epoch: int, group_id: str, advantages: list[float],
+                    samples: list[RolloutSample]) -> list[RolloutSample]:
+        """Count a scored group; [] when it is dropped (all advantages equal, and the run drops those)."""
         self.window.groups += 1
         self.window.zero_advantage_groups += all(a == 0.0 for a in advantages)
         if self.zero_advantage.on_group(epoch, problem, informative=any(a != 0.0 for a in advantages)):
@@ -247,6 +351,7 @@ class Actor:
             # Every problem at once: the server decodes them with the rollouts in one batch,
             # which is cheaper per token than several smaller waves (bench/RESULTS.md).
             reward_timeout_s=self.config.task.reward_timeout_s, concurrency=len(self.task.heldout), seed=self.config.seed,
+            runner=self.runner, continue_turn=self.continue_turn, env=self.env,
         )
         # The held-out set is an evaluation like a benchmark: its summary line in evals.jsonl and
         # its per-problem file, so the platform shows, exports and serves it as one. The curve keeps
@@ -304,6 +409,8 @@ class Actor:
         resampled = self.zero_advantage.take_count()
         if resampled:
             metrics["rollout/resampled_zero_advantage_groups"] = float(resampled)
+        if self.runner is not None:
+            metrics.update(w.env_metrics(self.runner.clock.take_busy_s(), elapsed))
         metrics.update(self.router.metrics())
         metrics.update(self.plan.metrics())
         self.sink.log(self.version, metrics)
@@ -311,15 +418,24 @@ class Actor:
 
     async def log_spec_metrics(self) -> None:
         """HistoSpec runs inside the servers: sum their cumulative spec_* counters and log
-        the deltas since the last reading as spec/* metrics."""
+        the deltas since the last reading as spec/* metrics. In a multi-turn env also
+        `env/prefix_reuse_tokens`: prompt tokens whose K/V the engines copied instead of computing
+        (`prompt_tokens_shared`; the reference engine shares a prompt prefix with sequences still
+        cached at the current weights, so a continuation saves what it shares with its group's
+        running samples; a finished turn's own K/V are not kept)."""
         from rl_core.inference.spec_metrics import spec_metrics_from_counters
 
         totals: dict[str, float] = {}
         for client in self.clients:
             for key, value in (await client.health()).get("counters", {}).items():
                 totals[key] = totals.get(key, 0.0) + float(value)
-        metrics = spec_metrics_from_counters(totals, self.spec_counters)
+        metrics = spec_metrics_from_counters(totals, self.spec_counters) if self.config.accelerations.histospec.enabled else {}
         self.spec_counters = totals
+        if self.runner is not None and "prompt_tokens_shared" in totals:
+            shared = totals["prompt_tokens_shared"]
+            if self.prefix_counter is not None:
+                metrics[mn.ENV_PREFIX_REUSE_TOKENS] = shared - self.prefix_counter
+            self.prefix_counter = shared
         if metrics:
             self.sink.log(self.version, metrics)
 
@@ -361,7 +477,7 @@ class Actor:
         await self.wait_for_trainer()
         self.samples_total = self.writer.count()
         prompts = self.prompts()
-        if self.config.accelerations.histospec.enabled:
+        if self.config.accelerations.histospec.enabled or self.runner is not None:
             self.spec_poller = asyncio.create_task(self.log_spec_metrics_forever())
             self.evals.add(self.spec_poller)  # a failing poll fails the actor like a failing eval
         while True:
@@ -402,3 +518,4 @@ class Actor:
             await asyncio.gather(*self.evals)
         # The final version may already have had its periodic evaluation (EvalSchedule.final).
         await asyncio.gather(*(self.eval_coroutine(kind, self.version) for kind in self.eval_schedule.final(self.version)))
+        await self.env.aclose()

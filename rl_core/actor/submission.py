@@ -264,6 +264,10 @@ class PlanHost(Protocol):
 
     def may_submit(self) -> bool: ...
 
+    def messages(self, problem: Problem) -> list[dict[str, str]]:
+        """A problem's first messages (the environment's `first_messages`)."""
+        ...
+
     def reserve_group(self) -> int: ...
 
     def new_group_index(self) -> int: ...
@@ -362,7 +366,7 @@ class PlainGroups:
     async def run_group(self, problem: Problem, epoch: int, index: int, server: int) -> GroupSamples:
         host = self.host
         try:
-            results = await host.generate_on(server, host.task.messages(problem), host.sampling, host.group_size, problem.id)
+            results = await host.generate_on(server, host.messages(problem), host.sampling, host.group_size, problem.id)
         except BaseException:
             host.router.observe(problem.id, [])  # releases the group's predicted load
             raise
@@ -412,7 +416,7 @@ class TailWindow:
         count = tracker.launch(group_id, problem.id, kind)
         server = host.router.pick(problem.id, count, host.server_loads)
         self.group_servers[group_id] = server
-        messages = host.task.messages(problem)
+        messages = host.messages(problem)
         requests = {i: Request(server, messages, problem.id, f"{group_id}-r{i}") for i in range(count)}
         kept: list[GenerationResult] = []
 
@@ -482,7 +486,7 @@ class TailRounds:
         prefixes: dict[str, tuple[int, str]] = {}  # prompt id -> (server, request id prefix)
         requests: dict[tuple[str, int], Request] = {}
         for index, prompt_id in enumerate(round_.prompt_ids):
-            messages = host.task.messages(host.problems_by_id[prompt_id])
+            messages = host.messages(host.problems_by_id[prompt_id])
             server = host.router.pick(prompt_id, round_.responses_per_prompt, host.server_loads)
             prefixes[prompt_id] = (server, f"{tag}-p{index}")
             for key in range(round_.responses_per_prompt):

@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # annotations only: the actor and the platform use these reco
 
 
 EVAL_PRIORITY = -1  # SamplingParams.priority of evaluation requests (rollouts keep 0)
+# The token version of a tool turn's tokens (multi-turn envs): no policy sampled them, so lag and
+# version figures leave them out (`RolloutSample.policy_versions`).
+TOOL_TOKEN_VERSION = -1
 
 
 @dataclass
@@ -73,9 +76,26 @@ class RolloutSample:
     advantage: float
     finish_reason: str = "stop"
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Per completion token: 1 = the policy's (trained), 0 = a tool turn's output (context only:
+    # behaviour logprob 0.0, version TOOL_TOKEN_VERSION). None = all ones, so older streams still read.
+    # A multi-turn sample's `metadata` also has "turns" ([{"kind": "model"|"tool", "start", "end"}
+    # completion-token offsets; a tool turn also "status" and "seconds"]), "tool_calls" and "env".
+    completion_mask: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def trained_mask(self) -> list[int]:
+        """`completion_mask`, or all ones where it is None."""
+        return list(self.completion_mask) if self.completion_mask is not None else [1] * len(self.completion_token_ids)
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return len(self.completion_token_ids) if self.completion_mask is None else sum(self.completion_mask)
+
+    def policy_versions(self) -> list[int]:
+        """The versions of the policy's own tokens (a tool token's TOOL_TOKEN_VERSION left out)."""
+        return [v for v in self.token_versions if v != TOOL_TOKEN_VERSION]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RolloutSample:

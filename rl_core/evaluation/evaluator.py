@@ -27,14 +27,18 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from rl_core.config.benchmarks import BENCHMARKS, Benchmark
 from rl_core.config.run_config import DEFAULT_SHARED_DATA_DIR, EvalConfig, TaskConfig
-from rl_core.common.contracts import EVAL_PRIORITY, GenerationResult, SamplingParams
+from rl_core.common.contracts import EVAL_PRIORITY, TOOL_TOKEN_VERSION, GenerationResult, SamplingParams
 from rl_core.envs.rewards import RewardResult, VerifierPool, score_many
 from rl_core.rundir.layout import EVAL_DIR, EVALS_FILE
 from rl_core.envs.problems import MATH_SYSTEM_PROMPT, Problem, load_jsonl_problems, load_task
+
+if TYPE_CHECKING:
+    from rl_core.envs.environments import Environment
+    from rl_core.envs.trajectories import ContinueFn, TrajectoryRunner
 
 GenerateFn = Callable[[list[dict[str, str]], SamplingParams, int], Awaitable[list[GenerationResult]]]
 
@@ -127,6 +131,13 @@ class ProblemResult:
     truncated: int = 0  # samples that hit max_new_tokens
     skipped: str | None = None  # "too_long": not sampled, left out of the aggregates
     problem: str = ""  # the statement asked: the platform shows it beside the samples, not only the id
+    # Per sample: whether it called a tool; None where the env has no tool (not recorded).
+    samples_used_tool: list[bool] | None = None
+
+    @property
+    def used_tool(self) -> bool | None:
+        """Whether any of its samples called a tool (None: a single-turn env, not recorded)."""
+        return None if self.samples_used_tool is None else any(self.samples_used_tool)
 
     @property
     def mean(self) -> float:
@@ -144,6 +155,8 @@ class ProblemResult:
             "samples": self.samples,
             "extracted": self.extracted,
             "verdicts": self.verdicts,
+            "used_tool": self.used_tool,
+            "samples_used_tool": self.samples_used_tool,
             "mean": self.mean,
             "pass": self.passed,
             "skipped": self.skipped,
@@ -255,8 +268,16 @@ async def evaluate(
     concurrency: int = 32,
     seed: int = 0,
     pool: VerifierPool | None = None,
+    runner: TrajectoryRunner | None = None,
+    continue_turn: ContinueFn | None = None,
+    env: Environment | None = None,
 ) -> EvalReport:
-    """Sample `k` responses per problem through `generate`, grade them, and aggregate."""
+    """Sample `k` responses per problem through `generate`, grade them, and aggregate. With a
+    `runner` (a multi-turn env) each response is continued into its trajectory through
+    `continue_turn` (tool calls, further turns) and graded on what the model wrote; `env`
+    grades instead of math-verify directly (a custom env's reward)."""
+    if runner is not None and continue_turn is None:
+        raise EvalError("evaluate: a trajectory runner needs continue_turn (how a trajectory's next turn is generated)")
     k = k if k is not None else default_k(benchmark)
     if k < 1:
         raise EvalError(f"k must be >= 1, got {k}")
@@ -290,10 +311,25 @@ async def evaluate(
         if len(outputs) != k:
             raise EvalError(f"generate returned {len(outputs)} samples for {problem.id!r}, expected {k}")
         texts = [output.text for output in outputs]
+        answers = texts
+        used_tool: list[bool] | None = None
+        versions = {v for output in outputs for v in output.token_versions}
+        truncated = sum(output.finish_reason == "length" for output in outputs)
+        if runner is not None:
+            assert continue_turn is not None
+            trajectories = await asyncio.gather(*(runner.complete(output, continue_turn, params) for output in outputs))
+            # The sample shown is the whole transcript (tool output included); the answer is
+            # looked for in what the model wrote.
+            texts = [runner.codec.decode(t.token_ids) for t in trajectories]
+            answers = [t.model_text for t in trajectories]
+            used_tool = [t.tool_calls > 0 for t in trajectories]
+            versions = {v for t in trajectories for v in t.token_versions if v != TOOL_TOKEN_VERSION}
+            truncated = sum(t.finish_reason == "length" for t in trajectories)
         # Grading runs math-verify in worker processes; keep the event loop free meanwhile.
-        graded: list[RewardResult] = await asyncio.to_thread(
-            score_many, [(text, problem.answer) for text in texts], reward_timeout_s, pool
-        )
+        if env is not None:
+            graded: list[RewardResult] = await asyncio.to_thread(env.score, problem, answers)
+        else:
+            graded = await asyncio.to_thread(score_many, [(text, problem.answer) for text in answers], reward_timeout_s, pool)
         return ProblemResult(
             problem_id=problem.id,
             problem=problem.problem,
@@ -302,8 +338,9 @@ async def evaluate(
             extracted=[g.extracted for g in graded],
             verdicts=[g.success for g in graded],
             timed_out=sum(g.timed_out for g in graded),
-            policy_versions=sorted({v for output in outputs for v in output.token_versions}),
-            truncated=sum(output.finish_reason == "length" for output in outputs),
+            policy_versions=sorted(versions),
+            truncated=truncated,
+            samples_used_tool=used_tool,
         )
 
     results = await asyncio.gather(*(one(problem) for problem in problems))

@@ -88,7 +88,9 @@ class InferenceClient:
         n: int = 1,
         prompt_id: str | None = None,
         request_id_prefix: str | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> list[GenerationResult]:
+        """`prompt_token_ids` (with `messages` empty): a token prompt, sent as is (a trajectory's next turn)."""
         body: dict[str, Any] = {
             "model": await self.model_name(),
             "messages": messages,
@@ -105,6 +107,8 @@ class InferenceClient:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
         if prompt_id is not None:
             body["prompt_id"] = prompt_id
+        if prompt_token_ids is not None:
+            body["prompt_token_ids"] = list(prompt_token_ids)
         if sampling.priority:
             body["priority"] = sampling.priority
         data = await self._request("POST", "/v1/chat/completions", body)

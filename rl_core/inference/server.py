@@ -36,6 +36,10 @@ from rl_core.weights.handoff import SegmentReceiver
 from rl_core.weights.sync import DEFAULT_BUCKET_BYTES, MAX_STREAMS, WeightReceiver
 
 
+# Cumulative engine counters /health reports beside the spec_* ones (the actor logs their deltas).
+HEALTH_COUNTERS = ("prompt_tokens_shared",)
+
+
 class _Body(BaseModel):
     # Unknown fields are refused by name instead of silently ignored.
     model_config = ConfigDict(extra="forbid")
@@ -49,7 +53,12 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(_Body):
     model: str = Field(description="Served model name (GET /v1/models).")
-    messages: list[ChatMessage] = Field(min_length=1, description="The conversation, rendered by the tokenizer's chat template.")
+    messages: list[ChatMessage] = Field(
+        default_factory=list, description="The conversation, rendered by the tokenizer's chat template (or prompt_token_ids).")
+    prompt_token_ids: list[int] | None = Field(
+        None, min_length=1,
+        description="Extension: the prompt as token ids instead of messages (a multi-turn trajectory's next turn: "
+        "the previous prompt + the model's tokens + the tool output's tokens, exactly as sampled; no template).")
     n: int = Field(1, ge=1, le=256, description="Completions for this prompt.")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass.")
@@ -171,7 +180,8 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
     async def health() -> dict[str, Any]:
         stats = engine.stats()
         # spec_* counters are cumulative; the actor turns deltas of them into spec/* metrics.
-        spec = {key: value for key, value in stats.items() if key.startswith("spec_")}
+        # prompt_tokens_shared (prompt K/V copied, not computed) becomes env/prefix_reuse_tokens.
+        spec = {key: value for key, value in stats.items() if key.startswith("spec_") or key in HEALTH_COUNTERS}
         return {"status": "ok", "version": engine.version, "running": stats["running"], "waiting": stats["waiting"],
                 "engine": "reference", "counters": spec}
 
@@ -193,12 +203,17 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
         if body.stream:
             return error_response(400, "stream: streaming responses are not supported")
         max_tokens = body.max_completion_tokens or body.max_tokens or 256
-        messages = [{"role": message.role, "content": message.content} for message in body.messages]
-        try:
-            encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # a template that cannot render these messages
-            return error_response(400, f"messages: the chat template failed: {exc}")
-        prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        if (body.prompt_token_ids is None) == (not body.messages):
+            return error_response(400, "messages: give either messages or prompt_token_ids, not both or neither")
+        if body.prompt_token_ids is not None:
+            prompt = list(body.prompt_token_ids)  # the engine refuses ids outside the vocabulary (400 below)
+        else:
+            messages = [{"role": message.role, "content": message.content} for message in body.messages]
+            try:
+                encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            except Exception as exc:  # a template that cannot render these messages
+                return error_response(400, f"messages: the chat template failed: {exc}")
+            prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
         prefix = body.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         futures = []
         try:

@@ -216,9 +216,9 @@ def train_step(
                           None if keep_masks is None else keep_masks[index])
         totals.add(out)
         backend.backward(out.loss)
-        lags = (version - batch.token_versions)[batch.loss_mask]
+        lags = (version - batch.token_versions)[batch.loss_mask]  # trained tokens only: never a tool token's -1
         lag_sum += int(lags.sum())
-        lag_max = max(lag_max, int(lags.max()))
+        lag_max = max(lag_max, int(lags.max()) if lags.numel() else 0)
         lag_counts += torch.bincount(lags.clamp(0, LAG_HISTOGRAM_BINS - 1), minlength=LAG_HISTOGRAM_BINS)
         total_loss += float(out.loss.detach())
         total_entropy += out.sum_entropy
@@ -346,7 +346,8 @@ class Trainer:
                 return None
             for sample in self.reader.read(wanted - len(batch), timeout_s=1.0):
                 self.consumed += 1
-                if self.backend.version - min(sample.token_versions, default=self.backend.version) > self.config.actor.max_lag:
+                # The policy's tokens only: a tool token's version (-1) was sampled by no policy.
+                if self.backend.version - min(sample.policy_versions(), default=self.backend.version) > self.config.actor.max_lag:
                     self.dropped_stale += 1
                     self.dropped_stale_tokens += len(sample.completion_token_ids)
                     continue

@@ -54,7 +54,9 @@ class MicroBatch:
       sample by sample in `sample_order`: `target_ids` is the token, `logit_source` the node
       (column of the same row) whose logits predict it, and `behaviour_logprobs`,
       `advantages`, `token_versions` that sample's values. A shared node is computed once
-      and scored by every sample through it. `loss_mask` marks the real terms."""
+      and scored by every sample through it. `term_mask` marks the real terms; `loss_mask`
+      those trained: the real terms of the policy's own tokens (a multi-turn sample's tool
+      output, `RolloutSample.completion_mask` 0, is context only: scored, never trained)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -75,6 +77,9 @@ class MicroBatch:
     # The same structure as branches of nodes: lets a backend attend only where the mask allows
     # instead of over whole rows (packed_attention.py).
     packed_layout: PackedLayout | None = None
+    # [R, K]: every real term, trained or not (`loss_mask` without the tool tokens left out): what
+    # the trained-logprob records read, one value per completion token. None: equal to loss_mask.
+    term_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +98,9 @@ def _validate_sample(sample: RolloutSample) -> None:
         )
     if not sample.prompt_token_ids:
         raise ValueError(f"sample {sample.sample_id}: empty prompt")
+    if sample.completion_mask is not None and len(sample.completion_mask) != n:
+        raise ValueError(f"sample {sample.sample_id}: completion_mask ({len(sample.completion_mask)}) and "
+                         f"completion_token_ids ({n}) differ in length")
 
 
 @dataclass
@@ -192,7 +200,7 @@ def pack_micro_batches(
 
 def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> MicroBatch:
     nodes: dict[str, list[list[int]]] = {"ids": [], "pos": [], "end": []}
-    terms: dict[str, list[list[Any]]] = {"target": [], "source": [], "behaviour": [], "adv": [], "ver": [], "seq": []}
+    terms: dict[str, list[list[Any]]] = {"target": [], "source": [], "behaviour": [], "adv": [], "ver": [], "seq": [], "train": []}
     branches: list[tuple[int, list[int], list[int]]] = []  # (row, own columns, ancestor columns)
     for row_number, row in enumerate(rows):
         ids: list[int] = []
@@ -204,6 +212,7 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
         adv: list[float] = []
         ver: list[int] = []
         seq: list[int] = []
+        train: list[bool] = []
         for unit in row:
             layout = unit.trie.layout()
             start = len(ids)
@@ -220,9 +229,10 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
                 adv += [float(sample.advantage)] * len(path)
                 ver += [int(v) for v in sample.token_versions]
                 seq += [sample_index] * len(path)
+                train += [bool(m) for m in sample.trained_mask()]
         for name, values in zip(nodes, (ids, pos, end)):
             nodes[name].append(values)
-        for name, values in zip(terms, (target, source, behaviour, adv, ver, seq)):
+        for name, values in zip(terms, (target, source, behaviour, adv, ver, seq, train)):
             terms[name].append(values)
     width = max(len(values) for values in nodes["ids"])
     term_width = max(len(values) for values in terms["target"])
@@ -236,6 +246,7 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
     column = torch.arange(width)
     node_valid = column.unsqueeze(0) < torch.tensor([len(values) for values in nodes["ids"]]).unsqueeze(1)
     end = torch.where(node_valid, padded(nodes["end"], width, 0, torch.long), column + 1)
+    real = torch.arange(term_width).unsqueeze(0) < torch.tensor([len(values) for values in terms["target"]]).unsqueeze(1)
     allowed = (column.view(1, 1, width) <= column.view(1, width, 1)) & (column.view(1, width, 1) < end.unsqueeze(1))
     return MicroBatch(
         input_ids=padded(nodes["ids"], width, 0, torch.long),
@@ -243,7 +254,8 @@ def _stack_rows(rows: list[list[_Unit]], samples: Sequence[RolloutSample]) -> Mi
         attention_mask=allowed.unsqueeze(1),
         target_ids=padded(terms["target"], term_width, 0, torch.long),
         logit_source=padded(terms["source"], term_width, 0, torch.long),
-        loss_mask=torch.arange(term_width).unsqueeze(0) < torch.tensor([len(values) for values in terms["target"]]).unsqueeze(1),
+        loss_mask=real & padded(terms["train"], term_width, False, torch.bool),
+        term_mask=real,
         behaviour_logprobs=padded(terms["behaviour"], term_width, 0.0, torch.float32),
         advantages=padded(terms["adv"], term_width, 0.0, torch.float32),
         token_versions=padded(terms["ver"], term_width, 0, torch.long),

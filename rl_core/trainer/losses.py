@@ -80,7 +80,7 @@ def step_normaliser(settings: LossSettings, samples: Sequence[RolloutSample], wo
     if not samples:
         raise ValueError("step_normaliser: an empty batch")
     if settings.kind in TOKEN_NORMALISED:
-        total = float(sum(len(sample.completion_token_ids) for sample in samples))
+        total = float(sum(sample.num_trained_tokens for sample in samples))  # tool output is not trained
     elif settings.kind == "dr_grpo":
         total = float(len(samples) * settings.max_new_tokens)
     else:

@@ -73,7 +73,9 @@ class TrainRecords:
             # A view into something larger (a backend's [B, T, V] table): holding it until the
             # writer runs would keep all of it alive. The copy is [B, T] and asynchronous on a GPU.
             values = values.clone()
-        self._captured.append((values, batch.loss_mask, members))
+        # Every completion token's value, tool tokens too (their logprob, though not trained), so a
+        # record lines up with the sample's tokens.
+        self._captured.append((values, batch.loss_mask if batch.term_mask is None else batch.term_mask, members))
 
     def flush(self, step: int, consumed: int) -> None:
         """Hand the step's captured micro-batches to the writer thread (no-op if none)."""

@@ -1,0 +1,205 @@
+"""Multi-turn trajectories: generate → tool call? run it, append its output → generate again.
+
+One trajectory is one training sample. Its completion is every turn's tokens in order: the model's
+(sampled: their behaviour logprobs and policy versions, trained, mask 1) and the tool's (text the
+environment wrote, tokenized here: logprob 0.0, version `TOOL_TOKEN_VERSION`, mask 0 — context the
+policy reads, never trained). A turn after a tool call is a new request whose prompt is the
+previous prompt + the model's tokens + the tool output's tokens, so the sample the trainer scores
+is token for token what the engine saw; a weight update between (or inside) turns shows in the
+per-token versions. The actor and the evaluator both run trajectories through `TrajectoryRunner`.
+
+The budget: `sampling.max_new_tokens` bounds the whole completion (model and tool tokens alike),
+so a trajectory never grows past the prompt + budget a single-turn sample may have: each
+continuation asks for what is left, and a tool output is cut to leave the model one token.
+
+A model turn that holds a tool call is cut where the call ends (`ToolCall.end`, to the first
+token reaching it): what the model wrote after its code block (an imagined output) is dropped,
+not trained. The engine has no stop strings, so those tokens were decoded and are wasted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+
+from rl_core.common.contracts import TOOL_TOKEN_VERSION, GenerationResult, SamplingParams
+
+if TYPE_CHECKING:
+    from rl_core.envs.environments import Environment
+
+# Sends one continuation: (prompt token ids, sampling with the budget left) → one result.
+ContinueFn = Callable[[list[int], SamplingParams], Awaitable[GenerationResult]]
+
+
+class TokenCodec(Protocol):
+    """Text ↔ token ids as the policy's tokenizer does it (`HFTokenCodec`)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class HFTokenCodec:
+    """An HF tokenizer as a `TokenCodec`: no special tokens added (a tool turn continues the
+    sequence), special tokens left out of the text (the env parses what the model wrote)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> HFTokenCodec:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(path))
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+
+class ToolClock:
+    """Wall time during which at least one tool call is running: `tool/wait_share`'s numerator
+    (calls overlap, so their summed seconds would count one wait several times)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.busy_s = 0.0
+        self._since = 0.0
+
+    def start(self) -> None:
+        if self.running == 0:
+            self._since = time.monotonic()
+        self.running += 1
+
+    def stop(self) -> None:
+        self.running -= 1
+        if self.running == 0:
+            self.busy_s += time.monotonic() - self._since
+
+    def take_busy_s(self) -> float:
+        """Busy seconds since the last call (a call still running counts up to now)."""
+        now = time.monotonic()
+        busy = self.busy_s + (now - self._since if self.running else 0.0)
+        self.busy_s = 0.0
+        if self.running:
+            self._since = now
+        return busy
+
+
+@dataclass
+class Trajectory:
+    """One finished trajectory: the stream's `RolloutSample` fields and `metadata["turns"]`."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    model_texts: list[str] = field(default_factory=list)
+    finish_reason: str = "stop"
+    tool_calls: int = 0
+    tool_statuses: list[str] = field(default_factory=list)
+    tool_seconds: list[float] = field(default_factory=list)
+    continued_prompt_tokens: int = 0  # prompt tokens of the continuation requests
+
+    @property
+    def model_text(self) -> str:
+        """What the model wrote, every turn joined: what the answer is looked for in."""
+        return "".join(self.model_texts)
+
+    @property
+    def num_versions(self) -> int:
+        return len({v for v in self.token_versions if v != TOOL_TOKEN_VERSION})
+
+    def add_model_turn(self, token_ids: list[int], logprobs: list[float], versions: list[int], text: str) -> None:
+        start = len(self.token_ids)
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+        self.token_versions += versions
+        self.mask += [1] * len(token_ids)
+        self.model_texts.append(text)
+        self.turns.append({"kind": "model", "start": start, "end": len(self.token_ids)})
+
+    def add_tool_turn(self, token_ids: list[int], status: str, seconds: float) -> None:
+        start = len(self.token_ids)
+        self.token_ids += token_ids
+        self.logprobs += [0.0] * len(token_ids)
+        self.token_versions += [TOOL_TOKEN_VERSION] * len(token_ids)
+        self.mask += [0] * len(token_ids)
+        self.tool_calls += 1
+        self.tool_statuses.append(status)
+        self.tool_seconds.append(seconds)
+        self.turns.append({"kind": "tool", "start": start, "end": len(self.token_ids), "status": status,
+                           "seconds": round(seconds, 4)})
+
+    def metadata(self, env_name: str) -> dict[str, Any]:
+        """The stream's `metadata` entries of a trajectory (the platform's rollout viewer reads them)."""
+        return {"turns": [dict(turn) for turn in self.turns], "tool_calls": self.tool_calls, "env": env_name}
+
+
+def tokens_through(token_ids: list[int], end: int, decode: Callable[[list[int]], str]) -> int:
+    """The fewest leading tokens whose text reaches character `end` (binary search: a longer
+    prefix never decodes to shorter text)."""
+    low, high = 1, len(token_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if len(decode(token_ids[:middle])) >= end:
+            high = middle
+        else:
+            low = middle + 1
+    return high
+
+
+class TrajectoryRunner:
+    """Runs trajectories of one environment: `complete` continues a first model turn (already
+    generated, e.g. one of a group's n) to its end. Tool calls await the environment's async
+    sandbox, so other trajectories keep decoding meanwhile; `clock` collects the wait."""
+
+    def __init__(self, env: Environment, codec: TokenCodec, clock: ToolClock | None = None) -> None:
+        self.env = env
+        self.codec = codec
+        self.clock = clock or ToolClock()
+
+    async def complete(self, first: GenerationResult, generate: ContinueFn, sampling: SamplingParams) -> Trajectory:
+        env, codec = self.env, self.codec
+        trajectory = Trajectory(prompt_token_ids=list(first.prompt_token_ids))
+        budget = sampling.max_new_tokens
+        result = first
+        while True:
+            ids = list(result.token_ids)
+            text = codec.decode(ids)
+            call = env.on_model_turn(text, trajectory.tool_calls) if result.finish_reason != "abort" else None
+            keep = len(ids) if call is None else tokens_through(ids, call.end, codec.decode)
+            if keep < len(ids):
+                text = codec.decode(ids[:keep])
+            trajectory.add_model_turn(ids[:keep], list(result.logprobs[:keep]), list(result.token_versions[:keep]), text)
+            if call is None:
+                trajectory.finish_reason = result.finish_reason
+                return trajectory
+            room = budget - len(trajectory.token_ids)
+            if room <= 1:  # no room for the tool's output and an answer after it
+                trajectory.finish_reason = "length"
+                return trajectory
+            self.clock.start()
+            try:
+                outcome = await env.run_tool(call)
+            finally:
+                self.clock.stop()
+            output = codec.encode(env.tool_output_text(call, outcome))[: room - 1]
+            trajectory.add_tool_turn(output, outcome.status, float(outcome.seconds))
+            prompt = trajectory.prompt_token_ids + trajectory.token_ids
+            trajectory.continued_prompt_tokens += len(prompt)
+            # A seeded request (an evaluation) gets a seed of its own per continuation: the same seed
+            # again would draw the k samples' continuations from one stream of random numbers.
+            seed = None if sampling.seed is None else (sampling.seed + len(prompt)) & 0xFFFFFFFF
+            result = await generate(prompt, replace(sampling, max_new_tokens=budget - len(trajectory.token_ids),
+                                                    stop_token_ids=list(sampling.stop_token_ids), seed=seed))
