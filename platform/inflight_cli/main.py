@@ -204,6 +204,52 @@ def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
     return watch(client, run["id"], out) if args.watch else 0
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(config, dict):
+        raise UsageError(f"{path} must hold a YAML mapping (a run config), not {type(config).__name__}")
+    return config
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """`--grid trainer.lr=1e-4,3e-4` (repeatable) → {"trainer.lr": [0.0001, 0.0003]}: each value
+    is read as `--set` reads one (YAML, numbers stay numbers)."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not raw.strip():
+            raise UsageError(f"--grid {item!r}: write KEY=V1,V2,..., e.g. --grid trainer.lr=1e-4,3e-4")
+        grid[key.strip()] = [parse_override(f"{key}={part}")[1] for part in raw.split(",") if part.strip()]
+    return grid
+
+
+def parse_seeds(text: str) -> int | list[int]:
+    """`3` → 3 seeds (0, 1, 2); `0,1,7` → those seeds."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise UsageError(f"--seeds {text!r}: a count (3) or a list of seeds (0,1,7)")
+    return int(parts[0]) if "," not in text else [int(part) for part in parts]
+
+
+def cmd_sweep(args: argparse.Namespace, out: TextIO) -> int:
+    path = Path(args.config)
+    config = apply_overrides(_read_config(path), args.set or [])
+    name = args.name or str(config.get("name") or path.stem)
+    client = _client()
+    sweep = client.post("/api/sweeps/", {"name": name, "config": config, "grid": parse_grid(args.grid or []), "seeds": parse_seeds(args.seeds)})
+    waiting = sweep["statuses"]["waiting"]
+    later = f", {waiting} waiting for a free slot (your active-run limit): each is queued as one of your runs ends" if waiting else ""
+    out.write(f"sweep {sweep['id']} {sweep['name']}: {sweep['run_count']} runs queued{later} · {client.url}/compare/?groups={sweep['id']}\n")
+    for run in sweep["runs"]:
+        out.write(f"  run {run['id']} {run['status']}: {run['name']}\n")
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace, out: TextIO) -> int:
     client = _client()
     page = client.get("/api/runs/", status=args.status, tag=args.tag, q=args.query, archived="all" if args.all else None, limit=args.limit)
@@ -375,6 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", help="run name (default: the config's name)")
     submit.add_argument("--watch", action="store_true", help="stream the run's progress until it ends (exit 0 only if it finished its steps, 3 if its wall-time budget stopped it)")
     submit.set_defaults(handler=cmd_submit)
+
+    sweep = commands.add_parser("sweep", help="queue a sweep: one run per grid point and seed, compared as a group")
+    sweep.add_argument("config", help="the base run config (e.g. examples/tiny-cpu.yaml)")
+    sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="values of a config field, e.g. --grid trainer.lr=1e-4,3e-4 (repeatable: every combination)")
+    sweep.add_argument("--seeds", default="1", help="a count (3: seeds 0, 1, 2) or a list (0,1,7); each sets the config's seed (default 1)")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field of the base config (repeatable)")
+    sweep.add_argument("--name", help="sweep name (default: the config's name)")
+    sweep.set_defaults(handler=cmd_sweep)
 
     runs = commands.add_parser("runs", help="list runs, newest first")
     runs.add_argument("--status", help="one of: " + ", ".join(value for value, _label in RUN_STATUSES))

@@ -78,7 +78,9 @@
 
   function saveState(chosen) {
     var params = new URLSearchParams(location.search);
-    params.set("runs", page.runs.map(function (r) { return r.id; }).join(","));
+    // Groups compared: the address keeps the sweeps (`groups`) and the runs listed on their own.
+    params.set("runs", (page.groups ? page.loose_runs : page.runs.map(function (r) { return r.id; })).join(","));
+    if (page.groups) params.set("band", page.band);
     params.set("metrics", chosen.join(","));
     params.set("x", controls.axis);
     params.set("smooth", controls.smoothing.toFixed(2));
@@ -97,6 +99,11 @@
     chartsEl.innerHTML = "";
     if (!chosen.length) { chartsEl.innerHTML = '<p class="muted">Pick one or more metrics.</p>'; return; }
     chosen.forEach(function (name, i) {
+      if (page.groups) {
+        var card = C.chartCard(chartsEl, "cmp-" + i, name + " — mean per group, band: " + page.band_words);
+        C.draw(card, groupTraces(name), C.layout(controls.axis, ""));
+        return;
+      }
       var plot = C.chartCard(chartsEl, "cmp-" + i, name);
       var traces = [];
       states.forEach(function (state, r) {
@@ -112,6 +119,74 @@
       C.draw(plot, traces, C.layout(controls.axis, ""));
     });
   }
+  // ---- groups: each group's curve is the mean over its runs on a common x grid (the union of
+  // the runs' x values, thinned), each run interpolated linearly inside its own range only (never
+  // extrapolated: a run that stopped early — failed or still running — counts up to its last point,
+  // and the hover says how many runs each point averages). Band: min–max or ±1 sd (page.band).
+  var GROUP_POINTS = 400;
+  function runCurve(index, name) {
+    var state = states[index], run = page.runs[index];
+    if (!state) return null;
+    var columns = state.columns(name);
+    if (!columns.b.length) return null;
+    if (run.step_offset && controls.axis !== "time") columns.step = columns.step.map(function (s) { return s + run.step_offset; });
+    var x = C.xValues(columns, controls.axis, { t0: C.firstTime(state), samplesPerStep: run.samples_per_step });
+    var points = x.map(function (v, k) { return [v, columns.last[k]]; }).filter(function (p) { return isFinite(p[0]) && typeof p[1] === "number" && isFinite(p[1]); });
+    points.sort(function (a, b) { return a[0] - b[0]; });
+    return points.length ? points : null;
+  }
+  function valueAt(points, x) {
+    if (x < points[0][0] || x > points[points.length - 1][0]) return null;
+    var lo = 0, hi = points.length - 1;
+    while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (points[mid][0] <= x) lo = mid; else hi = mid; }
+    var a = points[lo], b = points[hi];
+    if (b[0] === a[0]) return x === a[0] ? a[1] : b[1];
+    return a[1] + (b[1] - a[1]) * (x - a[0]) / (b[0] - a[0]);
+  }
+  function aggregate(curves) {
+    var xs = [];
+    curves.forEach(function (c) { c.forEach(function (p) { xs.push(p[0]); }); });
+    xs.sort(function (a, b) { return a - b; });
+    xs = xs.filter(function (v, k) { return k === 0 || v !== xs[k - 1]; });
+    if (xs.length > GROUP_POINTS) xs = xs.filter(function (_, k) { return k % Math.ceil(xs.length / GROUP_POINTS) === 0 || k === xs.length - 1; });
+    var out = { x: [], mean: [], lo: [], hi: [], n: [] };
+    xs.forEach(function (x) {
+      var values = curves.map(function (c) { return valueAt(c, x); }).filter(function (v) { return v !== null; });
+      if (!values.length) return;
+      var mean = values.reduce(function (a, b) { return a + b; }, 0) / values.length;
+      var sd = values.length > 1 ? Math.sqrt(values.reduce(function (a, v) { return a + (v - mean) * (v - mean); }, 0) / (values.length - 1)) : 0;
+      out.x.push(x); out.mean.push(mean); out.n.push(values.length);
+      out.lo.push(page.band === "sd" ? mean - sd : Math.min.apply(null, values));
+      out.hi.push(page.band === "sd" ? mean + sd : Math.max.apply(null, values));
+    });
+    return out;
+  }
+  var runIndex = {};
+  page.runs.forEach(function (run, index) { runIndex[run.id] = index; });
+  function groupTraces(name) {
+    var traces = [];
+    page.groups.forEach(function (group, g) {
+      var curves = group.run_ids.map(function (id) { return runCurve(runIndex[id], name); }).filter(Boolean);
+      if (!curves.length) return;
+      var agg = aggregate(curves);
+      var color = C.PALETTE[g % C.PALETTE.length];
+      var label = group.label + " (n=" + group.runs + (group.failed ? ", " + group.failed + " failed: partial" : "") + ")";
+      traces.push({ x: agg.x, y: agg.lo, mode: "lines", line: { width: 0, color: color }, hoverinfo: "skip", showlegend: false, legendgroup: group.key, name: label + " low" });
+      traces.push({ x: agg.x, y: agg.hi, mode: "lines", line: { width: 0, color: color }, fill: "tonexty", fillcolor: C.rgba(color, 0.18), hoverinfo: "skip", showlegend: false, legendgroup: group.key, name: label + " high" });
+      var y = controls.smoothing > 0 && agg.mean.length > 1 ? D.ema(agg.mean, controls.smoothing) : agg.mean;
+      traces.push({ x: agg.x, y: y, customdata: agg.n, mode: agg.x.length === 1 ? "markers" : "lines", name: label, legendgroup: group.key,
+                    line: { width: 2, color: color }, marker: { color: color }, hovertemplate: label + ": %{y:.4g} (mean of %{customdata} runs)<extra></extra>" });
+    });
+    return traces;
+  }
+  document.querySelectorAll('input[name="band"]').forEach(function (radio) {
+    radio.addEventListener("change", function () {
+      page.band = radio.value;
+      page.band_words = radio.parentNode.textContent.trim();
+      render();
+    });
+  });
+
   // ---- live: each run's socket (the run page's, ws/runs/<id>/) says when it logged or changed
   // status; its snapshot is then fetched again (a pause first, so a burst of batches is one
   // fetch) and the charts redrawn. A run without metrics when the page opened appears as it logs.

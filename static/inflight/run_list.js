@@ -106,3 +106,18 @@
   connect(1000);
   setTimeout(poll, 3000);
 })();
+
+// A sweep's row folds its runs: the toggle shows or hides the rows of its runs on this page.
+(function () {
+  "use strict";
+  document.querySelectorAll("[data-group-toggle]").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var open = button.getAttribute("aria-expanded") !== "true";
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+      button.textContent = open ? "▾" : "▸";
+      document.querySelectorAll('tr[data-group-member="' + button.dataset.groupToggle + '"]').forEach(function (row) {
+        row.classList.toggle("hidden", !open);
+      });
+    });
+  });
+})();

@@ -193,6 +193,24 @@ def test_every_answer_fits_the_served_document(document, owner, owner_api, other
         check(owner_api.post(f"/api/runs/{rid}/clone/", {"name": "c"}, content_type="application/json"), "post", f"/api/runs/{rid}/clone/", 201)
         check(owner_api.delete(f"/api/runs/{created['id']}/"), "delete", f"/api/runs/{created['id']}/", 200)
 
+    # Sweeps: create (its runs queued), list, read; refused whole by a bad grid or the run limit.
+    with django_capture_on_commit_callbacks(execute=False):
+        sweep = check(owner_api.post("/api/sweeps/", {"name": "lr", "config": tiny_config, "grid": {"trainer.lr": [3e-4]}, "seeds": 2},
+                                     content_type="application/json"), "post", "/api/sweeps/", 201)
+        assert sweep["run_count"] == 2 and len(sweep["runs"]) == 2 and sweep["statuses"]["queued"] == 2
+        refused = check(owner_api.post("/api/sweeps/", {"config": tiny_config, "grid": {"trainer.lr": [-1]}}, content_type="application/json"),
+                        "post", "/api/sweeps/", 400)
+        assert "trainer.lr" in refused["fields"]
+        too_many = check(owner_api.post("/api/sweeps/", {"config": tiny_config, "seeds": 32, "grid": {"trainer.lr": [1e-4, 2e-4, 3e-4]}},
+                                        content_type="application/json"), "post", "/api/sweeps/", 400)
+        assert "at most 64" in too_many["fields"]["grid"][0]
+    check(owner_api.get("/api/sweeps/"), "get", "/api/sweeps/", 200)
+    detail = check(owner_api.get(f"/api/sweeps/{sweep['id']}/?target=0.5"), "get", f"/api/sweeps/{sweep['id']}/", 200)
+    assert detail["time_to_target"] == {"target": "0.5", "runs": 2, "reached": 0, "wall_s": {"mean": None, "sd": None},
+                                        "steps": {"mean": None, "sd": None}, "samples": {"mean": None, "sd": None}}
+    check(owner_api.get(f"/api/sweeps/{sweep['id']}/?target=lots"), "get", f"/api/sweeps/{sweep['id']}/", 400)
+    check(other_api.get(f"/api/sweeps/{sweep['id']}/"), "get", f"/api/sweeps/{sweep['id']}/", 404)
+
     # Datasets: upload, register by path, list, read, delete.
     uploaded = check(upload(owner_api, "arith", GOOD), "post", "/api/datasets/upload/", 201)
     (dataset_roots[1] / "shared.jsonl").write_bytes(GOOD)
@@ -223,6 +241,9 @@ def test_every_answer_fits_the_served_document(document, owner, owner_api, other
             break
     else:
         raise AssertionError("the active-run limit never answered 429")
+    with django_capture_on_commit_callbacks(execute=False):
+        over = check(owner_api.post("/api/sweeps/", {"config": tiny_config, "seeds": 2}, content_type="application/json"), "post", "/api/sweeps/", 201)
+    assert over["run_count"] == 0 and over["statuses"]["waiting"] == 2  # past the limit: they wait in the sweep
 
     unanswered = {(path, method) for path, methods in document["paths"].items() for method in methods} - check.answered
     assert unanswered == set(), "a route no call above answered: add one (a new route's answers are checked here)"

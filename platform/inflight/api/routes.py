@@ -29,7 +29,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError, Valida
 from ninja.openapi.docs import Swagger
 
 from inflight.alerts.api_views import router as alerts_router
-from inflight.api import run_actions, run_files, views
+from inflight.api import run_actions, run_files, sweeps, views
 from inflight.api.auth import NOT_JSON, JsonBodyParser, TokenHeader, body_too_big
 from inflight.api.errors import ApiError, error_response
 from inflight.datasets.api_views import router as datasets_router
@@ -95,7 +95,7 @@ api = InflightApi(
     docs=Swagger(settings={"persistAuthorization": True, "defaultModelExpandDepth": 2}),
     docs_url="/docs/",
 )
-for router in (run_actions.router, views.router, run_files.router, rollouts_router, alerts_router, datasets_router):
+for router in (run_actions.router, sweeps.router, views.router, run_files.router, rollouts_router, alerts_router, datasets_router):
     api.add_router("/", router)
 
 

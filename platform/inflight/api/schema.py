@@ -199,6 +199,71 @@ class Deleted(Answer):
     deleted: int = Field(description="The id of the deleted run; a worker removes its directory.")
 
 
+# ---------------------------------------------------------------- sweeps (runs.sweeps, runs.group_selectors)
+
+
+class SweepCreate(Body):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"name": "lr-sweep", "config": {"trainer": {"max_steps": 20}}, "grid": {"trainer.lr": [1e-4, 3e-4]}, "seeds": 3}]})
+
+    name: StrictStr = Field("", description="The sweep's name (the config's `name` when empty); each run is named after it and its point.")
+    config: Annotated[Any, DocumentedAs(RunConfig)] = Field(default_factory=dict, description="The base config every run starts from.")
+    grid: dict[StrictStr, list[Any]] = Field(default_factory=dict, description="{dotted config key: [values]}: one run per combination and seed.")
+    seeds: StrictInt | list[StrictInt] = Field(1, description="How many seeds (0, 1, ... n-1) or the list of seeds; each sets the config's `seed`.")
+
+
+class TimeFigure(Answer):
+    mean: float | None
+    sd: float | None = Field(description="Sample standard deviation; null under two runs.")
+
+
+class SweepTimeToTarget(Answer):
+    target: str = Field(description="+0.20: a gain over each run's first held-out value; 0.8: an absolute held-out success.")
+    runs: int
+    reached: int = Field(description="Runs that reached the target; the figures are over these only.")
+    wall_s: TimeFigure
+    steps: TimeFigure
+    samples: TimeFigure
+
+
+class SweepStatusCounts(Answer):
+    queued: int
+    running: int = Field(description="Starting, running or cancelling.")
+    succeeded: int
+    failed: int = Field(description="Failed or lost.")
+    cancelled: int
+    waiting: int = Field(description="Runs past your active-run limit, not created yet: queued one by one as your runs end.")
+
+
+class SweepRefusal(Answer):
+    name: str
+    point: dict[str, Any] = Field(description="Its grid point and seed.")
+    error: str = Field(description="Why the platform refused it when its turn came.")
+
+
+class Sweep(Answer):
+    id: int
+    name: str
+    owner: str = Field(description="Username of the owner.")
+    created_at: datetime
+    config: Annotated[dict[str, Any], DocumentedAs(RunConfig)] = Field(description="The base config, as submitted.")
+    grid: dict[str, list[Any]]
+    seeds: list[int]
+    run_count: int = Field(description="Runs the group holds now (waiting ones not included).")
+    statuses: SweepStatusCounts
+    run_ids: list[int]
+    refused: list[SweepRefusal] = Field(description="Waiting runs refused when their turn came; empty normally.")
+
+
+class SweepDetail(Sweep):
+    runs: list[Run]
+    time_to_target: SweepTimeToTarget
+
+
+class SweepList(Page):
+    sweeps: list[Sweep]
+
+
 class Checkpoint(Answer):
     step: int
     t: float | None = Field(description="Unix seconds the checkpoint was written (trainer_state.json).")

@@ -271,7 +271,19 @@ def transition_run(
         fields.append("run_dir")
     run.save(update_fields=fields)
     transaction.on_commit(lambda: _broadcast_status(run))
+    if new_status in TERMINAL_STATUSES:
+        # A slot under the owner's active-run limit is free: a sweep's waiting runs take it.
+        transaction.on_commit(lambda: _queue_waiting_sweep_runs(run.owner_id))
     return run
+
+
+def _queue_waiting_sweep_runs(owner_id: int) -> None:
+    from inflight.runs.sweeps import queue_waiting  # sweeps builds on this module
+
+    try:
+        queue_waiting(owner_id)
+    except Exception:  # noqa: BLE001 - the end is recorded; the waiting runs stay in their group for the next end
+        logger.error("could not queue the waiting sweep runs of user %s", owner_id, exc_info=True)
 
 
 def set_status_detail(run_id: int, detail: str) -> None:

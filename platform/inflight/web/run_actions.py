@@ -19,10 +19,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
+from inflight.runs.group_selectors import DEFAULT_TARGET, Target, group_counts, time_to_target
 from inflight.runs.models import MetricPoint, Run
 from inflight.runs.run_filters import METRIC_SORT_DESCENDING_FIRST, METRIC_SORT_KEYS, BadFilter, RunFilters, all_tags, filter_runs
 from inflight.runs.selectors import leaderboard_page, runs_visible_to, visible_run_or_404
 from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
+from inflight.web import group_compare
 from inflight.web import views as base_views
 from inflight.web.config_form import config_from_post, form_values, changed_fields, parse_yaml_config, resolved_values
 from inflight.web.selectors import LIST_PICKABLE_COLUMNS, TRIAGE_METRICS, config_diff, triage
@@ -89,9 +91,16 @@ def run_list(request: HttpRequest) -> HttpResponse:
     page = _page_of(request, listed.count())
     runs = list(listed[page["offset"]:page["offset"] + page["limit"]])
     columns = [c for c in LIST_COLUMNS if c[0] != "owner" or request.user.is_staff]
+    # A sweep is one row (its counts over all its runs, two queries for the page) above its first
+    # run on this page; its runs are folded under it until the row is opened (run_list.js).
+    groups = group_counts(run.group_id for run in runs if run.group_id)
+    group_heads: dict[int, dict[str, Any]] = {}
+    for run in runs:
+        if run.group_id in groups and not any(head["id"] == run.group_id for head in group_heads.values()):
+            group_heads[run.pk] = groups[run.group_id]
     # The sort links start again at page 1; the pager keeps the sort.
     return render(request, "inflight/run_list.html", {
-        "runs": runs, "triage": triage(runs), "triage_metrics": TRIAGE_METRICS,
+        "runs": runs, "triage": triage(runs), "triage_metrics": TRIAGE_METRICS, "group_heads": group_heads,
         "pickable": [{"key": key, "label": label, "default": default} for key, (label, default) in LIST_PICKABLE_COLUMNS.items()
                      if key != "owner" or request.user.is_staff],
         "hidden_by_default": [key for key, (_, default) in LIST_PICKABLE_COLUMNS.items() if not default],
@@ -327,11 +336,32 @@ def compare(request: HttpRequest) -> HttpResponse:
         return base_views._error_page(request, 400, f"runs: expected run ids; {exc}")
     if len(ids) > base_views.MAX_COMPARED_RUNS:
         return base_views._error_page(request, 400, f"runs: compare at most {base_views.MAX_COMPARED_RUNS} runs at once")
+    try:
+        group_ids = base_views._parse_ids([part for value in request.GET.getlist("groups") for part in value.split(",") if part.strip()])
+        target = Target.parse(request.GET.get("target"))
+    except ValueError as exc:
+        return base_views._error_page(request, 400, str(exc) if str(exc).startswith("target") else f"groups: expected sweep ids; {exc}")
+    band = request.GET.get("band", "minmax")
+    if band not in group_compare.BANDS:
+        return base_views._error_page(request, 400, "band: use minmax or sd")
     visible_runs = runs_visible_to(request.user)
     visible = {run.pk: run for run in visible_runs.filter(pk__in=ids).select_related("parent")}
     unknown = [run_id for run_id in ids if run_id not in visible]
     if unknown:
         return base_views._error_page(request, 404, f"Run(s) {', '.join(f'#{i}' for i in unknown)} do not exist or are not yours.")
+    groups: list[dict[str, Any]] | None = None
+    loose_ids = list(ids)
+    if group_ids:
+        # Group mode: each sweep is one curve (mean and band over its runs), each listed run a group of one.
+        try:
+            sweeps, members = group_compare.group_runs(request.user, group_ids)
+        except group_compare.GroupNotVisible as exc:
+            return base_views._error_page(request, 404, str(exc))
+        grouped_runs, groups = group_compare.compare_groups(sweeps, members, [visible[run_id] for run_id in ids])
+        if len(grouped_runs) > base_views.MAX_COMPARED_RUNS:
+            return base_views._error_page(request, 400, f"groups: compare at most {base_views.MAX_COMPARED_RUNS} runs at once (these sweeps hold {len(grouped_runs)})")
+        visible.update({run.pk: run for run in grouped_runs})
+        ids = [run.pk for run in grouped_runs]
     x_axis = request.GET.get("x", "step")
     if x_axis not in ("step", "time", "samples"):
         return base_views._error_page(request, 400, "x: use step, time or samples")
@@ -353,15 +383,17 @@ def compare(request: HttpRequest) -> HttpResponse:
             for run in runs
         ],
         "metrics": metrics, "x": x_axis, "smooth": smoothing,
+        "groups": groups, "band": band, "band_words": group_compare.BANDS[band], "loose_runs": loose_ids,
         # The picker's names: compare.js then fetches each run's snapshot of the charted metrics
         # only (20 runs x 40+ metrics in full was ~10 MB of JSON per page view).
         "metric_names": _metric_names([run.pk for run in runs]),
     }
     return render(request, "inflight/compare.html", {
         "runs": runs, # The picker shows id, name and status: the 200 runs' configs are not read.
-        "choices": list(filter_runs(visible_runs, filters, request.user).select_related(None).only("id", "name", "status")[:200]), "selected": set(ids),
+        "choices": list(filter_runs(visible_runs, filters, request.user).select_related(None).only("id", "name", "status")[:200]), "selected": set(loose_ids), "group_ids": group_ids,
         "diff": config_diff(runs) if len(runs) > 1 else [], "page": page, "filters": filters, "tags": all_tags(visible_runs),
         "statuses": Run._meta.get_field("status").choices, "x_axis": x_axis, "smoothing": smoothing,
+        "groups": groups, "band": band, "bands": group_compare.BANDS, "to_target": group_compare.time_to_target_rows(runs, groups, target),
     })
 
 
@@ -394,10 +426,20 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         for column, label, title, shown_as in base_views.LEADERBOARD_COLUMNS
         if column == key or table.present.get(column)
     ]
+    try:
+        target = Target.parse(request.GET.get("target"))
+    except ValueError as exc:
+        return base_views._error_page(request, 400, str(exc))
+    # Time to target for this page's rows only (two queries): it depends on the target the user
+    # sets, so it is not a stored figure to sort by.
+    reached = time_to_target(list(Run.objects.filter(pk__in=[row["run_id"] for row in table.rows]).only("id", "config")), target)
+    rows = [{**row, "to_target": reached.get(row["run_id"])} for row in table.rows]
     query = filters.query_string()
+    if target.text != DEFAULT_TARGET:
+        query = f"{query}&target={target.text}" if query else f"target={target.text}"
     pager_query = f"sort={sort}&{query}" if query else f"sort={sort}"
     return render(request, "inflight/leaderboard.html", {
-        "rows": table.rows, "columns": columns, "sort": sort, "filters": filters, "filter_query": query,
+        "rows": rows, "target": target, "columns": columns, "sort": sort, "filters": filters, "filter_query": query,
         "tags": all_tags(runs_visible_to(request.user)), "statuses": Run._meta.get_field("status").choices,
         "page": _pager_links(page, pager_query),
     })

@@ -25,6 +25,7 @@ from inflight.live.selectors import run_snapshot_json as snapshot_json_text
 from inflight.runs.run_paths import checkpoints_of
 from inflight.runs.selectors import MAX_RUN_ID, runs_visible_to, visible_run_or_404, workers_with_liveness
 from inflight.runs.services import IllegalTransition, InvalidRunConfig, create_run, request_cancel
+from inflight.web import sweep_form
 from inflight.web.charts import CHART_GROUPS
 from inflight.web.config_form import (
     DEFAULT_PRESET,
@@ -156,6 +157,7 @@ def _create_context(request: HttpRequest, values: dict[str, Any], errors: dict[s
         "preset": preset,
         "yaml_text": yaml_text,
         "tab": tab,
+        "sweep_form": sweep_form.form_state(request),
     }
 
 
@@ -233,7 +235,17 @@ def run_create(request: HttpRequest) -> HttpResponse:
         data, errors, raw = config_from_post(request.POST)
         yaml_text = ""
     _apply_start_from(request, data, errors)
-    if not errors:
+    if not errors and sweep_form.asked(request):
+        # The Sweep panel (web/sweep_form.py): the form's config as the base of a sweep.
+        try:
+            group = sweep_form.create_from_post(request, request.user, data)
+        except InvalidRunConfig as exc:
+            errors = exc.errors
+        else:
+            waiting = f"; {len(group.waiting)} wait for a free slot under your active-run limit and are queued as your runs end" if group.waiting else ""
+            messages.success(request, f"Sweep “{group.name}”: {group.runs.count()} runs queued{waiting}.")
+            return redirect("web:run_list")
+    elif not errors:
         try:
             run = create_run(request.user, "", data)
         except InvalidRunConfig as exc:
