@@ -46,6 +46,23 @@ def test_an_unknown_benchmark_is_refused_at_submit(owner_api) -> None:
     assert accepted.status_code == 201, accepted.content
 
 
+def test_a_custom_env_outside_the_operators_env_roots_is_refused_at_submit(owner_api, monkeypatch, tmp_path) -> None:
+    from rl_core.envs.environments import ENV_ROOTS_VARIABLE
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "custom_env"
+    custom = {"name": "custom", "class_path": "integer_answer_env:IntegerAnswerEnvironment"}
+    monkeypatch.delenv(ENV_ROOTS_VARIABLE, raising=False)
+    fields = refused_fields(submit(owner_api, {"env": custom}))
+    assert list(fields) == ["env.class_path"] and "INFLIGHT_ENV_ROOTS is not set" in fields["env.class_path"][0]
+    monkeypatch.setenv(ENV_ROOTS_VARIABLE, str(tmp_path))
+    fields = refused_fields(submit(owner_api, {"env": custom}))
+    assert "not in the allowed env folders" in fields["env.class_path"][0]
+    assert Run.objects.count() == 0
+    monkeypatch.setenv(ENV_ROOTS_VARIABLE, str(root))
+    accepted = submit(owner_api, {"env": custom})
+    assert accepted.status_code == 201, accepted.content
+
+
 @pytest.mark.parametrize(
     ("config", "field", "needle"),
     [

@@ -332,3 +332,36 @@ def test_custom_env_outside_the_allowed_roots_is_refused(monkeypatch: pytest.Mon
     (root / "linked_env.py").symlink_to(outside / "sneaky_env.py")
     monkeypatch.setenv(ENV_ROOTS_VARIABLE, str(root))
     assert "not in the allowed env folders" in (class_path_error(custom_config("linked_env:Sneaky")) or "")
+
+
+# --- the server's token prompts (a trajectory's next turn) -----------------------------------
+
+
+def test_server_takes_a_token_prompt_and_continues_exactly(tiny_model: Path) -> None:
+    """A greedy response cut after k tokens and sent back as a token prompt continues with the
+    same tokens (no template, no re-tokenisation); a body with both or neither prompt is refused."""
+    from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
+    from rl_core.inference.client import InferenceClient, ServerError
+
+    server = start_server("reference", tiny_model, max_batch_size=4)
+    try:
+        async def exchange() -> None:
+            async with InferenceClient(server.url) as client:
+                greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+                (whole,) = await client.generate([{"role": "user", "content": "Compute 6 + 7."}], greedy)
+                cut = len(whole.token_ids) // 2
+                prompt = whole.prompt_token_ids + whole.token_ids[:cut]
+                (rest,) = await client.generate([], SamplingParams(temperature=0.0, max_new_tokens=16 - cut),
+                                                prompt_token_ids=prompt)
+                assert rest.prompt_token_ids == prompt and rest.token_ids == whole.token_ids[cut:]
+                with pytest.raises(ServerError, match="messages: give either messages or prompt_token_ids"):
+                    await client.generate([{"role": "user", "content": "x"}], greedy, prompt_token_ids=[1, 2])
+                with pytest.raises(ServerError, match="messages: give either"):
+                    await client.generate([], greedy)
+                with pytest.raises(ServerError, match="outside the vocabulary"):
+                    await client.generate([], greedy, prompt_token_ids=[10**7])
+                assert "prompt_tokens_shared" in (await client.health())["counters"]
+
+        asyncio.run(asyncio.wait_for(exchange(), 120))
+    finally:
+        server.stop()

@@ -8,7 +8,9 @@ submitted through the platform (the CLI is not affected: it runs as whoever type
   operator allowed (INFLIGHT_HUB_MODELS), or be a checkpoint directory of one of the
   submitter's own runs (`<runs dir>/<run id>/checkpoints/step_NNNNNN` or `.../latest`);
 - the task files and the benchmark folder must lie under a data root (INFLIGHT_DATA_ROOTS);
-- the stream Redis is the platform's (INFLIGHT_STREAM_REDIS_URL) or the run's own embedded one.
+- the stream Redis is the platform's (INFLIGHT_STREAM_REDIS_URL) or the run's own embedded one;
+- a custom env's `env.class_path` must import from a folder the operator lists in INFLIGHT_ENV_ROOTS
+  (os.pathsep-separated; `rl_core.envs.environments.class_path_error`, which the launcher runs too).
 
 Paths are made absolute against the repo root (the engine's working directory) and
 normalised (`..` folded) before the check, which is lexical: nothing is opened, so a
@@ -33,6 +35,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from inflight.datasets.roots import datasets_root, user_folder
 from rl_core.config.run_config import RunConfig, StreamConfig
+from rl_core.envs.environments import class_path_error
 from rl_core.rundir.layout import CHECKPOINTS_DIR, LATEST_CHECKPOINT_LINK, checkpoint_dir, checkpoint_step
 
 _RUN_ID_RE = re.compile(r"[0-9]{1,18}")
@@ -204,6 +207,12 @@ def checked_paths(user: AbstractBaseUser, config: RunConfig, *, on_worker: bool 
             pass  # kept as written: relative paths mean the same from the engine's working directory
         else:
             errors[field] = [f"must be under the data roots ({_shown(data_roots)}) or be one of your datasets"]
+
+    # A custom env is code the actor runs: only from the folders the operator lists in
+    # INFLIGHT_ENV_ROOTS, and importable (rl_core's one check, which the launcher runs too).
+    refusal = class_path_error(config)
+    if refusal:
+        errors["env.class_path"] = [refusal]
 
     stream = config.stream
     platform_url = settings.INFLIGHT_STREAM_REDIS_URL
