@@ -153,6 +153,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "inflight.inbox.context_processors.inbox",
                 "inflight.runs.context_processors.run_statuses",
+                "inflight.runs.context_processors.metric_names",
             ],
         },
     },

@@ -24,10 +24,15 @@ import yaml
 from inflight_cli import credentials, datasets, mirrors
 from inflight_cli.client import ApiFailure, Client
 from inflight_cli.run_statuses import RUN_STATUSES, TERMINAL_STATUSES
+# The engine's metric-name owner: a module of constants that imports nothing (no Django, no torch).
+from rl_core.common import metric_names as mn
 
 FINAL_STATES = TERMINAL_STATUSES  # the run model's own list (its choices are built from run_statuses)
 LAUNCHER_LOG = "supervisor_child.log"  # the engine launcher's output, which the worker keeps
-WATCHED_METRICS = ("train/reward_mean", "success/mean", "train/loss", "success/heldout")
+# The figures `watch` prints per trained step (their full names, as the run page, the API and the
+# CSV name them), and the held-out success printed on a line of its own.
+STEP_METRICS = (mn.TRAIN_REWARD_MEAN, mn.ROLLOUT_SUCCESS_MEAN, mn.TRAIN_LOSS)
+WATCHED_METRICS = (*STEP_METRICS, mn.HELDOUT_SUCCESS)
 DEFAULT_LOG_BYTES = 16 * 1024
 # A run its wall-time budget stopped early ended well but did not do what was asked (its steps):
 # a script running `submit --watch && ...` must be able to tell it from a finished run, and from a failure.
@@ -131,14 +136,13 @@ def watch(client: Client, run_id: int, out: TextIO, poll_s: float = 1.0, since_s
             for point in page["points"]:
                 by_step.setdefault(point["step"], {})[point["name"]] = point["value"]
             for step, values in sorted(by_step.items()):
-                if "success/heldout" in values and step > shown_step:
-                    out.write(f"  step {step}: success/heldout {_fmt(values['success/heldout'])}\n")
-            trained = [step for step, values in by_step.items() if ("train/loss" in values or "train/reward_mean" in values) and step > shown_step]
+                if mn.HELDOUT_SUCCESS in values and step > shown_step:
+                    out.write(f"  step {step}: {mn.HELDOUT_SUCCESS} {_fmt(values[mn.HELDOUT_SUCCESS])}\n")
+            trained = [step for step, values in by_step.items() if (mn.TRAIN_LOSS in values or mn.TRAIN_REWARD_MEAN in values) and step > shown_step]
             if trained:
                 step = max(trained)
                 values = by_step[step]
-                # Full metric names, as the run page, the API and the CSV name them.
-                shown = [f"{name} {_fmt(values[name])}" for name in ("train/reward_mean", "success/mean", "train/loss") if name in values]
+                shown = [f"{name} {_fmt(values[name])}" for name in STEP_METRICS if name in values]
                 progress = f"{step}/{max_steps}" if max_steps else str(step)
                 out.write(f"  step {progress}  " + "  ".join(shown) + "\n")
                 shown_step = step

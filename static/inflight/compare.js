@@ -15,7 +15,8 @@
   controls.axis = page.x || "step";
   if (typeof page.smooth === "number") controls.smoothing = page.smooth;
   var wanted = page.metrics && page.metrics.length ? page.metrics : null;
-  var DEFAULTS = ["success/mean", "reward/mean", "success/heldout", "rollout/tokens_per_s", "policy_lag/max"];
+  var N = window.InflightRuns.metricNames;
+  var DEFAULTS = [N.ROLLOUT_SUCCESS_MEAN, N.ROLLOUT_REWARD_MEAN, N.HELDOUT_SUCCESS, N.ROLLOUT_TOKENS_PER_S, N.POLICY_LAG_MAX];
 
   // Only the charted metrics are fetched (`?names=`): the picker lists every metric the runs
   // logged (page.metric_names), and picking one not loaded yet fetches the charted set again.

@@ -205,7 +205,7 @@
   // A held-out success point ([name, step, t, value]) at a listed checkpoint's step.
   function hasListedHeldout(message) {
     var points = message.points || [];
-    for (var i = 0; i < points.length; i++) if (points[i][0] === "success/heldout" && checkpointListed(points[i][1])) return true;
+    for (var i = 0; i < points.length; i++) if (points[i][0] === InflightRuns.metricNames.HELDOUT_SUCCESS && checkpointListed(points[i][1])) return true;
     return false;
   }
 

@@ -6,6 +6,10 @@ window.InflightRuns = (function () {
   "use strict";
   var node = document.getElementById("terminal-statuses");
   var terminal = node ? JSON.parse(node.textContent) : [];
+  // The metric names a script reads (constant name → metric: rl_core/common/metric_names.py's
+  // METRIC_NAMES_FOR_PAGES, in base.html's "metric-names"), so no script spells one itself.
+  var namesNode = document.getElementById("metric-names");
+  var metricNames = namesNode ? JSON.parse(namesNode.textContent) : {};
 
   function isTerminal(status) { return terminal.indexOf(status) >= 0; }
 
@@ -17,5 +21,5 @@ window.InflightRuns = (function () {
     return Math.floor(m / 60) + "h " + String(m % 60).padStart(2, "0") + "m";
   }
 
-  return { isTerminal: isTerminal, formatDuration: formatDuration };
+  return { isTerminal: isTerminal, formatDuration: formatDuration, metricNames: metricNames };
 })();

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_core.config.benchmarks import HELDOUT_BENCHMARK
+from rl_core.common import metric_names as mn
 from rl_core.config.run_config import AlertsConfig
 from rl_core.rundir.metrics import NONFINITE_PREFIX
 from rl_core.launch.watchdog import SILENT_METRIC
@@ -35,17 +36,17 @@ RECOVERED_SHARE = 0.5
 # |value - its none| <= NO_SIGNAL_EPS over the whole window. A reward of exactly 0 (wrong answer
 # format), every finished group's advantages 0 (all right or all wrong: share 1), a zero gradient.
 NO_SIGNAL_WATCHED = (
-    ("train/reward_mean", 0.0, "the training reward is 0"),
-    ("rollout/zero_advantage_share", 1.0, "every group's advantages are 0 (all its answers equally right or wrong)"),
-    ("train/grad_norm", 0.0, "the gradient norm is 0"),
+    (mn.TRAIN_REWARD_MEAN, 0.0, "the training reward is 0"),
+    (mn.ZERO_ADVANTAGE_SHARE, 1.0, "every group's advantages are 0 (all its answers equally right or wrong)"),
+    (mn.TRAIN_GRAD_NORM, 0.0, "the gradient norm is 0"),
 )
 NO_SIGNAL_EPS = 1e-9
 NO_SIGNAL_STATE = "no_learning_signal"  # its key in the rolling windows (metric names hold a "/")
-NONFINITE_WATCHED = ("train/loss", "train/grad_norm")
+NONFINITE_WATCHED = (mn.TRAIN_LOSS, mn.TRAIN_GRAD_NORM)
 # (rule, metric, window setting, drop setting)
 COLLAPSES = (
-    ("reward_collapse", "train/reward_mean", "reward_window", "reward_drop"),
-    ("heldout_collapse", "success/heldout", "heldout_window", "heldout_drop"),
+    ("reward_collapse", mn.TRAIN_REWARD_MEAN, "reward_window", "reward_drop"),
+    ("heldout_collapse", mn.HELDOUT_SUCCESS, "heldout_window", "heldout_drop"),
 )
 
 
@@ -95,25 +96,25 @@ def check_line(record: dict[str, Any], cfg: AlertsConfig, max_lag: int, windows:
             )
         elif mean is not None and best is not None and best - mean < drop * RECOVERED_SHARE:
             out.clear.add((rule, ""))
-    entropy = record.get("train/entropy")
+    entropy = record.get(mn.TRAIN_ENTROPY)
     if isinstance(entropy, (int, float)):
         # A rolling mean: one step's value covers only that step's trained tokens and is noisy.
         size = int(cfg.entropy_window)
-        mean, _ = _update_window(windows, "train/entropy", float(entropy), size)
+        mean, _ = _update_window(windows, mn.TRAIN_ENTROPY, float(entropy), size)
         if mean is not None and mean < cfg.entropy_min:
             out.firing[("entropy_collapse", "")] = Firing(
-                f"train/entropy: mean of the last {size} steps is {mean:.4f}, below {cfg.entropy_min}",
+                f"{mn.TRAIN_ENTROPY}: mean of the last {size} steps is {mean:.4f}, below {cfg.entropy_min}",
                 {"entropy": mean, "window": size, "threshold": cfg.entropy_min},
             )
         elif mean is not None and mean >= cfg.entropy_min / RECOVERED_SHARE:
             out.clear.add(("entropy_collapse", ""))
-    lag = record.get("policy_lag/max")
+    lag = record.get(mn.POLICY_LAG_MAX)
     if isinstance(lag, (int, float)):
         if lag > max_lag:
-            out.firing[("policy_lag", "")] = Firing(f"policy_lag/max {lag:g} is above max_lag {max_lag}", {"lag": lag, "max_lag": max_lag})
+            out.firing[("policy_lag", "")] = Firing(f"{mn.POLICY_LAG_MAX} {lag:g} is above max_lag {max_lag}", {"lag": lag, "max_lag": max_lag})
         else:
             out.clear.add(("policy_lag", ""))
-    dropped = record.get("train/dropped_stale")
+    dropped = record.get(mn.TRAIN_DROPPED_STALE)
     if isinstance(dropped, (int, float)):
         if dropped > cfg.stale_dropped_max:
             out.firing[("stale_dropped", "")] = Firing(

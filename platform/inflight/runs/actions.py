@@ -27,6 +27,7 @@ from django.utils import timezone
 from inflight.runs import run_limits, run_paths, services
 from inflight.runs.models import TERMINAL_STATUSES, EvalScore, MetricPoint, Run, RunStatus
 from inflight.runs.selectors import can_manage_run
+from rl_core.common.metric_names import HELDOUT_SUCCESS
 from rl_core.rundir.resume import ResumeError, check_checkpoint
 from rl_core.rundir.layout import CHECKPOINT_STATE_FILE, LATEST_CHECKPOINT_LINK, checkpoint_step
 
@@ -100,7 +101,7 @@ def run_checkpoints(run: Run) -> list[CheckpointInfo]:
             pass
         out.append(CheckpointInfo(step=step, t=t, path=str(path), evals=scores.get(step, {}), latest=path.name == latest))
     # Held-out success is logged as a metric, not an evaluation: show it beside the benchmarks.
-    heldout = dict(MetricPoint.objects.filter(run=run, name="success/heldout", step__in=steps).order_by("line").values_list("step", "value"))
+    heldout = dict(MetricPoint.objects.filter(run=run, name=HELDOUT_SUCCESS, step__in=steps).order_by("line").values_list("step", "value"))
     for info in out:
         if info.step in heldout:
             info.evals.setdefault("heldout", heldout[info.step])

@@ -18,6 +18,7 @@ from django.db.models import F, FloatField, QuerySet
 from django.db.models.expressions import RawSQL
 
 from inflight.runs.models import RUN_WALL_TIME_SQL, Run, RunStatus
+from rl_core.common import metric_names as mn
 
 RUN_SORT_KEYS = {
     "id": "id", "name": "name", "status": "status", "created": "created_at", "started": "started_at",
@@ -28,8 +29,8 @@ RUN_SORT_KEYS = {
 # its (run, name, bucket) index per run), progress is the summary's max step over trainer.max_steps,
 # wall time the same expression the leaderboard sorts by. Key → the metric (None: computed below).
 METRIC_SORT_KEYS: dict[str, str | None] = {
-    "heldout": "success/heldout", "reward": "reward/mean", "loss": "train/loss", "tokens_per_s": "rollout/tokens_per_s",
-    "lag": "policy_lag/max", "kl": "train/kl", "progress": None, "wall": None,
+    "heldout": mn.HELDOUT_SUCCESS, "reward": mn.ROLLOUT_REWARD_MEAN, "loss": mn.TRAIN_LOSS, "tokens_per_s": mn.ROLLOUT_TOKENS_PER_S,
+    "lag": mn.POLICY_LAG_MAX, "kl": mn.TRAIN_KL, "progress": None, "wall": None,
 }
 # Sorted largest first when first clicked (a loss, a lag and a KL: smallest first).
 METRIC_SORT_DESCENDING_FIRST = ("heldout", "reward", "tokens_per_s", "progress", "wall")

@@ -27,10 +27,12 @@ from django.db.models.functions import Coalesce
 
 from inflight.runs.models import EvalScore, MetricPoint, Run, RunSummary
 
+from rl_core.common import metric_names as mn
+
 LEADERBOARD_BENCHMARKS = ("aime24", "math500")
-HELDOUT_METRIC = "success/heldout"  # the actor's held-out evaluation (also evals.jsonl's "heldout")
-SUCCESS_METRIC = "success/mean"  # the training batch of each step: noisy, and on problems being trained on
-THROUGHPUT_METRIC = "rollout/tokens_per_s"
+HELDOUT_METRIC = mn.HELDOUT_SUCCESS  # the actor's held-out evaluation (also evals.jsonl's "heldout")
+SUCCESS_METRIC = mn.ROLLOUT_SUCCESS_MEAN  # the actor's latest rollouts: noisy, and on problems being trained on
+THROUGHPUT_METRIC = mn.ROLLOUT_TOKENS_PER_S
 # The training-batch figure the leaderboard shows: the mean of the last steps, not one batch.
 RECENT_TRAIN_STEPS = 10
 # Runs summarised per round of queries (bounds the arrays sent and the rows read at once).

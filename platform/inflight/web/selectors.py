@@ -12,6 +12,7 @@ from django.db import connection
 from inflight.runs.models import EvalScore, Run
 from inflight.runs.selectors import eval_problem_results, eval_scores
 from rl_core.config.benchmarks import HELDOUT_BENCHMARK
+from rl_core.common import metric_names as mn
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -98,14 +99,19 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
 # Latest-value columns of the run list: key → (metric, header, what it is). The first two are
 # shown by default; the others are offered by the column picker (run_list.js).
 TRIAGE_METRICS: dict[str, tuple[str, str, str]] = {
-    "heldout": ("success/heldout", "Held-out", "held-out success (mean@k) at the latest held-out evaluation"),
-    "reward": ("reward/mean", "Reward", "mean reward of the latest training batch"),
-    "loss": ("train/loss", "Loss", "training loss at the latest step"),
-    "tokens_per_s": ("rollout/tokens_per_s", "Tokens/s", "rollout tokens generated per second, latest window"),
-    "lag": ("policy_lag/max", "Max lag", "largest policy lag of a trained token at the latest step"),
-    "kl": ("train/kl", "KL", "KL to the reference policy at the latest step"),
+    # What each is comes from the names' owner, so a header never describes another role's
+    # series ("Reward" is the actor's latest rollouts, not the trainer's batch: train/reward_mean).
+    key: (metric, header, mn.DESCRIPTIONS[metric])
+    for key, metric, header in (
+        ("heldout", mn.HELDOUT_SUCCESS, "Held-out"),
+        ("reward", mn.ROLLOUT_REWARD_MEAN, "Reward"),
+        ("loss", mn.TRAIN_LOSS, "Loss"),
+        ("tokens_per_s", mn.ROLLOUT_TOKENS_PER_S, "Tokens/s"),
+        ("lag", mn.POLICY_LAG_MAX, "Max lag"),
+        ("kl", mn.TRAIN_KL, "KL"),
+    )
 }
-SPARKLINE_METRICS = ("reward/mean", "success/heldout")
+SPARKLINE_METRICS = (mn.ROLLOUT_REWARD_MEAN, mn.HELDOUT_SUCCESS)
 # Every column of the run list the user may hide or show (run_list.js keeps the choice in the
 # browser): key → (header, shown by default). Sortable ones keep their sort link.
 LIST_PICKABLE_COLUMNS: dict[str, tuple[str, bool]] = {
