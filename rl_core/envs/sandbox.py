@@ -131,20 +131,47 @@ def _status_of(exit_code: int) -> ToolStatus:
     return "error"
 
 
+def _usable_by_anyone(path: str) -> bool:
+    """Whether a user with no ownership of `path` can read and run it: every directory on its real
+    path searchable by others, the file itself readable and executable by others."""
+    real = os.path.realpath(path)
+    parts = real.split(os.sep)
+    try:
+        for depth in range(2, len(parts)):
+            if not os.stat(os.sep.join(parts[:depth])).st_mode & 0o001:
+                return False
+        return os.stat(real).st_mode & 0o005 == 0o005
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def default_python() -> str:
+    """The interpreter tool code runs under: this one, unless the worker is root and the sandbox
+    user could not read it (a pyenv Python under /root, as on the CI machine: privileges would
+    then stay root), in which case the system's `/usr/bin/python3` when others can run it. Tool
+    code imports what that interpreter has: the standard library at least."""
+    if os.geteuid() != 0 or _usable_by_anyone(sys.executable):
+        return sys.executable
+    system = "/usr/bin/python3"
+    return system if os.path.exists(system) and _usable_by_anyone(system) else sys.executable
+
+
 class ProcessSandbox:
     """The default `Sandbox`: a confined local process per call (see the module docstring).
 
     `python`: the interpreter the code runs under (its site-packages are what the code can
-    import; the sandbox user must be able to read it for privileges to be dropped).
+    import; the sandbox user must be able to read it for privileges to be dropped; None:
+    `default_python()`).
     `user`: when the worker is root, the user the code runs as (None: stay root).
     `audit_hook`: False only in tests that check what the OS layers hold alone."""
 
-    def __init__(self, max_concurrent: int = 4, *, python: str = sys.executable, user: str | None = "nobody",
+    def __init__(self, max_concurrent: int = 4, *, python: str | None = None, user: str | None = "nobody",
                  audit_hook: bool = True) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         self.max_concurrent = max_concurrent
-        self.python = python
+        self.python = python or default_python()
         self.audit_hook = audit_hook
         self._ids = (-1, -1)
         if user is not None and os.geteuid() == 0:
@@ -265,7 +292,7 @@ class CommandSandbox(ProcessSandbox):
 
 
 @functools.cache
-def probe_isolation(python: str = sys.executable) -> Isolation:
+def probe_isolation(python: str | None = None) -> Isolation:
     """`ProcessSandbox(python=python).probe()`, once per process: for a startup log line and tests."""
     return ProcessSandbox(python=python).probe()
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -51,8 +53,9 @@ def test_ordinary_math_is_ok() -> None:
 
 def test_sympy_is_ok() -> None:
     pytest.importorskip("sympy")
+    # On this interpreter (the default may be the system's, without sympy: see default_python).
     result = run("import sympy\nx = sympy.symbols('x')\nprint(sympy.solve(x**2 - 5*x + 6, x))",
-                 SandboxLimits(wall_s=60.0, cpu_s=30))
+                 SandboxLimits(wall_s=60.0, cpu_s=30), sandbox=ProcessSandbox(python=sys.executable))
     assert (result.status, result.stdout, result.stderr) == ("ok", "[2, 3]\n", "")
 
 
@@ -261,6 +264,17 @@ def test_command_sandbox_runs_under_a_prefix() -> None:
     result = run("import os\nprint(37*48)\nprint(os.environ['SANDBOX_PREFIX_SEEN'] == os.getcwd())", sandbox=sandbox)
     assert (result.status, result.stdout) == ("ok", "1776\nTrue\n")
     assert "--parent 0" in " ".join(sandbox.command("/w", SandboxLimits()))
+
+
+def test_a_root_worker_runs_tool_code_as_nobody_even_from_a_private_interpreter() -> None:
+    # The CI machine's Python lives under /root (0700): the code would stay root on it, held by
+    # the audit hook alone; the default interpreter is then one the sandbox user can run.
+    if os.geteuid() != 0:
+        pytest.skip("only a root worker drops privileges")
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip(f"no {SYSTEM_PYTHON}")
+    assert run("import os\nprint(os.getuid())").stdout == f"{pwd.getpwnam('nobody').pw_uid}\n"
+    assert probe_isolation().uid != 0
 
 
 def test_probe_tells_the_uid_the_code_runs_as() -> None:
