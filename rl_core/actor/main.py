@@ -12,7 +12,8 @@ from rl_core.actor.loop import Actor
 from rl_core.config.run_config import RunConfig
 from rl_core.rundir.metrics import JsonlSink
 from rl_core.common.processes import freeze_startup_objects, run_event_loop
-from rl_core.rundir.layout import METRICS_FILE, SERVERS_WAIT_S, load_run_config, stream_redis_url, wait_for_servers
+from rl_core.rundir.layout import METRICS_FILE, load_run_config, stream_redis_url
+from rl_core.rundir.role_args import role_parser, role_servers
 from rl_core.rundir.stream import open_writer
 from rl_core.rundir.heartbeats import start_heartbeat
 
@@ -38,20 +39,17 @@ async def run_actor(config: RunConfig, run_dir: Path, server_urls: list[str]) ->
             await client.aclose()
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The shared role flags (rundir/role_args.py); the actor adds none of its own."""
+    return role_parser("actor", "Rollout actor of a run (started by `run`).", "to generate on")
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_core actor", description="Rollout actor of a run (started by `run`).")
-    parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
-    parser.add_argument("--servers", default="", help="Comma-separated inference server base URLs.")
-    parser.add_argument("--await-servers", action="store_true",
-                        help="Read the URLs from the run directory's servers.json once the launcher writes it "
-                             "(the launcher starts the actor while the servers load).")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir)
     start_heartbeat(run_dir, "actor")  # the launcher's watchdog: a stopped actor stops beating
     config = load_run_config(run_dir)
-    servers = [url for url in args.servers.split(",") if url]
-    if args.await_servers:
-        servers = wait_for_servers(run_dir, SERVERS_WAIT_S)
+    servers = role_servers(args)
     if not servers:
         print("actor: no servers (give --servers or --await-servers)", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ from typing import Any
 
 from rl_core.cluster.layout import ClusterError
 from rl_core.rundir.heartbeats import trainer_rank_name
+from rl_core.rundir.role_args import role_flags
 from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, RunConfig
 from rl_core.config.files import config_to_yaml, load_config_or_exit
 from rl_core.common.jsonl_tail import JsonlTail
@@ -211,8 +212,7 @@ def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, mod
     `server_urls` None: the ranks read them from the run directory's servers.json.
     `master_address`: rank 0's address (its node's, on a cluster); `rank_nodes`: each rank's
     node on a cluster, so that LOCAL_RANK / LOCAL_WORLD_SIZE count the ranks of one node."""
-    servers = ["--await-servers"] if server_urls is None else ["--servers", ",".join(server_urls)]
-    args = ["trainer", "--run-dir", str(run_dir), *servers, "--model", str(model_path),
+    args = ["trainer", *role_flags(run_dir, server_urls), "--model", str(model_path),
             "--weight-sync-backend", placement.weight_sync_backend]
     if resume:
         args.append("--resume")
@@ -412,7 +412,7 @@ class Launcher:
                                      self.host.free_port("trainer"), master_address=self.host.address("trainer"),
                                      rank_nodes=rank_nodes):
             self.spec_child(spec)
-        self.python_child("actor", "actor", "--run-dir", str(self.run_dir), "--await-servers")
+        self.python_child("actor", "actor", *role_flags(self.run_dir, None))
         urls = [wait_for_server(server, SERVER_START_TIMEOUT_S, lambda: self.stop_signal is not None) for server in servers]
         write_servers(self.run_dir, urls)
         self.watch_roles(servers, urls)

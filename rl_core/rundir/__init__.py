@@ -5,6 +5,7 @@
 - `resume`: resuming a run: refuse loudly when a checkpoint cannot be used
 - `metrics`: metrics sinks (`metrics.jsonl`, mirrors)
 - `heartbeats`: a role's heartbeat file, written by a thread of the role
+- `role_args`: the command-line flags every role shares (`--run-dir`, `--servers`, `--await-servers`), written by the launcher
 
 May import: `common`, `config`.
 Run-time imports go only downwards (pyproject.toml `[tool.importlinter]`).

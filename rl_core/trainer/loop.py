@@ -55,7 +55,6 @@ from rl_core.rundir.layout import (
     CHECKPOINTS_DIR,
     LATEST_CHECKPOINT_LINK,
     METRICS_FILE,
-    SERVERS_WAIT_S,
     SHARDS_FILE,
     TrainerProgress,
     checkpoint_dir_name,
@@ -63,9 +62,9 @@ from rl_core.rundir.layout import (
     load_run_config,
     stop_requested,
     stream_redis_url,
-    wait_for_servers,
     write_progress,
 )
+from rl_core.rundir.role_args import role_parser, role_servers
 from rl_core.rundir.stream import StreamReader, open_reader
 from rl_core.trainer.train_records import TrainRecords
 
@@ -481,13 +480,9 @@ def make_weight_sender(config: RunConfig, run_dir: Path, servers: list[str], han
     return WeightBroadcaster(servers, backend=sync_backend, streams=config.inference.weight_sync_streams)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_core trainer", description="Trainer of a run (started by `run`).")
-    parser.add_argument("--run-dir", required=True, help="Run directory with config.yaml.")
-    parser.add_argument("--servers", default="", help="Comma-separated server base URLs to broadcast weights to.")
-    parser.add_argument("--await-servers", action="store_true",
-                        help="Read the URLs from the run directory's servers.json once the launcher writes it "
-                             "(the launcher starts the trainer while the servers load).")
+def build_parser() -> argparse.ArgumentParser:
+    """The shared role flags (rundir/role_args.py) and the trainer's own."""
+    parser = role_parser("trainer", "Trainer of a run (started by `run`).", "to broadcast weights to")
     parser.add_argument("--model", default=None, help="Initial weights (default: config model.path).")
     parser.add_argument("--resume", action="store_true", help="Continue from checkpoints/latest.")
     parser.add_argument("--weight-sync-backend", default="gloo", choices=["gloo", "nccl"],
@@ -495,7 +490,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--weight-handoff", default=None, choices=["same_device", "collective"],
                         help="How weights reach the servers (default: as the run's placement picks it from "
                              "inference.weight_handoff, placement.choose_weight_handoff).")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
 
     run_dir = Path(args.run_dir)
     start_trainer_heartbeat(run_dir)  # the launcher's watchdog: a stopped rank stops beating
@@ -515,9 +514,7 @@ def main(argv: list[str]) -> int:
     # Rank 0 logs the (rank-reduced) metrics; an empty MultiSink drops the others' lines.
     sink: MetricsSink = JsonlSink(run_dir / METRICS_FILE) if ranks.rank == 0 else MultiSink()
     broadcaster = None
-    servers = [url for url in args.servers.split(",") if url]
-    if args.await_servers:  # the model is loaded: now the servers are needed
-        servers = wait_for_servers(run_dir, SERVERS_WAIT_S)
+    servers = role_servers(args)  # the model is loaded: now the servers are needed
     if servers and ranks.rank == 0:
         broadcaster = make_weight_sender(config, run_dir, servers, args.weight_handoff, args.weight_sync_backend)
         broadcaster.connect()
