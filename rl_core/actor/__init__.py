@@ -6,6 +6,7 @@
 - `lag_throttle`: the `max_lag` bound kept at submission
 - `scheduling`: routing across servers (least-loaded, HistoPipe)
 - `tail_batching`: RollPacker's tail batching
+- `lag_prediction`: the policy lag a config should see, predicted before launch (torch-free: the create page)
 
 May import: the stages below (`common` … `evaluation`); never `trainer` or `launch`.
 Run-time imports go only downwards (pyproject.toml `[tool.importlinter]`).

@@ -43,6 +43,7 @@ from rl_core.common import metric_names as mn
 from rl_core.rundir.metrics import MetricsSink
 from rl_core.rundir.layout import TrainerProgress, latest_checkpoint, read_progress
 from rl_core.rundir.stream import StreamWriter
+from rl_core.rundir.timeline import ActorTimeline, TimelineWriter
 from rl_core.actor.submission import EvalKind, EvalSchedule, PromptSource, ZeroAdvantageGroups, make_plan, make_throttle
 from rl_core.envs.problems import Problem, TaskData
 from rl_core.envs.environments import Environment, load_environment
@@ -175,6 +176,9 @@ class Actor:
         self.window = Window()
         self.spec_counters: dict[str, float] | None = None  # last reading of the servers' spec_* totals
         self.spec_poller: asyncio.Task | None = None
+        # The run page's Timeline: every group from launch to finish, and why one wrote nothing.
+        self.timeline = ActorTimeline(TimelineWriter(self.run_dir, "actor", "actor"),
+                                      deferrable=config.accelerations.tail_batching.enabled and config.mode == "async")
 
     # --- generation through the servers -------------------------------------------
 
@@ -291,6 +295,7 @@ class Actor:
         self.window.zero_advantage_groups += all(a == 0.0 for a in advantages)
         if self.zero_advantage.on_group(epoch, problem, informative=any(a != 0.0 for a in advantages)):
             self.window.dropped_groups += 1
+            self.timeline.dropped_zero_advantage(group_id)
             return []
         return samples
 
@@ -313,6 +318,7 @@ class Actor:
         index = self.new_group_index()
         self.launching += 1
         self.throttle.on_submitted(index, self.consumed)
+        self.timeline.launch(index)
         return index
 
     def start_group(self, index: int, coroutine: Coroutine[Any, Any, list[RolloutSample]]) -> None:
@@ -328,6 +334,7 @@ class Actor:
     def on_group_done(self, task: asyncio.Task, samples: list[RolloutSample]) -> None:
         self.in_flight.discard(task)
         index = self.group_index_of.pop(task, None)
+        self.timeline.done(index, len(samples))
         for group in self.throttle.on_finished(index, samples, self.samples_total, idle=not self.in_flight):
             self.write(group)
 

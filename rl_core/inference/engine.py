@@ -38,6 +38,7 @@ from rl_core.models.model_io import model_dtype, use_tf32_matmul
 from rl_core.inference.shared_decode import extended_history_hash, prompt_history_hash, representatives
 from rl_core.inference.speculation import DraftLengthController
 from rl_core.weights.sync import synchronize_device  # the one device wait before an update's clock stops
+from rl_core.rundir.timeline import ServerTimeline
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class ReferenceEngine:
         self._seed_counter = 0
         self._rows_this_step = 0
         self.counters: dict[str, float] = dict.fromkeys(ENGINE_COUNTERS, 0)
+        self.timeline: ServerTimeline | None = None  # a run's server records its decode spans and pauses
 
     @classmethod
     def from_pretrained(
@@ -264,6 +266,7 @@ class ReferenceEngine:
                 while self._thread is not None and self._thread.is_alive() and not self._paused_ack:
                     self._cond.wait(timeout=0.5)
             handle = PauseHandle(started=time.perf_counter())
+            wall_start = time.time()
             try:
                 yield handle
             finally:
@@ -271,6 +274,8 @@ class ReferenceEngine:
                 # when it returns: the decode loop resumes, and the clock stops, once it is done.
                 synchronize_device(self.device)
                 handle.pause_s = time.perf_counter() - handle.started
+                if self.timeline is not None:  # the block set the version it installed
+                    self.timeline.pause(wall_start, wall_start + handle.pause_s, self.version)
                 with self._cond:
                     self._pause_requests -= 1
                     self._cond.notify_all()
@@ -354,6 +359,8 @@ class ReferenceEngine:
                         break
                     self._resolve(finished)  # nothing to run: hand out aborted results before sleeping
                     finished = []
+                    if self.timeline is not None:
+                        self.timeline.idle()  # the busy span ends here, not at the next request
                     self._cond.wait()
                 compact_slots(self._running, self._free_slots, self.cache)
                 # In slot order: the running sequences hold slots 0..n-1, so the cache hands the
@@ -362,6 +369,7 @@ class ReferenceEngine:
                 admitted = self._admit_locked()
             self._resolve(finished)
             version = self.version  # weights cannot change until the step is over
+            step_started = time.time()
             self._rows_this_step = len(admitted) + len(decoding)  # the step's draft budget is shared by all of them
             try:
                 with torch.inference_mode():
@@ -396,6 +404,8 @@ class ReferenceEngine:
                             failed.append(self._finish_locked(seq, seq.finish_reason))
                 self._resolve(failed)
                 continue
+            if self.timeline is not None:
+                self.timeline.step(step_started, time.time(), len(admitted) + len(decoding))
             with self._cond:
                 self.counters["steps"] += 1
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]

@@ -469,6 +469,10 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"cannot load model {args.model}: {exc}", file=sys.stderr)
         return 2
+    if args.run_dir:  # the run page's Timeline: this server's decode spans and pauses
+        from rl_core.rundir.timeline import ServerTimeline, TimelineWriter
+
+        engine.timeline = ServerTimeline(TimelineWriter(args.run_dir, "server", f"server{args.server_index}"))
     model_name = args.served_model_name or Path(args.model).resolve().name
     app = create_app(engine, model_name)
 

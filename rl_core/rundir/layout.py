@@ -58,11 +58,17 @@ WANDB_DIR = "wandb"  # launcher's metric mirror (monitoring.mirror.sinks: wandb)
 WANDB_RUN_ID_FILE = "wandb_run_id"  # the W&B run id of the mirror, so a resumed run continues that W&B run
 HEARTBEATS_DIR = "heartbeats"  # trainer ranks, actor → launcher's watchdog: heartbeats/<role>, rewritten every few seconds
 PROVENANCE_FILE = "provenance.jsonl"  # launcher → worker: one `provenance.ProvenanceRecord` per launch (code, packages, host, command)
+TIMELINE_DIR = "timeline"  # every role → run page's Timeline: timeline/<lane>.jsonl, spans (rundir/timeline.py)
 
 
 def heartbeat_path(run_dir: str | Path, role: str) -> Path:
     """`heartbeats/<role>`: rewritten by the role's heartbeat thread (rl_core/launch/watchdog.py)."""
     return Path(run_dir) / HEARTBEATS_DIR / role
+
+
+def timeline_path(run_dir: str | Path, lane: str) -> Path:
+    """`timeline/<lane>.jsonl`: one process's spans (`rundir/timeline.py`), lane = its child name."""
+    return Path(run_dir) / TIMELINE_DIR / f"{lane}.jsonl"
 
 
 def log_path(run_dir: str | Path, process: str) -> Path:

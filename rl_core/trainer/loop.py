@@ -49,7 +49,8 @@ from rl_core.trainer.loss import pack_micro_batches, samples_with_gradient, scor
 from rl_core.trainer.losses import LossSettings, LossTotals, effective_sample_size, m2po_keep_masks, policy_loss, step_normaliser
 from rl_core.rundir.metrics import JsonlSink, MetricsSink, MultiSink
 from rl_core.common.processes import freeze_startup_objects
-from rl_core.rundir.heartbeats import start_trainer_heartbeat
+from rl_core.rundir.heartbeats import start_trainer_heartbeat, trainer_rank_name
+from rl_core.rundir.timeline import TimelineWriter, TrainerTimeline
 from rl_core.rundir.layout import (
     CHECKPOINT_STATE_FILE,
     CHECKPOINTS_DIR,
@@ -168,6 +169,7 @@ class StepStats:
     num_samples: int
     rank_sample_ids: list[str] | None = None  # the samples this rank trained (its share)
     loss_metrics: dict[str, float] = field(default_factory=dict)  # the objective's own (losses.LossTotals)
+    optimizer_started: float = 0.0  # unix time the optimizer step began (the Timeline's forward/backward end)
 
 
 def train_step(
@@ -228,6 +230,7 @@ def train_step(
         clipped += out.num_clipped
     for _ in range(padding):
         _padding_micro_batch(backend, t.kl_coef > 0)
+    optimizer_started = time.time()
     step_info = backend.optimizer_step()
     if ranks.world_size > 1:
         sums = ranks.reduce([total_loss, total_entropy, total_w, total_w2, total_kl, total_tokens, clipped, lag_sum,
@@ -243,7 +246,7 @@ def train_step(
         loss=total_loss, entropy=total_entropy / tokens, ess=effective_sample_size(total_w, total_w2, total_tokens),
         kl=total_kl / tokens, clip_fraction=clipped / tokens, lag_mean=lag_sum / tokens, lag_max=lag_max,
         lag_counts=lag_counts.tolist(), num_tokens=total_tokens, num_samples=len(samples), rank_sample_ids=[sample.sample_id for sample in share],
-        loss_metrics=totals.metrics(settings),
+        loss_metrics=totals.metrics(settings), optimizer_started=optimizer_started,
     )
     return stats, step_info
 
@@ -283,6 +286,8 @@ class Trainer:
         self.dropped_stale_tokens = 0
         self.trained_tokens = 0
         self.train_records = TrainRecords.for_run(config, self.run_dir)
+        # The run page's Timeline: this rank's phases (waiting, forward/backward, optimizer, broadcast).
+        self.timeline = TrainerTimeline(TimelineWriter(self.run_dir, "trainer", trainer_rank_name(self.ranks.rank)))
 
     def resume(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text())
@@ -415,9 +420,13 @@ class Trainer:
                 self.restore_counters(start)
                 break
             assert samples is not None
+            self.timeline.phase("wait")
+            self.timeline.dropped_stale(self.dropped_stale - start[2])
             started = time.monotonic()
             records = self.train_records if self.train_records.wants(self.backend.version + 1) else None
             stats, step_info = train_step(self.backend, samples, self.config, self.ranks, records)
+            self.timeline.phase("forward_backward", stats.optimizer_started)
+            self.timeline.phase("optimizer")
             self.train_records.flush(self.backend.version, self.consumed)  # written on its own thread
             # Every run records which samples each step trained: a resume's "each sample trained
             # once" is checked from this file (single rank too: one short line per step).
@@ -426,6 +435,7 @@ class Trainer:
             self.trained_tokens += stats.num_tokens
             sync = self.broadcast()
             self.publish()
+            self.timeline.phase("broadcast", version=self.backend.version)
             now = time.monotonic()
             elapsed = max(1e-9, now - last_end)
             last_end = now
@@ -459,6 +469,7 @@ class Trainer:
             self.sink.log(version, metrics)
             if t.checkpoint_every and version % t.checkpoint_every == 0 and version < t.max_steps:
                 self.save_checkpoint()
+                self.timeline.phase("checkpoint")
         self.save_checkpoint()
         self.train_records.close()
         self.publish(done=True)
