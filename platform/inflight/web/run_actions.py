@@ -26,7 +26,7 @@ from inflight.runs.selectors import leaderboard_page, runs_visible_to, visible_r
 from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
 from inflight.web import group_compare
 from inflight.web import views as base_views
-from inflight.web.config_form import config_from_post, form_values, changed_fields, parse_yaml_config, resolved_values
+from inflight.web.config_form import form_values, changed_fields, parse_yaml_config, resolved_values
 from inflight.web.selectors import LIST_PICKABLE_COLUMNS, TRIAGE_METRICS, config_diff, triage
 
 LIST_COLUMNS = [("id", "#"), ("name", "Name"), ("owner", "Owner"), ("mode", "Mode"), ("queue", "Queue"), ("status", "Status"), ("created", "Created"), ("started", "Started")]
@@ -142,14 +142,9 @@ def run_clone(request: HttpRequest, run_id: int) -> HttpResponse:
         context = base_views._create_context(request, source_values, {}, {}, yaml.safe_dump(source_values, sort_keys=False), "form", "")
         return render(request, "inflight/run_create.html", {**context, **_clone_context(source, from_step, source_values, source_values)})
 
-    tab = "yaml" if request.POST.get("mode") == "yaml" else "form"
-    raw: dict[str, str] = {}
-    if tab == "yaml":
-        data, problem = parse_yaml_config(request.POST.get("config_yaml", ""))
-        errors: dict[str, list[str]] = {"config": [problem]} if problem else {}
-        data = data or {}
-    else:
-        data, errors, raw = config_from_post(request.POST)
+    # Read and refused as the new-run page's submission is (views.read_submission).
+    submission = base_views.read_submission(request)
+    data, errors = submission.data, submission.errors
     fork_path = source_values["model"]["path"] if from_step is not None else None
     if not errors:
         try:
@@ -164,10 +159,11 @@ def run_clone(request: HttpRequest, run_id: int) -> HttpResponse:
         else:
             messages.success(request, f"Run #{run.pk} “{run.name}” queued on the {run.queue} queue (from #{source.pk}).")
             return redirect("web:run_detail", run_id=run.pk)
+    else:
+        submission.add_schema_errors()
     values = resolved_values(data)
-    context = base_views._create_context(request, values, errors, raw, request.POST.get("config_yaml", "") if tab == "yaml" else yaml.safe_dump(values, sort_keys=False), tab, "")
-    if tab == "yaml":
-        context["yaml_errors"] = [f"{path}: {m}" if path != "config" else m for path, items in errors.items() for m in items]
+    context = base_views._create_context(request, values, errors, submission.raw, submission.shown_yaml(values), submission.tab, "")
+    context["yaml_errors"] = submission.yaml_errors(errors)
     return render(request, "inflight/run_create.html", {**context, **_clone_context(source, from_step, source_values, values)}, status=400)
 
 

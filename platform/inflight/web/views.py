@@ -8,6 +8,7 @@ redirecting to the login page.
 from __future__ import annotations
 
 from functools import wraps
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import yaml
@@ -169,6 +170,46 @@ def _schema_errors(data: dict[str, Any]) -> dict[str, list[str]]:
     return {}
 
 
+@dataclass
+class Submission:
+    """A create page's submission, a new run's or a clone's, read one way: which tab sent it
+    (`form` or `yaml`), the config it holds, what could not be read (path → messages), the form's
+    texts as typed and the YAML tab's text."""
+
+    tab: str
+    data: dict[str, Any]
+    errors: dict[str, list[str]]
+    raw: dict[str, str]
+    yaml_text: str
+
+    def add_schema_errors(self) -> None:
+        """A submission refused while being read also shows what the schema says about the fields
+        that did parse (an unknown key among them), so one round trip names every problem."""
+        for path, items in _schema_errors(self.data).items():
+            self.errors.setdefault(path, items)
+
+    def shown_yaml(self, values: dict[str, Any]) -> str:
+        """The YAML tab's text on the page answering it: as sent, or the form's values."""
+        return self.yaml_text if self.tab == "yaml" else yaml.safe_dump(values, sort_keys=False)
+
+    def yaml_errors(self, errors: dict[str, list[str]]) -> list[str]:
+        """The YAML tab's list of the refusal's problems, each with the path it is about (none for
+        the form tab, whose problems sit next to their fields)."""
+        if self.tab != "yaml":
+            return []
+        return [f"{path}: {m}" if path != "config" else m for path, items in errors.items() for m in items]
+
+
+def read_submission(request: HttpRequest) -> Submission:
+    """The create page's POST (run_create and run_clone alike): the YAML tab's text or the form's fields."""
+    if request.POST.get("mode") == "yaml":
+        yaml_text = request.POST.get("config_yaml", "")
+        data, problem = parse_yaml_config(yaml_text)
+        return Submission("yaml", data or {}, {"config": [problem]} if problem else {}, {}, yaml_text)
+    data, errors, raw = config_from_post(request.POST)
+    return Submission("form", data, errors, raw, "")
+
+
 def _apply_start_from(request: HttpRequest, data: dict[str, Any], errors: dict[str, list[str]]) -> None:
     """The form's "start from checkpoint" choice, resolved here, server-side: the model is that
     checkpoint's directory (one of the user's own runs'), or an error on `start_from`."""
@@ -224,16 +265,8 @@ def run_create(request: HttpRequest) -> HttpResponse:
         context = _create_context(request, values, errors, {}, yaml.safe_dump(values, sort_keys=False), "form", preset)
         return render(request, "inflight/run_create.html", context)
 
-    tab = "yaml" if request.POST.get("mode") == "yaml" else "form"
-    yaml_text = request.POST.get("config_yaml", "")
-    raw: dict[str, str] = {}
-    if tab == "yaml":
-        data, problem = parse_yaml_config(yaml_text)
-        errors: dict[str, list[str]] = {"config": [problem]} if problem else {}
-        data = data or {}
-    else:
-        data, errors, raw = config_from_post(request.POST)
-        yaml_text = ""
+    submission = read_submission(request)
+    data, errors = submission.data, submission.errors
     _apply_start_from(request, data, errors)
     if not errors and sweep_form.asked(request):
         # The Sweep panel (web/sweep_form.py): the form's config as the base of a sweep.
@@ -254,14 +287,10 @@ def run_create(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Run #{run.pk} “{run.name}” queued on the {run.queue} queue.")
             return redirect("web:run_detail", run_id=run.pk)
     else:
-        # Also show what the schema says about the fields that did parse.
-        for path, items in _schema_errors(data).items():
-            errors.setdefault(path, items)
+        submission.add_schema_errors()
     values = resolved_values(data)
-    if tab == "form":
-        yaml_text = yaml.safe_dump(values, sort_keys=False)
-    context = _create_context(request, values, errors, raw, yaml_text, tab, request.POST.get("preset", ""))
-    context["yaml_errors"] = [f"{path}: {m}" if path != "config" else m for path, items in errors.items() for m in items] if tab == "yaml" else []
+    context = _create_context(request, values, errors, submission.raw, submission.shown_yaml(values), submission.tab, request.POST.get("preset", ""))
+    context["yaml_errors"] = submission.yaml_errors(errors)
     return render(request, "inflight/run_create.html", context, status=400)
 
 
