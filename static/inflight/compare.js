@@ -94,6 +94,13 @@
     copy.textContent = "Link copied";
   });
 
+  // A curve's name says which env ran it when the compared runs differ in env (a tool-using run
+  // against a plain math one), so the legend alone tells them apart.
+  var mixedEnvs = page.runs.some(function (run) { return run.env !== page.runs[0].env; });
+  function runLabel(run) {
+    return "#" + run.id + " " + run.name + (mixedEnvs ? " [" + run.env + "]" : "");
+  }
+
   function render() {
     var chosen = Array.from(select.selectedOptions).map(function (o) { return o.value; });
     saveState(chosen);
@@ -115,7 +122,7 @@
         if (run.step_offset && controls.axis !== "time") {
           columns.step = columns.step.map(function (s) { return s + run.step_offset; });
         }
-        traces = traces.concat(C.seriesTraces("#" + run.id + " " + run.name, columns, controls.axis, controls.smoothing, C.PALETTE[r % C.PALETTE.length], ctx));
+        traces = traces.concat(C.seriesTraces(runLabel(run), columns, controls.axis, controls.smoothing, C.PALETTE[r % C.PALETTE.length], ctx));
       });
       C.draw(plot, traces, C.layout(controls.axis, ""));
     });
@@ -180,7 +187,16 @@
     });
     return traces;
   }
-  document.querySelectorAll('input[name="band"]').forEach(function (radio) {
+  // The time-to-target form keeps the view as it is now (the address is kept up to date as the
+  // view changes; the form's hidden fields are the view the page was loaded with).
+  var targetForm = document.querySelector("#time-to-target form");
+  if (targetForm) targetForm.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var params = new URLSearchParams(location.search);
+    params.set("target", targetForm.querySelector('input[name="target"]').value);
+    location.search = params.toString();
+  });
+  document.querySelectorAll('#compare-groups input[name="band"]').forEach(function (radio) {
     radio.addEventListener("change", function () {
       page.band = radio.value;
       page.band_words = radio.parentNode.textContent.trim();

@@ -53,7 +53,11 @@
     var tr = el("tr", { "data-id": r.id, "data-step": r.step, "data-correct": r.correct ? "1" : "0", "class": "rollout-row" });
     tr.appendChild(el("td", { "class": "num" }, r.step));
     tr.appendChild(el("td", { "class": "mono clip", title: r.prompt }, r.prompt));
-    tr.appendChild(el("td", { "class": "mono clip" }, r.response));
+    var response = el("td", { "class": "mono clip" }, r.response);
+    if (r.tool_calls) { // a multi-turn sample: how many times it called the tool, before its text
+      response.insertBefore(el("span", { "class": "tool-badge", title: "tool calls in this sample" }, r.tool_calls + (r.tool_calls === 1 ? " tool call" : " tool calls")), response.firstChild);
+    }
+    tr.appendChild(response);
     tr.appendChild(el("td", { "class": "num" }, Number(r.reward).toFixed(2)));
     tr.appendChild(el("td", {}, r.correct ? "✓" : "✗"));
     tr.appendChild(el("td", { "class": "num" }, r.length));
@@ -149,21 +153,76 @@
       return;
     }
     var seen = [];
-    current.tokens.forEach(function (piece, i) {
+    var mask = current.completion_mask; // null: every token the policy's
+    var anyTool = false;
+    var previousPolicy = null; // the version of the last policy token drawn (switches skip tool output)
+
+    // One token. A tool's output (mask 0) is context, not the policy's: no version, logprob or
+    // ratio to show, so it is drawn apart and never coloured by them.
+    function tokenSpan(i) {
+      var piece = current.tokens[i];
+      if (mask && !mask[i]) {
+        anyTool = true;
+        return el("span", { "class": "tok tok-tool", "data-tool": "1", title: "tool output: context only, not sampled by the policy (no version, logprob or ratio), not trained" }, piece);
+      }
       var v = current.versions[i];
-      var span = el("span", { "class": "tok", "data-version": v, title: "v" + v + " · logprob " + current.logprobs[i].toFixed(3) + (current.ratios ? " · ratio " + current.ratios[i].toFixed(3) : "") }, piece);
+      var ratio = current.ratios ? current.ratios[i] : null;
+      var span = el("span", { "class": "tok", "data-version": v, title: "v" + v + " · logprob " + current.logprobs[i].toFixed(3) + (ratio !== null && ratio !== undefined ? " · ratio " + ratio.toFixed(3) : "") }, piece);
+      if (ratio !== null && ratio !== undefined) span.dataset.ratio = ratio.toFixed(4);
       if (colourBy === "version") span.style.background = versionColour(v);
       else if (colourBy === "logprob") span.style.background = logprobColour(current.logprobs[i]);
-      else if (current.ratios) span.style.background = ratioColour(current.ratios[i]);
+      else if (ratio !== null && ratio !== undefined) span.style.background = ratioColour(ratio);
       if (current.version_switches.indexOf(i) >= 0) {
         span.classList.add("tok-switch");  // not "switch": that is the form toggle's class (a flex block)
-        span.title += " · weights updated here (v" + current.versions[i - 1] + " → v" + v + ")";
+        span.title += " · weights updated here (v" + previousPolicy + " → v" + v + ")";
       }
+      previousPolicy = v;
       if (seen.indexOf(v) < 0) seen.push(v);
-      tokensEl.appendChild(span);
-    });
+      return span;
+    }
+
+    if (current.turns && current.turns.length) {
+      // A multi-turn sample: each turn its own block, in order (a model turn's versions and an
+      // update that landed before it; a tool turn's status and seconds).
+      var covered = 0;
+      current.turns.forEach(function (turn, t) {
+        var block = el("div", { "class": "turn turn-" + turn.kind, "data-kind": turn.kind, "data-turn": t });
+        var head = el("div", { "class": "turn-head" });
+        if (turn.kind === "tool") {
+          head.appendChild(el("b", {}, "Tool output"));
+          head.appendChild(el("span", { "class": "tool-status tool-status-" + (turn.status || "unknown"), "data-status": turn.status || "" }, turn.status || "no status"));
+          head.appendChild(el("span", { "class": "muted" }, (turn.seconds === null || turn.seconds === undefined ? "—" : Number(turn.seconds).toFixed(2) + " s") +
+            " · " + (turn.end - turn.start) + " tokens · context only: not trained, no ratio"));
+        } else {
+          head.appendChild(el("b", {}, "Model turn"));
+          var versions = turn.versions || [];
+          head.appendChild(el("span", { "class": "muted turn-versions" }, versions.length ? "v" + versions.join(" → v") + (versions.length > 1 ? " (weights updated inside this turn)" : "") : "no tokens"));
+          if (turn.updated_before) {
+            head.appendChild(el("span", { "class": "turn-update", title: "the trainer's weights reached the servers between the previous model turn and this one" },
+              "weights updated before this turn: v" + turn.updated_before.from + " → v" + turn.updated_before.to));
+          }
+        }
+        block.appendChild(head);
+        var body = el("div", { "class": "turn-tokens" });
+        for (var i = turn.start; i < turn.end; i++) body.appendChild(tokenSpan(i));
+        covered += turn.end - turn.start;
+        block.appendChild(body);
+        tokensEl.appendChild(block);
+      });
+      if (covered < current.tokens.length) { // tokens no turn names (a malformed record): still shown
+        var rest = el("div", { "class": "turn" });
+        rest.appendChild(el("div", { "class": "turn-head muted" }, "tokens outside the recorded turns"));
+        var inTurn = new Array(current.tokens.length).fill(false);
+        current.turns.forEach(function (turn) { for (var j = turn.start; j < turn.end; j++) inTurn[j] = true; });
+        inTurn.forEach(function (inside, j) { if (!inside) rest.appendChild(tokenSpan(j)); });
+        tokensEl.appendChild(rest);
+      }
+    } else {
+      current.tokens.forEach(function (_, i) { tokensEl.appendChild(tokenSpan(i)); });
+    }
     if (colourBy === "version") seen.forEach(legendItem);
     else legend.appendChild(el("span", { "class": "muted" }, colourBy === "logprob" ? "darker red = less likely under the sampling policy" : "blue: ratio < 1, red: ratio > 1 (trainer vs sampler)"));
+    if (anyTool) legend.appendChild(el("span", { "class": "legend-item tok-tool", "data-tool": "1" }, "tool output (not the policy's)"));
   }
 
   function legendItem(v) {
@@ -179,7 +238,8 @@
       document.getElementById("sample-title").textContent = "Step " + s.step + " · " + s.sample_id;
       document.getElementById("sample-meta").textContent = "reward " + s.reward + " · " + (s.correct ? "correct" : "wrong") + " · extracted " + (s.extracted || "—") +
         " · advantage " + s.advantage.toFixed(3) + " · " + s.length + " tokens · versions v" + s.min_version + "–v" + s.max_version +
-        (s.version_switches.length ? " · switched at token " + s.version_switches.join(", ") : "") + " · max lag " + s.max_lag + " · " + s.finish_reason;
+        (s.version_switches.length ? " · switched at token " + s.version_switches.join(", ") : "") + " · max lag " + s.max_lag + " · " + s.finish_reason +
+        (s.turns ? " · " + s.turns.length + " turns, " + s.tool_calls + " tool call" + (s.tool_calls === 1 ? "" : "s") : "") + (s.env ? " · env " + s.env : "");
       document.getElementById("sample-prompt").textContent = s.prompt_text;
       var ratioInput = document.getElementById("colour-ratio");
       ratioInput.disabled = !s.ratios;
@@ -202,7 +262,8 @@
       current = p;
       current.kind = "eval";
       document.getElementById("sample-title").textContent = p.benchmark + " step " + p.step + " · " + p.problem_id;
-      document.getElementById("sample-meta").textContent = "answer " + p.answer + " · mean " + p.mean.toFixed(2) + " · " + (p.pass ? "solved" : "not solved") + " · policy v" + (p.policy_versions || []).join(", v");
+      document.getElementById("sample-meta").textContent = "answer " + p.answer + " · mean " + p.mean.toFixed(2) + " · " + (p.pass ? "solved" : "not solved") +
+        (p.used_tool === true ? " · used the tool" : p.used_tool === false ? " · no tool call" : "") + " · policy v" + (p.policy_versions || []).join(", v");
       // The problem as asked (evaluations stored before it was recorded have only its id).
       document.getElementById("sample-prompt").textContent = p.problem || "(the benchmark's problem " + p.problem_id + ")";
       document.getElementById("sample-group").classList.add("hidden");

@@ -292,8 +292,32 @@
   }
 
   function plotFor(group) {
-    if (!plots[group.id]) plots[group.id] = C.chartCard(chartsEl, group.id, group.title);
+    if (!plots[group.id]) {
+      plots[group.id] = C.chartCard(group.section ? sectionFor(group.section).grid : chartsEl, group.id, group.title);
+      // A chart's `help` (web/charts.py): what each of its series is, on hovering its title.
+      if (group.help) plots[group.id].parentNode.querySelector("h3").title = group.help;
+    }
     return plots[group.id];
+  }
+
+  // A chart with a `section` (web/charts.py: the Tools charts of a multi-turn env) goes into that
+  // section's own block, a heading over its own grid, made when its first chart has data: a run
+  // that logs none of its series has no such block.
+  var sections = {};
+  function sectionFor(title) {
+    if (!sections[title]) {
+      var box = document.createElement("section");
+      box.className = "chart-section";
+      box.id = "charts-section-" + title.toLowerCase().replace(/[^a-z0-9]+/g, "-");
+      var heading = document.createElement("h2");
+      heading.textContent = title;
+      var grid = document.createElement("div");
+      grid.className = "charts";
+      box.appendChild(heading);
+      box.appendChild(grid);
+      sections[title] = { box: box, grid: grid };
+    }
+    return sections[title];
   }
 
   function scheduleRender() {
@@ -314,7 +338,9 @@
       var columns = state.columns(name);
       buckets += columns.b.length;
       var color = nextColor(byGroup[group.id]);
-      byGroup[group.id].traces = byGroup[group.id].traces.concat(C.seriesTraces(name, columns, controls.axis, controls.smoothing, color, ctx));
+      // A group's `labels` say what a series is (the Tools charts); the metric's name otherwise.
+      var label = (group.labels && group.labels[name]) || name;
+      byGroup[group.id].traces = byGroup[group.id].traces.concat(C.seriesTraces(label, columns, controls.axis, controls.smoothing, color, ctx));
     });
     addEvalTraces(byGroup, order, ctx);
     // Keep the configured chart order, extra prefixes after.
@@ -328,7 +354,12 @@
     order.forEach(function (id) {
       var entry = byGroup[id];
       var plot = plotFor(entry.group);
-      chartsEl.appendChild(plot.parentNode); // keeps DOM order = chart order
+      if (entry.group.section) {
+        chartsEl.appendChild(sectionFor(entry.group.section).box); // the block stands where its charts' order puts it
+        sections[entry.group.section].grid.appendChild(plot.parentNode);
+      } else {
+        chartsEl.appendChild(plot.parentNode); // keeps DOM order = chart order
+      }
       var chartLayout = C.layout(controls.axis, entry.group.y);
       // Alerts are marked where they fired (rollouts.js draws the marks).
       if (window.inflightAlertMarks) chartLayout.shapes = window.inflightAlertMarks(controls.axis, ctx);

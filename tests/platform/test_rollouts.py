@@ -174,7 +174,7 @@ def test_page_json_endpoints_and_rollouts_tab(client, owner, other_user, stored)
 def test_exports(owner_api, owner, stored) -> None:
     services.ingest_metrics(stored.pk, [PointIn(line=0, name="train/loss", step=1, t=10.0, value=0.5), PointIn(line=1, name="train/loss", step=2, t=11.0, value=0.25)])
     evaluations.ingest_eval(stored.pk, {"benchmark": "math500", "step": 2, "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 2},
-                         [{"problem_id": "p1", "answer": "3", "samples": ["a", "b"], "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True}])
+                         [{"problem_id": "p1", "answer": "3", "samples": ["a", "b"], "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": None}])
     base = f"/api/runs/{stored.pk}/export/"
     rows = list(csv.DictReader(io.StringIO(b"".join(owner_api.get(base + "metrics.csv").streaming_content).decode())))
     assert [(r["name"], r["step"], float(r["value"])) for r in rows] == [("train/loss", "1", 0.5), ("train/loss", "2", 0.25)]
@@ -186,7 +186,7 @@ def test_exports(owner_api, owner, stored) -> None:
     assert len(lines) == 24 and json.loads(lines[21])["versions"] == [4, 4, 5, 5]
     evals = [json.loads(line) for line in b"".join(owner_api.get(base + "evals.jsonl").streaming_content).decode().splitlines()]
     assert evals == [{"benchmark": "math500", "step": 2, "k": 2, "policy_versions": [], "problem_id": "p1", "answer": "3", "samples": ["a", "b"],
-                      "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True}]
+                      "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": None}]
     response = owner_api.get(base + "nope.txt")
     assert response.status_code == 404 and "metrics.csv" in response.json()["error"]
 

@@ -348,6 +348,7 @@ class EvalProblem(Answer):
     mean: float
     # `pass` is a Python keyword: the attribute is pass_, the field (in answers and the document) `pass`.
     pass_: bool = Field(alias="pass", description="At least one of the k samples is correct.")
+    used_tool: bool | None = Field(description="Its samples called a tool (a tool-using env); null: not recorded.")
 
 
 class EvalDetail(Eval):
@@ -362,6 +363,7 @@ LeaderboardRow = create_model(  # the summary figures are runs.summaries' (one o
     owner=(str, ...),
     status=(RunStatusValue, ...),
     mode=(str | None, ...),
+    env=(str, Field(description="The run's environment (env.name): math, math_python_tool, custom.")),
     created_at=(datetime, ...),
     wall_time_s=(float | None, ...),
     **{figure: (float | None, ...) for figure in SUMMARY_FIGURES},
@@ -452,6 +454,20 @@ class RolloutSummary(Answer):
     max_version: int
     max_lag: int
     extracted: str
+    tool_calls: int = Field(description="Tool calls the sample made (0 for a single-turn env).")
+    env: str = Field(description="The environment that produced it (`math`, `math_python_tool`, ...); empty: not recorded.")
+
+
+class RolloutTurn(Answer):
+    kind: Literal["model", "tool"] = Field(description="model: tokens the policy sampled; tool: the tool's output (context only, never trained).")
+    start: int = Field(description="First completion token of the turn.")
+    end: int = Field(description="One past its last completion token.")
+    status: str | None = Field(None, description="Tool turn: ok, error, timeout, output_limit or refused.")
+    seconds: float | None = Field(None, description="Tool turn: how long the tool ran.")
+    versions: list[int] | None = Field(None, description="Model turn: the policy versions of its tokens, in order.")
+    updated_before: dict[str, int] | None = Field(
+        None, description="Model turn: {from, to} when the weights changed since the previous model turn (an update landed between the turns)."
+    )
 
 
 class RolloutPage(Answer):
@@ -471,9 +487,11 @@ class RolloutDetail(RolloutSummary):
     versions: list[int] = Field(description="Policy version that sampled each token.")
     logprobs: list[float] = Field(description="Behaviour (sampling) logprob of each token.")
     train_logprobs: list[float] | None = Field(description="The trainer's logprob of each token, where recorded.")
-    ratios: list[float] | None = Field(description="Importance ratio exp(train - behaviour) per token.")
+    ratios: list[float | None] | None = Field(description="Importance ratio exp(train - behaviour) per token; null at a tool's tokens (not the policy's).")
     ratios_missing: str | None = Field(description="Why there are no ratios.")
-    version_switches: list[int] = Field(description="Token indices where the policy version changes.")
+    version_switches: list[int] = Field(description="Token indices where the policy version changes (among the policy's tokens).")
+    completion_mask: list[int] | None = Field(description="Per token: 1 = sampled by the policy, 0 = a tool's output (version -1, logprob 0). Null: every token the policy's.")
+    turns: list[RolloutTurn] | None = Field(description="A multi-turn sample's turns in order; null: one model turn.")
 
 
 class RolloutSibling(RolloutSummary):

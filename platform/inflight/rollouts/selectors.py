@@ -29,7 +29,7 @@ def summary_json(row: StoredRollout) -> dict[str, Any]:
         "prompt": _short(row.problem_text or row.prompt_text), "response": _short(row.completion_text), "reward": row.reward,
         "correct": row.correct, "length": row.length, "versions_spanned": row.versions_spanned,
         "min_version": row.min_version, "max_version": row.max_version, "max_lag": row.max_lag,
-        "extracted": row.extracted,
+        "extracted": row.extracted, "tool_calls": row.tool_calls, "env": row.env,
     }
 
 
@@ -48,21 +48,64 @@ def detail_json(row: StoredRollout, kl_coef: float) -> dict[str, Any]:
     """The whole sample: text, and per token its text, version and behaviour logprob; the
     importance ratio exp(train - behaviour) where the trainer's logprobs were recorded, else
     `ratios_missing` says why (`kl_coef`: the run's, `trainer_kl_coef`)."""
-    ratios = None
+    mask = row.completion_mask if row.completion_mask is not None else [1] * len(row.versions)
+    ratios: list[float | None] | None = None
     if row.train_logprobs is not None:
         import math
 
-        ratios = [math.exp(min(50.0, t - b)) for t, b in zip(row.train_logprobs, row.logprobs)]
+        # A tool's output is context, never trained: it has no behaviour policy, so no ratio.
+        ratios = [math.exp(min(50.0, t - b)) if bit else None for t, b, bit in zip(row.train_logprobs, row.logprobs, mask)]
     missing = None
     if ratios is None:
         missing = NO_RATIOS_YET if carries_gradient(row.advantage, kl_coef) else NO_RATIOS_ZERO_ADVANTAGE
-    switches = [i for i in range(1, len(row.versions)) if row.versions[i] != row.versions[i - 1]]
+    switches = version_switches(row.versions, mask)
     return {
         **summary_json(row), "prompt_id": row.prompt_id, "prompt_text": row.prompt_text,
         "completion_text": row.completion_text, "advantage": row.advantage, "finish_reason": row.finish_reason,
         "tokens": row.tokens, "token_ids": row.token_ids, "versions": row.versions, "logprobs": row.logprobs,
         "train_logprobs": row.train_logprobs, "ratios": ratios, "ratios_missing": missing, "version_switches": switches,
+        "completion_mask": row.completion_mask, "turns": turns_json(row.turns, row.versions, mask),
     }
+
+
+def version_switches(versions: list[int], mask: list[int]) -> list[int]:
+    """Token indices where the policy version changes, counting the policy's tokens only: a tool's
+    output (mask 0, version -1) sits between two model turns, and an update that landed while the
+    tool ran shows at the next turn's first token."""
+    switches, previous = [], None
+    for index, (version, bit) in enumerate(zip(versions, mask)):
+        if not bit:
+            continue
+        if previous is not None and version != previous:
+            switches.append(index)
+        previous = version
+    return switches
+
+
+def turns_json(turns: list[dict[str, Any]] | None, versions: list[int], mask: list[int]) -> list[dict[str, Any]] | None:
+    """The stored turns with what the viewer says of each: a model turn's policy versions (in
+    order) and `updated_before` ({from, to}) when the weights changed since the previous model
+    turn's last token (an update landed between the turns, e.g. while the tool ran); a tool turn
+    as stored (status, seconds). None for a single-turn sample."""
+    if not turns:
+        return None
+    out, last_version = [], None
+    for turn in turns:
+        item = dict(turn)
+        if turn["kind"] == "model":
+            own = [versions[i] for i in range(turn["start"], turn["end"]) if mask[i]]
+            seen: list[int] = []
+            for version in own:
+                if version not in seen:
+                    seen.append(version)
+            item["versions"] = seen
+            item["updated_before"] = (
+                {"from": last_version, "to": own[0]} if own and last_version is not None and own[0] != last_version else None
+            )
+            if own:
+                last_version = own[-1]
+        out.append(item)
+    return out
 
 
 @dataclass

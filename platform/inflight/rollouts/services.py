@@ -71,6 +71,49 @@ def _prompt_texts(decoder: TokenDecoder, prompt_ids: list[int], decoded: dict[tu
     return decoded[key]
 
 
+TURN_KINDS = ("model", "tool")
+
+
+def completion_mask(record: dict[str, Any], length: int) -> list[int] | None:
+    """The sample's `completion_mask` (1 = the policy's token, 0 = a tool's output) as stored:
+    None when it is absent or all ones (a single-turn sample: nothing to tell apart)."""
+    mask = record.get("completion_mask")
+    if mask is None:
+        return None
+    if not isinstance(mask, list) or len(mask) != length:
+        raise ValueError("completion_mask differs in length from completion_token_ids")
+    values = [1 if int(bit) else 0 for bit in mask]
+    return None if all(values) else values
+
+
+def sample_turns(metadata: dict[str, Any], length: int) -> list[dict[str, Any]] | None:
+    """`metadata["turns"]` as the viewer reads it: each turn's kind, its completion-token span
+    (clamped to the sample) and, for a tool turn, its status and seconds. None when absent or not
+    in the contract's shape: the sample is still shown, token by token, without turns."""
+    turns = metadata.get("turns")
+    if not isinstance(turns, list) or not turns:
+        return None
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        if not isinstance(turn, dict) or turn.get("kind") not in TURN_KINDS:
+            return None
+        try:
+            start, end = max(0, min(length, int(turn["start"]))), max(0, min(length, int(turn["end"])))
+        except (KeyError, TypeError, ValueError):
+            return None
+        item: dict[str, Any] = {"kind": turn["kind"], "start": start, "end": max(start, end)}
+        if turn["kind"] == "tool":
+            status = str(turn.get("status") or "")
+            # An unknown status is shown as written (an env's own), cut to what a badge holds.
+            item["status"] = status[:32]
+            try:
+                item["seconds"] = None if turn.get("seconds") is None else float(turn["seconds"])
+            except (TypeError, ValueError):
+                item["seconds"] = None
+        out.append(item)
+    return out
+
+
 def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], decoder: TokenDecoder, now: float,
          decoded: dict[tuple[int, ...], tuple[str, str]] | None = None) -> StoredRollout:
     ids = [int(i) for i in record["completion_token_ids"]]
@@ -80,7 +123,15 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         raise ValueError("completion_token_ids, token_versions and behaviour_logprobs differ in length")
     metadata = record.get("metadata") or {}
     train_logprobs = metadata.get("train_logprobs")
-    min_version = min(versions, default=0)
+    mask = completion_mask(record, len(ids))
+    # Tool tokens carry version -1 (no policy sampled them): a sample's versions and lag are its
+    # policy tokens' only.
+    policy_versions = versions if mask is None else [v for v, bit in zip(versions, mask) if bit]
+    min_version = min(policy_versions, default=0)
+    try:
+        tool_calls = max(0, int(metadata.get("tool_calls") or 0))
+    except (TypeError, ValueError):
+        tool_calls = 0
     extracted = metadata.get("extracted")
     prompt, problem = _prompt_texts(decoder, [int(i) for i in record.get("prompt_token_ids") or []], {} if decoded is None else decoded)
     return StoredRollout(
@@ -92,8 +143,9 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         logprobs=logprobs, versions=versions,
         train_logprobs=[float(x) for x in train_logprobs] if isinstance(train_logprobs, list) and len(train_logprobs) == len(ids) else None,
         reward=float(record["reward"]), correct=bool(record["success"]), advantage=float(record.get("advantage", 0.0)),
-        length=len(ids), min_version=min_version, max_version=max(versions, default=0),
-        versions_spanned=len(set(versions)), max_lag=max(0, (step - 1) - min_version),
+        completion_mask=mask, turns=sample_turns(metadata, len(ids)), tool_calls=tool_calls, env=_text(str(metadata.get("env") or ""))[:64],
+        length=len(ids), min_version=min_version, max_version=max(policy_versions, default=0),
+        versions_spanned=len(set(policy_versions)), max_lag=max(0, (step - 1) - min_version),
         extracted="" if extracted is None else _text(str(extracted)[:200]), finish_reason=str(record.get("finish_reason", ""))[:16], t=now,
     )
 

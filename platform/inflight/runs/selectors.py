@@ -15,6 +15,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from inflight.runs.models import RUN_WALL_TIME_SQL, EvalProblemResult, EvalScore, MetricPoint, Run, Worker
+from inflight.runs.run_env import run_env_name
 from inflight.runs.run_filters import RunFilters, filter_runs
 from inflight.runs.summaries import SUMMARY_FIGURES, refresh_summaries
 
@@ -172,6 +173,7 @@ def leaderboard_page(
             "owner": run.owner.get_username(),
             "status": run.status,
             "mode": run.config.get("mode"),
+            "env": run_env_name(run.config),  # a tool-using run is told apart from a plain math one
             "created_at": run.created_at,
             "wall_time_s": run.wall_time_s,
             "throughput": summary.throughput,

@@ -15,6 +15,54 @@ step 1, a zero gradient) is the run failing to learn, the thing its page must sh
 
 from __future__ import annotations
 
+import re
+
+from rl_core.common import metric_names as m
+
+
+def _exact(*names: str) -> list[str]:
+    return [f"^{re.escape(name)}$" for name in names]
+
+
+def _help(*names: str) -> str:
+    """A chart's hover help: what each of its series is, in metric_names' words (their one source)."""
+    return "\n".join(f"{name}: {m.DESCRIPTIONS[name]}" for name in names)
+
+
+# Legend names of the Tools charts' series: short enough for a chart's legend, each saying what the
+# curve is (the chart's title says of what; its hover help has metric_names' full description).
+TOOL_LABELS: dict[str, str] = {
+    m.SUCCESS_WITH_TOOL: "samples that called the tool",
+    m.SUCCESS_WITHOUT_TOOL: "samples that answered without it",
+    m.TOOL_CALLS_PER_SAMPLE: "tool calls per sample",
+    m.ENV_TURNS_PER_SAMPLE: "turns per sample (model + tool)",
+    m.TOOL_CALL_SHARE: "samples calling the tool",
+    m.TOOL_ERROR_SHARE: "calls ending in an error",
+    m.TOOL_TIMEOUT_SHARE: "calls timed out",
+    m.TOOL_WAIT_SHARE: "rollout time waiting on tools",
+    m.TOOL_SECONDS_MEAN: "seconds per call (mean)",
+    m.ENV_PREFIX_REUSE_TOKENS: "prefix tokens reused",
+}
+
+
+def _tools_chart(chart_id: str, title: str, y: str, *names: str, **extra: object) -> dict[str, object]:
+    return {"id": chart_id, "title": title, "section": "Tools", "patterns": _exact(*names), "y": y,
+            "labels": {name: TOOL_LABELS[name] for name in names}, "help": _help(*names), **extra}
+
+
+# A multi-turn env's series (issue 34), drawn together under one "Tools" heading on the run page
+# (run_page.js: a chart with `section`); a run whose env calls no tool logs none of them, so it
+# has no Tools charts at all. One unit per chart, as everywhere: rates, counts, shares, seconds, tokens.
+TOOL_CHARTS: list[dict[str, object]] = [
+    _tools_chart("tool_success", "Success rate with vs without a tool call", "success rate",
+                 m.SUCCESS_WITH_TOOL, m.SUCCESS_WITHOUT_TOOL, learning_signal=True),
+    _tools_chart("tool_counts", "Tool calls and turns per sample (mean)", "per sample", m.TOOL_CALLS_PER_SAMPLE, m.ENV_TURNS_PER_SAMPLE),
+    _tools_chart("tool_shares", "Tool use, errors, timeouts and waiting (shares)", "share",
+                 m.TOOL_CALL_SHARE, m.TOOL_ERROR_SHARE, m.TOOL_TIMEOUT_SHARE, m.TOOL_WAIT_SHARE),
+    _tools_chart("tool_seconds", "Tool call duration", "seconds", m.TOOL_SECONDS_MEAN),
+    _tools_chart("tool_prefix", "Prefix reused across turns (server cache)", "tokens", m.ENV_PREFIX_REUSE_TOKENS),
+]
+
 CHART_GROUPS: list[dict[str, object]] = [
     {"id": "reward", "title": "Reward & success rate", "patterns": [r"^reward/", r"^success/(?!heldout_version)", r"^train/reward_mean$", r"^rollout/zero_advantage_share$"], "y": "rate", "learning_signal": True},
     {"id": "eval", "title": "Evaluations (mean@k, pass@k)", "patterns": [r"^eval/[^/]+/(mean|pass)_at_k$"], "y": "score", "learning_signal": True},
@@ -49,4 +97,5 @@ CHART_GROUPS: list[dict[str, object]] = [
     # M2PO's mask bound; GSPO's sequence ratio, whose clip range is ~1e-4 wide.
     {"id": "log_ratio", "title": "Off-policy: second moment of the log ratio, mean (log r)^2", "patterns": [r"^train/log_ratio_m2$"], "y": "nats^2"},
     {"id": "seq_ratio", "title": "Sequence ratio (GSPO): mean & spread", "patterns": [r"^train/seq_ratio_"], "y": "ratio"},
+    *TOOL_CHARTS,
 ]

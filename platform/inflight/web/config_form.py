@@ -29,6 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 # Presets offered on the create page: (key, label, YAML file under the repo root).
 PRESETS: tuple[tuple[str, str, str], ...] = (
     ("tiny-cpu", "Tiny CPU demo (arithmetic, minutes on a laptop)", "examples/tiny-cpu.yaml"),
+    # The multi-turn env (issue 34): the same demo with a Python tool the policy may call.
+    ("tiny-cpu-tools", "Tiny CPU demo with a Python tool (multi-turn: env math_python_tool)", "examples/tiny-cpu-tools.yaml"),
     ("qwen2.5-math-1.5b-math", "Qwen2.5-Math-1.5B on MATH (GPU: vLLM + DeepSpeed)", "examples/qwen2.5-math-1.5b-math.yaml"),
 )
 # What the create page opens with when no preset is asked for: the demo's values (a run that

@@ -84,6 +84,7 @@ def eval_problem_json(request: HttpRequest, run_id: int, eval_id: int) -> Any:
     return {
         "run": run.pk, "benchmark": row.eval.benchmark, "step": row.eval.step, "policy_versions": row.eval.policy_versions,
         "problem_id": row.problem_id, "problem": row.problem, "answer": row.answer, "mean": row.mean, "pass": row.passed,
+        "used_tool": row.used_tool,
         "samples": [
             {"text": text, "extracted": extracted, "correct": bool(verdict)}
             for text, extracted, verdict in zip(row.samples, row.extracted + [None] * len(row.samples), row.verdicts + [False] * len(row.samples))

@@ -21,6 +21,7 @@ from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
 from inflight.runs.group_selectors import DEFAULT_TARGET, Target, group_counts, time_to_target
 from inflight.runs.models import MetricPoint, Run
+from inflight.runs.run_env import run_env_name
 from inflight.runs.run_filters import METRIC_SORT_DESCENDING_FIRST, METRIC_SORT_KEYS, BadFilter, RunFilters, all_tags, filter_runs
 from inflight.runs.selectors import leaderboard_page, runs_visible_to, visible_run_or_404
 from inflight.runs.services import InvalidRunConfig, RunLimitExceeded, check_run_for_owner, create_run, validate_run_config
@@ -373,7 +374,7 @@ def compare(request: HttpRequest) -> HttpResponse:
     page = {
         "runs": [
             {"id": run.pk, "name": run.name, "snapshot_url": reverse("web:run_snapshot", args=[run.pk]),
-             "status": run.status, "ws_path": f"/ws/runs/{run.pk}/",  # compare.js follows each run live
+             "status": run.status, "env": run_env_name(run.config), "ws_path": f"/ws/runs/{run.pk}/",  # compare.js follows each run live
              "samples_per_step": int((run.config or {}).get("trainer", {}).get("samples_per_step", 1) or 1),
              "step_offset": _lineage_offset(run, visible_ids), "parent": run.parent_id, "parent_step": run.parent_step}
             for run in runs

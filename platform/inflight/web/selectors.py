@@ -71,6 +71,7 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
                     "answer": row.answer,
                     "mean": row.mean,
                     "passed": row.passed,
+                    "used_tool": row.used_tool,
                     "previous_mean": None if earlier is None else earlier.mean,
                     "flip": flip,
                     "extracted": [value for value in row.extracted if value is not None][:4],
@@ -89,6 +90,9 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
                 "problems": problems,
                 "flipped_up": flipped_up,
                 "flipped_down": flipped_down,
+                # A tool env's evaluation records per problem whether its samples called the tool:
+                # only then does the table have a column for it.
+                "tool_recorded": any(item["used_tool"] is not None for item in problems),
             }
         )
     return out

@@ -10,6 +10,8 @@ from django import template
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
+from inflight.runs.run_env import run_env_name
+
 register = template.Library()
 
 
@@ -82,6 +84,12 @@ def sparkline(values: Any, size: str = "120x28") -> str:
         f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{points}"/>'
         f'<circle cx="{last_x}" cy="{last_y}" r="2" fill="currentColor"/></svg>'
     )
+
+
+@register.filter
+def env_name(config: Any) -> str:
+    """A run config's env (`runs.run_env`): what marks a tool-using run beside a plain math one."""
+    return run_env_name(config if isinstance(config, dict) else None)
 
 
 @register.filter
