@@ -5,7 +5,7 @@ Runs a whole RL run standalone, in this order:
 1. validate everything that can be checked without starting anything (config fields,
    model path, task data, benchmark files, and the GPU placement: whether this node has
    the GPUs the config asks for, `cluster/placement.py`) — a bad input exits 2 with a message
-   naming the field, and nothing is written;
+   naming the field, and nothing is written (`launch/preflight.py`);
 2. build the tiny model if the config points at its default place and it is missing;
 3. write `config.yaml` and `status.json` (`starting`);
 4. start the children, each `python -m rl_core <role>` with its log in `DIR/logs/`:
@@ -14,7 +14,7 @@ Runs a whole RL run standalone, in this order:
    server `tensor_parallel_size` of them, a trainer rank one; none on CPU), and the
    ranks of a multi-rank trainer get torch.distributed's RANK/WORLD_SIZE/MASTER_* —
    the commands and environments are built by the pure functions `server_children` /
-   `trainer_children`;
+   `trainer_children` (`launch/child_specs.py`);
 5. supervise: a child that dies unexpectedly fails the run with an error naming it and
    its exit code; everything else is stopped and the metrics so far stay on disk.
    SIGTERM / Ctrl-C → graceful stop of all children → `cancelled`. The trainer reaching
@@ -43,18 +43,25 @@ from typing import Any
 from rl_core.cluster.layout import ClusterError
 from rl_core.rundir.heartbeats import trainer_rank_name
 from rl_core.rundir.role_args import role_flags
-from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, RunConfig
+from rl_core.config.run_config import RunConfig
 from rl_core.config.files import config_to_yaml, load_config_or_exit
 from rl_core.common.jsonl_tail import JsonlTail
-from rl_core.rundir.metrics import ConsoleSink, JsonlSink, MetricsMirror, MirrorUnavailable, check_mirror_sinks
-from rl_core.cluster.placement import Placement, PlacementError, check_placement, detect_gpus
+from rl_core.rundir.metrics import ConsoleSink, JsonlSink, MetricsMirror
+from rl_core.cluster.placement import Placement, detect_gpus
 from rl_core.weights.segments import remove_run_segments
+from rl_core.launch.child_specs import ChildSpec, server_children, trainer_children
+from rl_core.launch.preflight import (
+    LaunchError,
+    place_cluster_run,
+    place_run,
+    prepare_run_dir,
+    resolve_model_path,
+    validate_inputs,
+)
 from rl_core.launch.provenance import record_launch
 from rl_core.cluster.role_hosts import LocalHost, LostRoles, RoleHost, RoleProcess
 from rl_core.launch.watchdog import RoleHung, Watchdog
-from rl_core.rundir.resume import ResumeError, record_resume
 from rl_core.rundir.layout import (
-    CHECKPOINTS_DIR,
     CLUSTER_FILE,
     CONFIG_FILE,
     METRICS_FILE,
@@ -63,7 +70,6 @@ from rl_core.rundir.layout import (
     REDIS_PASSWORD_FILE,
     EndedReason,
     RunState,
-    clear_previous_attempt,
     ended_sentence,
     checkpoint_step,
     latest_checkpoint,
@@ -85,148 +91,10 @@ NODE_CHECK_EVERY_S = 1.0  # a cluster run asks Ray which nodes are alive this of
 CONSOLE_LOG_EVERY_S = 5.0  # progress lines when the console is not a terminal
 
 
-class LaunchError(RuntimeError):
-    """A run that cannot start or must stop; the message is what status.json shows."""
-
-    ended_reason: EndedReason = "failed"
-
-
 class HangError(LaunchError):
     """A role answered nothing for `monitoring.hang_limit_s` (rl_core/launch/watchdog.py)."""
 
     ended_reason: EndedReason = "hung"
-
-
-# --- 1. validation before anything starts ------------------------------------------
-
-
-def resolve_model_path(config: RunConfig) -> Path:
-    """The model directory, built first if it is the default tiny model and missing."""
-    path = Path(config.model.path).expanduser()
-    if not path.exists():
-        is_default = path.resolve() == Path(DEFAULT_TINY_MODEL_DIR).resolve()
-        if is_default and config.model.build_tiny_if_missing:
-            from rl_core.models.tiny_model import ensure_tiny_model
-
-            print(f"building the tiny model at {path} (first run only)", flush=True)
-            return Path(ensure_tiny_model(path)).resolve()
-        raise LaunchError(f"model.path: {config.model.path} does not exist")
-    if not (path / "config.json").is_file():
-        raise LaunchError(f"model.path: {config.model.path} is not an HF model directory (no config.json)")
-    return path.resolve()
-
-
-def validate_inputs(config: RunConfig) -> None:
-    """Task data and benchmarks: a missing file or a bad row fails now, not mid-run."""
-    from rl_core.evaluation.evaluator import get_benchmark, load_benchmark
-    from rl_core.envs.problems import load_task
-
-    if config.inference.engine == "vllm":
-        from rl_core.inference.vllm_engine import vllm_python
-
-        if vllm_python() is None:
-            raise LaunchError("inference.engine: 'vllm' but vllm is not installed (run scripts/install_vllm_cpu.sh, "
-                              "or pip install '.[gpu]' on a GPU box), or set INFLIGHT_VLLM_PYTHON")
-    try:
-        check_mirror_sinks(config.monitoring.mirror.sinks)  # a missing wandb/tensorboard fails now, naming the field
-        load_task(config.task)
-    except MirrorUnavailable as exc:
-        raise LaunchError(str(exc)) from exc
-    except (ValueError, OSError) as exc:
-        raise LaunchError(f"task: {exc}") from exc
-    from rl_core.envs.environments import class_path_error
-
-    refusal = class_path_error(config)  # a custom env: importable, and only from INFLIGHT_ENV_ROOTS
-    if refusal:
-        raise LaunchError(f"env.class_path: {refusal}")
-    for name in config.eval.benchmarks:
-        try:
-            get_benchmark(name)
-            load_benchmark(name, config.eval.data_dir, config.eval.max_problems)
-        except (ValueError, OSError) as exc:
-            raise LaunchError(f"eval.benchmarks: {exc}") from exc
-
-
-def place_run(config: RunConfig, available_gpus: list[int]) -> Placement:
-    """The GPUs of every process, or a LaunchError saying why this node cannot hold the run.
-
-    Devices are renumbered inside each process by CUDA_VISIBLE_DEVICES, so a config's
-    `cuda:N` becomes plain `cuda` in the config the children read (the placement, not the
-    device string, decides which physical GPU a process gets)."""
-    try:
-        placement = check_placement(config, available_gpus)
-    except PlacementError as exc:
-        raise LaunchError(f"placement: {exc}") from exc
-    for section in (config.inference, config.trainer):
-        if section.device.startswith("cuda"):
-            section.device = "cuda"
-    return placement
-
-
-# --- 2. what each child runs with (pure: tested without starting anything) -----------
-
-
-@dataclass(frozen=True)
-class ChildSpec:
-    """One child process: its name (log file `logs/<name>.log`), command and the
-    environment variables it gets on top of the launcher's."""
-
-    name: str
-    command: list[str]
-    env: dict[str, str]
-
-
-def server_children(config: RunConfig, placement: Placement, run_dir: str | Path, serve_model: str | Path, python: str = sys.executable,
-                    vllm_python: str | None = None, hosts: list[str | None] | None = None) -> list[ChildSpec]:
-    """One spec per inference server, each seeing only its own GPUs. A server reads its
-    settings from the run directory's config.yaml; its command line names only the run
-    directory, which server it is, the weights (the model or a resumed checkpoint) and its port.
-    `hosts`: the address each server listens on (its node's, on a cluster; None: localhost)."""
-    c = config
-    specs = []
-    for index, where in enumerate(placement.servers):
-        port = c.inference.base_port + index if c.inference.base_port else 0
-        env = where.env()
-        run_args = ["--run-dir", str(run_dir), "--server-index", str(index), "--model", str(serve_model), "--port", str(port)]
-        host = hosts[index] if hosts is not None else None
-        if host is not None:
-            run_args += ["--host", host]
-        if c.inference.engine == "vllm":
-            from rl_core.inference.vllm_engine import REPO_ROOT, server_command
-
-            # vLLM lives in its own virtualenv; it finds rl_core through PYTHONPATH.
-            # Its --tensor-parallel-size workers spread over exactly the GPUs in `env`.
-            path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-            env.update(PYTHONPATH=path, OMP_NUM_THREADS=str(c.inference.threads_per_server))
-            specs.append(ChildSpec(f"server{index}", server_command(run_args, python=vllm_python), env))
-            continue
-        specs.append(ChildSpec(f"server{index}", [python, "-m", "rl_core", "serve", *run_args], env))
-    return specs
-
-
-def trainer_children(config: RunConfig, placement: Placement, run_dir: Path, model_path: str | Path,
-                     server_urls: list[str] | None, resume: bool, master_port: int, python: str = sys.executable,
-                     master_address: str = "127.0.0.1", rank_nodes: list[int] | None = None) -> list[ChildSpec]:
-    """One spec per trainer rank. Rank 0 is named `trainer` (it publishes progress,
-    metrics and checkpoints and broadcasts the weights); rank r > 0 is `trainer<r>`.
-    `server_urls` None: the ranks read them from the run directory's servers.json.
-    `master_address`: rank 0's address (its node's, on a cluster); `rank_nodes`: each rank's
-    node on a cluster, so that LOCAL_RANK / LOCAL_WORLD_SIZE count the ranks of one node."""
-    args = ["trainer", *role_flags(run_dir, server_urls), "--model", str(model_path),
-            "--weight-sync-backend", placement.weight_sync_backend]
-    if resume:
-        args.append("--resume")
-    specs = []
-    for rank in range(placement.trainer_world_size):
-        if placement.trainer_world_size > 1:
-            env = placement.rank_env(rank, master_port, master_address)
-            if rank_nodes is not None and not (placement.trainer_ranks and placement.trainer_ranks[rank].gpus):
-                node_ranks = [other for other in range(placement.trainer_world_size) if rank_nodes[other] == rank_nodes[rank]]
-                env.update(LOCAL_RANK=str(node_ranks.index(rank)), LOCAL_WORLD_SIZE=str(len(node_ranks)))
-        else:
-            env = (placement.trainer_ranks[0] if placement.trainer_ranks else placement.trainer).env()
-        specs.append(ChildSpec("trainer" if rank == 0 else f"trainer{rank}", [python, "-m", "rl_core", *args], env))
-    return specs
 
 
 # --- 3. children -------------------------------------------------------------------
@@ -612,42 +480,12 @@ def lost_nodes_message(lost: LostRoles, why: str) -> str:
     return "; ".join(f"node {address} lost ({why}): role(s) {', '.join(names)} ran there" for address, names in lost.items())
 
 
-def place_cluster_run(config: RunConfig) -> tuple[Placement, Any]:
-    """A cluster run's processes and their nodes (`cluster_layout.plan_cluster_run`), checked
-    before Ray is contacted; the devices are made plain `cuda` (Ray gives each its GPUs)."""
-    from rl_core.cluster.layout import plan_cluster_run
-
-    try:
-        placement, slots = plan_cluster_run(config)
-    except ClusterError as exc:
-        raise LaunchError(str(exc)) from exc
-    for section in (config.inference, config.trainer):
-        if section.device.startswith("cuda"):
-            section.device = "cuda"
-    return placement, slots
-
-
 def sample_start_step(run_dir: Path, resume: bool) -> int:
     """The step of the system samples logged before the trainer publishes its progress: 0, or a
     resumed run's checkpoint step (a resumed run logged a second step-0 sample, which drew its
     system charts back to the start)."""
     latest = latest_checkpoint(run_dir) if resume else None
     return (checkpoint_step(latest.name) or 0) if latest is not None else 0
-
-
-def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resume:
-        # Refuses loudly (naming the checkpoint) rather than starting over from step 0, and
-        # records which earlier lines the resume rewinds (rl_core/rundir/resume.py).
-        try:
-            record_resume(run_dir)
-        except ResumeError as exc:
-            raise LaunchError(f"--resume: {exc}") from exc
-    elif (run_dir / METRICS_FILE).exists() or (run_dir / CHECKPOINTS_DIR).exists():
-        raise LaunchError(f"--out {run_dir} already holds a run; use --resume to continue it or a new directory")
-    clear_previous_attempt(run_dir)
-    (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
 
 
 def main(argv: list[str]) -> int:
