@@ -187,7 +187,16 @@
     });
     return traces;
   }
-  document.querySelectorAll('input[name="band"]').forEach(function (radio) {
+  // The time-to-target form keeps the view as it is now (the address is kept up to date as the
+  // view changes; the form's hidden fields are the view the page was loaded with).
+  var targetForm = document.querySelector("#time-to-target form");
+  if (targetForm) targetForm.addEventListener("submit", function (event) {
+    event.preventDefault();
+    var params = new URLSearchParams(location.search);
+    params.set("target", targetForm.querySelector('input[name="target"]').value);
+    location.search = params.toString();
+  });
+  document.querySelectorAll('#compare-groups input[name="band"]').forEach(function (radio) {
     radio.addEventListener("change", function () {
       page.band = radio.value;
       page.band_words = radio.parentNode.textContent.trim();

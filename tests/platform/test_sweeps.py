@@ -219,3 +219,7 @@ def test_create_page_sweep_panel_queues_a_group(owner, owner_client) -> None:
     refused = owner_client.post(reverse("web:run_create"), post)
     assert refused.status_code == 400 and not RunGroup.objects.filter(name="bad").exists()
     assert "trainer.lr" in refused.content.decode() and 'value="fast"' in refused.content.decode()
+    post.update({"sweep_name": "bad", "grid_key": ["trainer.lr"], "grid_values": ["1e-4"], "sweep_seeds": "two"})
+    refused = owner_client.post(reverse("web:run_create"), post).content.decode()
+    panel = refused[refused.index('id="s-sweep"'):]
+    assert "seeds: &#x27;two&#x27;: a count (3) or a list of seeds" in panel[:panel.index("</fieldset>")]

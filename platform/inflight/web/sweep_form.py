@@ -22,14 +22,21 @@ def asked(request: HttpRequest) -> bool:
     return request.method == "POST" and request.POST.get("sweep") == "1"
 
 
-def form_state(request: HttpRequest) -> dict[str, Any]:
-    """What the panel shows: the posted sweep fields kept after a refusal, else empty rows."""
+# The refusals that name the sweep itself rather than a config field: shown in the panel.
+SWEEP_FIELDS = ("grid", "seeds", "name")
+
+
+def form_state(request: HttpRequest, errors: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """What the panel shows: the posted sweep fields kept after a refusal (with the refusals that
+    name the grid, the seeds or the sweep's name), else empty rows."""
     post = request.POST if request.method == "POST" else {}
     keys = post.getlist("grid_key") if post else []
     values = post.getlist("grid_values") if post else []
     rows = [{"key": key, "values": value} for key, value in zip(keys, values) if key.strip() or value.strip()]
     rows += [{"key": "", "values": ""}] * max(1, GRID_ROWS - len(rows))
-    return {"on": asked(request), "name": post.get("sweep_name", "") if post else "", "seeds": post.get("sweep_seeds", "1") if post else "1", "rows": rows}
+    problems = [f"{field}: {message}" for field, messages in (errors or {}).items()
+                if field.split(".")[0] in SWEEP_FIELDS for message in messages] if asked(request) else []
+    return {"errors": problems, "on": asked(request), "name": post.get("sweep_name", "") if post else "", "seeds": post.get("sweep_seeds", "1") if post else "1", "rows": rows}
 
 
 def _scalar(text: str) -> Any:

@@ -158,7 +158,7 @@ def _create_context(request: HttpRequest, values: dict[str, Any], errors: dict[s
         "preset": preset,
         "yaml_text": yaml_text,
         "tab": tab,
-        "sweep_form": sweep_form.form_state(request),
+        "sweep_form": sweep_form.form_state(request, errors),
     }
 
 
