@@ -363,13 +363,21 @@
       var chartLayout = C.layout(controls.axis, entry.group.y);
       // Alerts are marked where they fired (rollouts.js draws the marks).
       if (window.inflightAlertMarks) chartLayout.shapes = window.inflightAlertMarks(controls.axis, ctx);
-      C.draw(plot, entry.traces, chartLayout, !!entry.group.learning_signal);
+      C.draw(plot, entry.traces, chartLayout, !!entry.group.learning_signal).then(function () { fitWidth(plot); });
     });
     var info = document.getElementById("points-info");
     info.dataset.buckets = String(buckets);
     info.dataset.seq = String(state.seq);
     info.dataset.maxStep = String(state.maxStep === null ? -1 : state.maxStep);
     info.textContent = names.length + " series · " + buckets + " buckets · width " + Math.pow(2, state.shift) + " · seq " + state.seq;
+  }
+
+  // A plot first drawn while its tab was hidden (the page opened on #rollouts) took Plotly's
+  // default width and overflowed its card once shown; Plotly.react keeps that size, so a shown
+  // plot whose width is not its card's is fitted again.
+  function fitWidth(plot) {
+    var drawn = plot._fullLayout && plot._fullLayout.width;
+    if (plot.clientWidth && drawn && Math.abs(drawn - plot.clientWidth) > 2) Plotly.Plots.resize(plot);
   }
 
   function nextColor(entry) {

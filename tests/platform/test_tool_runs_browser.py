@@ -47,6 +47,13 @@ def stored_tool_run(owner):
     run = make_run(owner, "python-tool", records=tool_metrics(12), **{"env.name": "math_python_tool", "monitoring.rollouts.keep_every_n_steps": 1})
     ingest_rollouts(run.pk, [(0, multi_turn_sample(0)), (1, multi_turn_sample(1, tool_status="timeout"))], decoder_for_model("var/models/tiny"))
     attach_train_logprobs(run.pk, [{"sample_id": "s0", "logprobs": [-0.25, -0.5, 0.0, 0.0, 0.0, -0.5, -0.75, -0.5]}])
+    from inflight.runs import evaluations
+
+    evaluations.ingest_eval(run.pk, {"benchmark": "heldout", "step": 12, "k": 2, "mean_at_k": 0.5, "pass_at_k": 0.67, "num_problems": 3, "num_samples": 6}, [
+        {"problem_id": "h1", "problem": "Compute 12 * 13.", "answer": "156", "samples": ["a", "b"], "extracted": ["156", "156"], "verdicts": [True, True], "mean": 1.0, "pass": True, "used_tool": True},
+        {"problem_id": "h2", "problem": "Compute 2 + 3.", "answer": "5", "samples": ["a", "b"], "extracted": ["5", "6"], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": False},
+        {"problem_id": "h3", "problem": "Compute 17 * 19 - 4.", "answer": "319", "samples": ["a", "b"], "extracted": ["320", None], "verdicts": [False, False], "mean": 0.0, "pass": False, "used_tool": True},
+    ])
     return run
 
 
@@ -70,6 +77,13 @@ def test_a_tool_run_shows_its_tools_charts_and_its_trajectories_as_turns(daphne_
     assert page.locator("#run-env").inner_text() == "env math_python_tool"
     page.locator("#charts-section-tools").scroll_into_view_if_needed()
     page.screenshot(path="/tmp/tool_run_charts.png", full_page=False)
+
+    # The held-out table says which problems were solved with the tool.
+    page.locator(".eval-card details summary").first.click()
+    cells = dict(page.eval_on_selector_all("tr.eval-problem", "els => els.map(e => [e.dataset.problemId, e.querySelector('.eval-tool').innerText])"))
+    assert cells == {"h1": "solved with the tool", "h2": "solved without the tool", "h3": "used the tool"}, cells
+    page.locator(".eval-card").first.scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/tool_run_evaluations.png", full_page=False)
 
     # The rollout viewer: one trajectory, turn by turn.
     page.click("#rollouts-tab")
@@ -111,6 +125,11 @@ def test_a_tool_run_shows_its_tools_charts_and_its_trajectories_as_turns(daphne_
     page.reload()
     page.click('[data-run-tab="metrics"]')  # the reload opens the Rollouts tab it was left on
     page.wait_for_selector("#charts-section-tools #chart-tool_prefix .main-svg")
+    # Drawn while their tab was hidden, the plots are fitted to their cards once shown (not
+    # Plotly's default 700 px, which overflowed each card).
+    page.wait_for_function("""() => [...document.querySelectorAll('#charts .chart-card')].every(card => {
+        const svg = card.querySelector('.main-svg');
+        return svg && svg.getBoundingClientRect().width <= card.clientWidth; })""", timeout=5_000)
     page.screenshot(path="/tmp/tool_run_charts_reloaded.png", full_page=False)
     assert page.locator("#charts-section-tools .chart-card").count() == len(TOOLS_CHARTS)
 
