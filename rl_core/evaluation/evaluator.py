@@ -148,19 +148,20 @@ class ProblemResult:
         return any(self.verdicts)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        line = {
             "problem_id": self.problem_id,
             "problem": self.problem,
             "answer": self.answer,
             "samples": self.samples,
             "extracted": self.extracted,
             "verdicts": self.verdicts,
-            "used_tool": self.used_tool,
-            "samples_used_tool": self.samples_used_tool,
             "mean": self.mean,
             "pass": self.passed,
             "skipped": self.skipped,
         }
+        if self.samples_used_tool is not None:  # a tool env's evaluation; a single-turn line stays as it was
+            line.update(used_tool=self.used_tool, samples_used_tool=self.samples_used_tool)
+        return line
 
 
 @dataclass
