@@ -86,6 +86,17 @@ def test_group_compare_with_bands_run_list_row_and_sweep_panel(daphne_server: st
             reached = page.locator(f'#time-to-target-groups tr[data-group="g{group.pk}"]').inner_text()
             assert "2 of 3" in reached and "14 ± 2.83" in reached  # 0.5 at steps 16 and 12; the failed run stopped short
 
+            # The leaderboard: time to target per run, the target set on the page and kept on reload.
+            page.goto(f"{daphne_server}/leaderboard/")
+            page.fill('#target-form input[name="target"]', "0.5")
+            page.click("#target-form button[type=submit]")
+            page.wait_for_url(re.compile(r".*target=0\.5.*"))
+            page.reload()
+            assert page.input_value('#target-form input[name="target"]') == "0.5"
+            assert page.locator(f'tr[data-run-id="{members[1].pk}"] [data-column="to_target_steps"]').inner_text() == "12"
+            assert page.locator(f'tr[data-run-id="{members[2].pk}"] [data-column="to_target_wall"]').inner_text() == "not reached"
+            page.screenshot(path="/tmp/leaderboard_to_target.png", full_page=False)
+
             # The run list: the sweep is one row; its runs open under it.
             page.goto(f"{daphne_server}/")
             row = page.locator(f'tr.group-row[data-group-id="{group.pk}"]')
