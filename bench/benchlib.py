@@ -254,7 +254,7 @@ METRICS_PER_LINE = 20
 
 
 def make_points(first_line: int, lines: int):
-    from inflight.runs.services import PointIn
+    from inflight.live.ingest import PointIn
 
     now = time.time()
     return [
@@ -268,8 +268,8 @@ async def ws_latency(owner, run, batches: int, lines_per_batch: int, interval_s:
     from channels.routing import URLRouter
     from channels.testing import WebsocketCommunicator
 
+    from inflight.live.ingest import ingest_metrics
     from inflight.live.routing import websocket_urlpatterns
-    from inflight.runs import services
 
     communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/runs/{run.pk}/")
     communicator.scope["user"] = owner
@@ -285,7 +285,7 @@ async def ws_latency(owner, run, batches: int, lines_per_batch: int, interval_s:
         for index in range(batches):
             batch = make_points(index * lines_per_batch, lines_per_batch)
             sent_at[index] = time.time()
-            services.ingest_metrics(run.pk, batch)
+            ingest_metrics(run.pk, batch)
             time.sleep(interval_s)
         connection.close()
 

@@ -3,7 +3,7 @@
 Starts a private embedded PostgreSQL + Redis (the demo's settings: fsync on), migrates, then
 measures side by side in this one run:
 
-  throughput  `inflight.runs.services.ingest_metrics` (seq bump, then one statement that
+  throughput  `inflight.live.ingest.ingest_metrics` (seq bump, then one statement that
               INSERTs the batch — SELECT unnest(binary arrays) ON CONFLICT DO NOTHING — and folds
               the stored points into the run's snapshot buckets, commit, Channels push queued in
               order) for several batch sizes, timed until every push was handed to Redis too;
@@ -62,21 +62,22 @@ def throughput(owner, total_points: int, batch_points: int, mode: str) -> float:
 
 
 def _throughput(run, total_points: int, batch_points: int, mode: str) -> float:
-    from inflight.runs import services
+    from inflight.live.broadcast import flush_broadcasts
+    from inflight.live.ingest import ingest_metrics
 
     lines_per_batch = max(1, batch_points // METRICS_PER_LINE)
     batches = [make_points(i * lines_per_batch, lines_per_batch) for i in range(max(1, total_points // batch_points))]
     if mode == "duplicate":
         for batch in batches:
-            services.ingest_metrics(run.pk, batch)
-    services.flush_broadcasts(30.0)
+            ingest_metrics(run.pk, batch)
+    flush_broadcasts(30.0)
     start = time.perf_counter()
     for batch in batches:
         if mode == "orm":
             ingest_orm(run.pk, batch)
         else:
-            services.ingest_metrics(run.pk, batch)
-    services.flush_broadcasts(30.0)  # the pushes are part of the path: count until they left
+            ingest_metrics(run.pk, batch)
+    flush_broadcasts(30.0)  # the pushes are part of the path: count until they left
     elapsed = time.perf_counter() - start
     return sum(len(b) for b in batches) / elapsed
 

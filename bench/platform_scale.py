@@ -221,14 +221,17 @@ def create_live_runs(user: Any, count: int, runs_root: Path, label: str) -> list
         run = services.create_run(user, f"{label}-{index:03d}", config)
         run_dir = runs_root / str(run.pk)
         run_dir.mkdir(parents=True)
-        Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, run_dir=str(run_dir), worker_name="bench@scale")
+        # No worker yet (the sweeper leaves such a run alone): the ingest process that takes it is named
+        # with its first heartbeat in live_phase. A placeholder worker that never beats had every run
+        # created before the web node's first sweep marked lost, on a loaded machine (2026-11-28).
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, run_dir=str(run_dir), worker_name="")
         runs.append({"id": run.pk, "run_dir": str(run_dir), "config_yaml": yaml.safe_dump(run.config, sort_keys=False)})
     return runs
 
 
 def expected_snapshot(run_dir: Path) -> dict[str, Any]:
     """The run's metrics.jsonl downsampled by the reference algorithm (tests/platform/downsample_oracle.py)."""
-    from inflight.runs.services import points_from_metrics_record
+    from inflight.live.ingest import points_from_metrics_record
     from tests.platform.downsample_oracle import snapshot_from_points
 
     points = []
@@ -258,6 +261,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         stop_ingest, stop_clients = folder / "stop-ingest", folder / "stop-clients"
         progress_files = []
         from inflight.runs.models import Run
+        from inflight.runs.services import record_heartbeat
 
         for k in range(args.ingest_procs):
             spec_path = folder / f"ingest-{k}.json"
@@ -266,6 +270,11 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
             # sees them alive (as a Celery worker's heartbeat thread does).
             worker = {"name": f"bench-ingest-{label}-{k}@scale", "incarnation": secrets.token_hex(8)}
             Run.objects.filter(pk__in=[run["id"] for run in runs[k::args.ingest_procs]]).update(worker_name=worker["name"], worker_incarnation=worker["incarnation"])
+            # Its first beat, now: the process beats once it has started, and on a loaded machine Django's
+            # start-up there took longer than INFLIGHT_WORKER_LOST_AFTER_S, so the web node's sweeper
+            # marked every run lost before ingest began (2026-11-28, load 17).
+            record_heartbeat(worker["name"], hostname="127.0.0.1", queues=["cpu"], gpus=[], cpu_count=os.cpu_count() or 0,
+                             incarnation=worker["incarnation"])
             spec_path.write_text(json.dumps({"runs": runs[k::args.ingest_procs], "stop_file": str(stop_ingest), "progress_file": str(progress_files[-1]), "worker": worker,
                                              "threads": args.ingest_threads}))
             processes.start(f"ingest-{label}-{k}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "ingest", str(spec_path)], {**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -35,6 +35,8 @@ def _template_run(user: Any, steps: int, metrics: int, demo: Path) -> Any:
 
     from inflight.rollouts.services import ingest_rollouts
     from inflight.rollouts.tokens import decoder_for_model
+    from inflight.live import broadcast
+    from inflight.live import ingest as live_ingest
     from inflight.runs import evaluations, services
     from inflight.runs.models import Run, RunStatus
 
@@ -50,8 +52,8 @@ def _template_run(user: Any, steps: int, metrics: int, demo: Path) -> Any:
     names = (demo_names + [f"extra/{i:02d}" for i in range(metrics)])[:metrics]
     t0 = time.time() - steps
     for first in range(0, steps, 10):  # the worker's batches: a few lines per poll
-        services.ingest_metrics(run.pk, [
-            services.PointIn(line=step, name=name, step=step, t=t0 + step, value=((step * 7919 + i * 104729) % 1000) / 1000.0 + step / steps)
+        live_ingest.ingest_metrics(run.pk, [
+            live_ingest.PointIn(line=step, name=name, step=step, t=t0 + step, value=((step * 7919 + i * 104729) % 1000) / 1000.0 + step / steps)
             for step in range(first, min(steps, first + 10)) for i, name in enumerate(names)
         ])
     results = sorted((demo / "eval").glob("*heldout*.jsonl")) if (demo / "eval").is_dir() else []
@@ -65,7 +67,7 @@ def _template_run(user: Any, steps: int, metrics: int, demo: Path) -> Any:
         lines = [json.loads(line) for line in stream.read_text().splitlines()[:steps * 64] if line.strip()]
         for first in range(0, len(lines), 2000):
             ingest_rollouts(run.pk, list(enumerate(lines))[first:first + 2000], decoder_for_model(str(REPO_ROOT / "var" / "models" / "tiny")))
-    services.flush_broadcasts()
+    broadcast.flush_broadcasts()
     Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
     return Run.objects.get(pk=run.pk), len(names)
 

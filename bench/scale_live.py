@@ -12,7 +12,7 @@ What is real and what is simulated:
 - ingest is the worker's real path, minus Celery and the engine process: `workers.supervisor.RunSupervisor`
   (its `poll()`: the file tails, supersede checks, eval and rollout delivery, status, checkpoints,
   alert checks, the cancel flag) with the real `workers.tasks.PlatformReporter`
-  (services.ingest_metrics → folding → broadcast to the Redis channel layer, alert rules, rollout
+  (live.ingest → folding → broadcast to the Redis channel layer, alert rules, rollout
   ingest), woken by `workers.run_dir_watch.RunDirWatch` when a run writes a line and polled every
   INFLIGHT_POLL_S (250 ms), as a supervisor is — a few threads per process drive many runs each,
   where production has one Celery thread per run;
@@ -298,7 +298,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
                                             "ingest_delays_ms": ingest_delays_ms, "ingest_written_at": ingest_written_at, "unsent_max": unsent_max,
                                             "call_ms": call_ms, "published_ms": published_ms, "sent_by_type": sent_by_type}))
-    from inflight.runs.services import flush_broadcasts
+    from inflight.live.broadcast import flush_broadcasts
 
     flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first
 

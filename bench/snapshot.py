@@ -2,7 +2,7 @@
 
 Starts a private embedded PostgreSQL (fsync off: a throwaway database) and Redis, migrates, and
 stores 1M metric points of one run (20 metrics x 50,000 steps) through the real ingest
-path (`inflight.runs.services.ingest_metrics`, batches of 1,000 metrics.jsonl lines =
+path (`inflight.live.ingest.ingest_metrics`, batches of 1,000 metrics.jsonl lines =
 20,000 points, each folded into the run's snapshot buckets as it is stored). Then times,
 side by side in this one run:
 
@@ -62,7 +62,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from inflight.live.selectors import run_snapshot, run_snapshot_json
     from inflight.runs.models import MetricPoint, Run
     from inflight.runs.selectors import metric_points_page
-    from inflight.runs.services import PointIn, flush_broadcasts, ingest_metrics
+    from inflight.live.broadcast import flush_broadcasts
+    from inflight.live.ingest import PointIn, ingest_metrics
 
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
     names = [f"metric/{i:02d}" for i in range(20)]

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from inflight.alerts import services as alert_services
+from inflight.live import ingest
 from inflight.provenance.services import ingest_provenance
 from inflight.runs import evaluations, run_paths, services
 from inflight.runs.models import Run, RunStatus
@@ -72,7 +73,7 @@ class PlatformReporter:
         # round trip (read on first use; see alert_services.AlertState, RolloutIngestState).
         self._alert_state: Any = None
         self._rollout_state: Any = None
-        self._metrics_state = services.MetricsIngestState()
+        self._metrics_state = ingest.MetricsIngestState()
 
     def _call(self, function, *args: Any) -> Any:
         try:
@@ -82,14 +83,10 @@ class PlatformReporter:
             raise
 
     def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        points = []
-        for line_no, record in records:
-            try:
-                points.extend(services.points_from_metrics_record(line_no, record))
-            except (TypeError, ValueError) as exc:
-                logger.error("run %s metrics.jsonl line %d skipped: %s", self.run_id, line_no, exc)
-        if points:
-            self._call(services.ingest_metrics, self.run_id, points, self._metrics_state)
+        skipped: list[tuple[int, str]] = []
+        self._call(ingest.ingest_metric_lines, self.run_id, records, self._metrics_state, skipped)
+        for line_no, reason in skipped:
+            logger.error("run %s metrics.jsonl line %d skipped: %s", self.run_id, line_no, reason)
         self._alerts(self._evaluate_metric_lines, records)
         self.last_metrics_at = time.monotonic()
         self.last_step = max([self.last_step or 0, *(int(r.get("step", 0) or 0) for _, r in records)])

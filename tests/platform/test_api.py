@@ -8,7 +8,8 @@ import pytest
 
 from inflight.runs import evaluations, services
 from inflight.runs.models import Run
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -76,9 +77,9 @@ def test_wrong_method_is_405(owner_api) -> None:
 
 def test_metrics_raw_since_seq_and_snapshot(owner_api, owner) -> None:
     run = services.create_run(owner, "m", {})
-    services.ingest_metrics(run.pk, [PointIn(i, "loss", i, 100.0 + i, 1.0 / (i + 1)) for i in range(5)])
-    services.ingest_metrics(run.pk, [PointIn(i, "loss", i, 100.0 + i, 1.0 / (i + 1)) for i in range(5, 8)])
-    services.ingest_metrics(run.pk, [PointIn(i, "reward", i, 100.0 + i, 0.5) for i in range(8)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(i, "loss", i, 100.0 + i, 1.0 / (i + 1)) for i in range(5)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(i, "loss", i, 100.0 + i, 1.0 / (i + 1)) for i in range(5, 8)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(i, "reward", i, 100.0 + i, 0.5) for i in range(8)])
     raw = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=1").json()
     assert raw["seq"] == 3 and len(raw["points"]) == 3 + 8 and not raw["truncated"]
     only_loss = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=0&names=loss").json()

@@ -17,7 +17,8 @@ from inflight.alerts.models import Alert
 from inflight.rollouts.models import StoredRollout
 from inflight.runs import evaluations, run_paths, services
 from inflight.runs.models import Run, RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 from tests.platform.test_datasets import GOOD, dataset_roots, upload  # noqa: F401 - dataset_roots: each test's own data folders (autouse)
 from tests.platform.test_mirror_downloads import mirrored_run
 from tests.platform.test_run_actions_api import write_checkpoint
@@ -139,7 +140,7 @@ def test_every_answer_fits_the_served_document(document, owner, owner_api, other
                                                django_capture_on_commit_callbacks, tmp_path) -> None:
     check = Checker(document)
     run = services.create_run(owner, "documented", {})
-    services.ingest_metrics(run.pk, [PointIn(0, "train/loss", 0, 10.0, 0.5), PointIn(0, "success/mean", 0, 10.0, 0.25)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(0, "train/loss", 0, 10.0, 0.5), PointIn(0, "success/mean", 0, 10.0, 0.25)])
     line = {"t": 1.0, "step": 2, "benchmark": "aime24", "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "stderr": 0.5, "num_problems": 1, "num_samples": 2, "policy_versions": [2]}
     score = evaluations.ingest_eval(run.pk, line, [{"problem_id": "p", "answer": "4", "samples": ["4", "5"], "extracted": ["4", None], "verdicts": [True, False], "mean": 0.5, "pass": True}])
     rollout = StoredRollout.objects.create(

@@ -4,6 +4,7 @@ array per run and metric built in PostgreSQL, a snapshot's buckets are read by a
 and a compare takes 20 runs but not more than MAX_COMPARED_RUNS."""
 
 from __future__ import annotations
+from inflight.live import ingest as live_ingest
 
 import time
 from typing import Any
@@ -18,8 +19,8 @@ def _run_with_steps(owner: Any, tiny_config: dict, steps: int, names: list[str])
 
     run = services.create_run(owner, "long", tiny_config)
     for first in range(0, steps, 100):
-        services.ingest_metrics(run.pk, [
-            services.PointIn(line=step, name=name, step=step, t=1_700_000_000.0 + step, value=float((step * 31 + i) % 97))
+        live_ingest.ingest_metrics(run.pk, [
+            live_ingest.PointIn(line=step, name=name, step=step, t=1_700_000_000.0 + step, value=float((step * 31 + i) % 97))
             for step in range(first, min(steps, first + 100)) for i, name in enumerate(names)
         ])
     return run

@@ -26,9 +26,9 @@ def test_a_failed_push_does_not_stop_later_pushes(monkeypatch) -> None:
     monkeypatch.setattr(broadcast, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(broadcast, "_broadcaster", broadcast._Broadcaster())
 
-    broadcast._group_send("run-1", {"type": "metrics.batch", "seq": 1})
+    broadcast.push("run-1", {"type": "metrics.batch", "seq": 1})
     assert broadcast.flush_broadcasts(timeout_s=5)
-    broadcast._group_send("run-1", {"type": "metrics.batch", "seq": 2})
+    broadcast.push("run-1", {"type": "metrics.batch", "seq": 2})
     assert broadcast.flush_broadcasts(timeout_s=5)
 
     assert layer.delivered == [("run-1", {"type": "metrics.batch", "seq": 2})]
@@ -44,8 +44,8 @@ def test_a_forwarded_push_is_encoded_once_by_its_sender(monkeypatch) -> None:
     monkeypatch.setattr(broadcast, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(broadcast, "_broadcaster", broadcast._Broadcaster())
     rows = {"type": "rollouts.batch", "run_id": 3, "seq": 7, "rows": [{"id": 1, "prompt": "2 + 2 \u2014 \"four\""}]}
-    broadcast._group_send("run-3", rows)
-    broadcast._group_send("run-3", {"type": "metrics.batch", "seq": 1, "points": []})
+    broadcast.push("run-3", rows)
+    broadcast.push("run-3", {"type": "metrics.batch", "seq": 1, "points": []})
     assert broadcast.flush_broadcasts(timeout_s=5)
     (_, forwarded), (_, metrics) = layer.delivered
     assert forwarded.keys() == {"type", "text"} and forwarded["type"] == "rollouts.batch" and json.loads(forwarded["text"]) == rows

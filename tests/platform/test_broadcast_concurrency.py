@@ -37,7 +37,7 @@ def test_pushes_of_many_runs_overlap_and_each_run_keeps_its_order(monkeypatch) -
     started = time.monotonic()
     for seq in range(1, pushes + 1):
         for run in range(groups):
-            broadcast._group_send(f"run-{run}", {"type": "metrics.batch", "seq": seq})
+            broadcast.push(f"run-{run}", {"type": "metrics.batch", "seq": seq})
     assert broadcast.flush_broadcasts(timeout_s=30)
     elapsed = time.monotonic() - started
     # One after another: 40 x 3 x 50 ms = 6 s. Overlapping across runs: a few round trips.
@@ -62,10 +62,10 @@ def test_a_runs_waiting_metric_batches_go_out_as_one_push_that_says_which_batche
     monkeypatch.setattr(broadcast, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(broadcast, "_broadcaster", broadcast._Broadcaster())
     batch = lambda seq: {"type": "metrics.batch", "seq": seq, "points": [["loss", seq, 1.0, float(seq)]]}  # noqa: E731
-    broadcast._group_send("run-1", batch(1))  # goes out at once; the rest wait behind it
+    broadcast.push("run-1", batch(1))  # goes out at once; the rest wait behind it
     time.sleep(0.05)
     for message in (batch(2), batch(3), {"type": "run.status", "seq": 0, "status": "running"}, batch(4), batch(6), batch(7)):
-        broadcast._group_send("run-1", message)
+        broadcast.push("run-1", message)
     assert broadcast.flush_broadcasts(timeout_s=30)
     assert [(m["type"], m.get("from_seq", m["seq"]), m["seq"]) for m in sent] == [
         ("metrics.batch", 1, 1), ("metrics.batch", 2, 3), ("run.status", 0, 0), ("metrics.batch", 4, 4), ("metrics.batch", 6, 7),

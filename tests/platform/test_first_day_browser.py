@@ -6,6 +6,7 @@ get the site's 404 page. Runs are made in the database as the worker leaves them
 """
 
 from __future__ import annotations
+from inflight.live import ingest as live_ingest
 
 import re
 from pathlib import Path
@@ -115,8 +116,8 @@ def test_the_run_list_sorts_by_its_figures_and_its_sparklines_move(daphne_server
     cell = f'tr[data-run-id="{live.pk}"] [data-spark="reward/mean"]'
     before = page.inner_html(cell)
     points = [p for line, record in enumerate(curve(30, reward__mean=lambda s: 0.03 * s)[10:], start=100)
-              for p in services.points_from_metrics_record(line, record)]
-    services.ingest_metrics(live.pk, points)
+              for p in live_ingest.points_from_metrics_record(line, record)]
+    live_ingest.ingest_metrics(live.pk, points)
     wait(lambda: page.inner_html(cell) != before, timeout=20, message="the sparkline to move")
     page.screenshot(path=str(SCREENSHOTS / "run_list_sorted.png"), full_page=False)
     page.close()
@@ -143,8 +144,8 @@ def test_compare_follows_its_runs_live(daphne_server: str, browser: Any, owner, 
     services.transition_run(fresh.pk, "starting")
     services.transition_run(fresh.pk, "running")
     wait(lambda: page.inner_text(f'#compare-runs [data-status-of="{fresh.pk}"]') == "running", timeout=20, message="the status to follow")
-    points = [p for line, record in enumerate(curve(8, success__mean=lambda s: 0.1 * s)) for p in services.points_from_metrics_record(line, record)]
-    services.ingest_metrics(fresh.pk, points)
+    points = [p for line, record in enumerate(curve(8, success__mean=lambda s: 0.1 * s)) for p in live_ingest.points_from_metrics_record(line, record)]
+    live_ingest.ingest_metrics(fresh.pk, points)
     wait(lambda: any(name.startswith(f"#{fresh.pk} ") for name in traces()), timeout=30, message="the new run's curve on the open page")
     page.wait_for_selector(f'[data-no-data-of="{fresh.pk}"].hidden', state="attached")
     page.screenshot(path=str(SCREENSHOTS / "compare_live.png"), full_page=False)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from inflight.runs import services
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -59,11 +60,11 @@ def test_the_wide_csv_has_one_row_per_step(owner, owner_web) -> None:
     import csv
     import io
 
-    from inflight.runs.services import PointIn
+    from inflight.live.ingest import PointIn
 
     run = services.create_run(owner, "wide", {})
     # Step 5 is logged over three lines (training, system, held-out), as the engine writes it.
-    services.ingest_metrics(run.pk, [
+    live_ingest.ingest_metrics(run.pk, [
         PointIn(0, "train/loss", 5, 10.0, 0.5), PointIn(1, "system/cpu_util", 5, 10.5, 80.0),
         PointIn(2, "success/heldout", 5, 11.0, 0.75), PointIn(3, "train/loss", 6, 12.0, 0.4),
     ])

@@ -2,13 +2,14 @@
 by Playwright against a real Daphne server on the test PostgreSQL and Redis.
 
 Runs are made in the database as the worker leaves them (metrics ingested through
-`runs.services.ingest_metrics`, evaluations through `evaluations.ingest_eval`, rollouts through
+`runs.live_ingest.ingest_metrics`, evaluations through `evaluations.ingest_eval`, rollouts through
 `rollouts.services.ingest_rollouts` decoded by the tiny model's real tokenizer), so each page is
 checked on known figures in seconds; the held-out evaluation test runs the real engine through a
 real Celery worker. Screenshots go to docs/screenshots/ (the README shows them).
 """
 
 from __future__ import annotations
+from inflight.live import ingest as live_ingest
 
 import json
 import time
@@ -60,9 +61,9 @@ def make_run(owner, name: str, status: str = "succeeded", records: list[dict[str
         owner=owner, name=name, config=demo_config(name=name, **config), status=status,
         started_at=now - timedelta(seconds=300), finished_at=now if terminal else None,
     )
-    points = [p for line, record in enumerate(records or []) for p in services.points_from_metrics_record(line, record)]
+    points = [p for line, record in enumerate(records or []) for p in live_ingest.points_from_metrics_record(line, record)]
     for start in range(0, len(points), 500):
-        services.ingest_metrics(run.pk, points[start:start + 500])
+        live_ingest.ingest_metrics(run.pk, points[start:start + 500])
     return run
 
 

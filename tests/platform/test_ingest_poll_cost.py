@@ -27,6 +27,7 @@ from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.services import RolloutIngestState, ingest_rollouts
 from inflight.rollouts.tokens import decoder_for_model
 from inflight.runs.models import MetricPoint, Run
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -215,7 +216,7 @@ def test_kept_rows_are_stored_whole_and_pushed_with_their_ids(owner: Any, monkey
     from inflight.rollouts import services as rollout_services
 
     sent: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(rollout_services, "_group_send", lambda group, message: sent.append((group, message)))
+    monkeypatch.setattr(rollout_services, "push_on_commit", lambda group, message: sent.append((group, message)))
     run = make_run(owner)
     records = [(line, rollout(line)) for line in range(16, 20)]  # step 5
     records[1][1]["metadata"] = {"train_logprobs": [-0.25, -0.5, -0.75], "extracted": 42}
@@ -241,9 +242,8 @@ def test_one_statement_batches_fold_as_the_reference_through_grid_growth_resends
     from downsample_oracle import snapshot_from_points
 
     from inflight.live.selectors import run_snapshot
-    from inflight.runs import services
     from inflight.runs.actions import supersede_rewound_history
-    from inflight.runs.services import MetricsIngestState, PointIn
+    from inflight.live.ingest import MetricsIngestState, PointIn
 
     rng = random.Random(5)
     run = make_run(owner)
@@ -257,7 +257,7 @@ def test_one_statement_batches_fold_as_the_reference_through_grid_growth_resends
                  for i, step in enumerate(steps) for name in ("a", "b")]
         line += len(steps)
         with statements() as sent:
-            seqs.append(services.ingest_metrics(run.pk, batch, state))
+            seqs.append(live_ingest.ingest_metrics(run.pk, batch, state))
         if steps.start in (3, 4, 1_501):  # the state holds: one statement
             assert len(sent) == 1, (steps, sent)
         stored += batch
@@ -268,19 +268,19 @@ def test_one_statement_batches_fold_as_the_reference_through_grid_growth_resends
         }, steps
     assert seqs == [1, 2, 3, 4, 5, 6] and snapshot["shift"] == 1  # 1,502 steps: width 2
     # Sent again (the reply was lost): nothing stored twice, no seq taken, the state still right.
-    assert services.ingest_metrics(run.pk, batch, state) is None
+    assert live_ingest.ingest_metrics(run.pk, batch, state) is None
     assert MetricPoint.objects.filter(run=run).count() == len(stored) and Run.objects.get(pk=run.pk).metrics_seq == 6
     # A resume rewinds to step 1,400: the next batch sees the cursor moved and goes the long way.
     supersede_rewound_history(run.pk, 1_400, line, 2e9)
     kept = [p for p in stored if p.step <= 1_400]
     after = [PointIn(line=line, name="a", step=1_401, t=2e9 + 1, value=0.5)]
-    seq = services.ingest_metrics(run.pk, after, state)
+    seq = live_ingest.ingest_metrics(run.pk, after, state)
     assert seq == Run.objects.get(pk=run.pk).metrics_seq and state.seq == seq
     snapshot = run_snapshot(run)
     expected = snapshot_from_points([(p.name, p.step, p.t, p.value) for p in kept + after])
     assert {k: snapshot[k] for k in ("shift", "max_step", "series")} == {k: expected[k] for k in ("shift", "max_step", "series")}
     with statements() as sent:
-        assert services.ingest_metrics(run.pk, [PointIn(line=line + 1, name="a", step=1_402, t=2e9 + 2, value=0.25)], state) == seq + 1
+        assert live_ingest.ingest_metrics(run.pk, [PointIn(line=line + 1, name="a", step=1_402, t=2e9 + 2, value=0.25)], state) == seq + 1
     assert len(sent) == 1
 
 

@@ -19,7 +19,8 @@ from inflight.live import consumers
 from inflight.live.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, PushPacer, coalesce_batches
 from inflight.runs import evaluations, services
 from inflight.runs.models import RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,14 +67,14 @@ async def test_owner_receives_batches_status_and_evals(owner, monkeypatch) -> No
     socket = await _connect(run.pk, owner)
     assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
 
-    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(0, 3))
+    await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(0, 3))
     first = await socket.receive_json_from(timeout=10)
     assert first["type"] == "metrics.batch" and first["seq"] == 1 and first["from_seq"] == 1
     assert [point[1] for point in first["points"]] == [0, 1, 2]
 
     # A burst inside the push interval arrives as one coalesced push covering both batches.
-    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(3, 2))
-    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(5, 2))
+    await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(3, 2))
+    await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(5, 2))
     burst = await socket.receive_json_from(timeout=10)
     assert (burst["from_seq"], burst["seq"]) == (2, 3)
     assert [point[1] for point in burst["points"]] == [3, 4, 5, 6]
@@ -106,7 +107,7 @@ async def test_other_users_and_anonymous_are_refused(owner, other_user) -> None:
         closed = await socket.receive_output(timeout=10)
         assert closed == {"type": "websocket.close", "code": code}
         # and it is not in the group: a push for the run reaches nobody on this socket
-        await database_sync_to_async(services.ingest_metrics)(run.pk, _points(100 + code, 1))
+        await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(100 + code, 1))
         await asyncio.sleep(0.5)
         assert await socket.receive_nothing(timeout=0.5)
         await socket.disconnect()
@@ -202,7 +203,7 @@ async def test_pushes_skip_the_database_housekeeping_the_socket_events_keep(owne
     assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
     assert checks  # websocket.connect went through Channels' dispatch
     before = len(checks)
-    await database_sync_to_async(services.ingest_metrics)(run.pk, _points(0, 2))
+    await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(0, 2))
     pushed = await socket.receive_json_from(timeout=10)
     assert pushed["type"] == "metrics.batch" and pushed["seq"] == 1
     await database_sync_to_async(services.announce_run_panel_changed)(run.pk)

@@ -1,6 +1,6 @@
 """The PostgreSQL snapshot: equal to the reference algorithm, and snapshot + pushed batches == a fresh snapshot.
 
-The pushes are the real `metrics.batch` messages that `services.ingest_metrics` sends
+The pushes are the real `metrics.batch` messages that `live_ingest.ingest_metrics` sends
 through the real Redis channel layer; they are applied with `DownsampleState`, the
 Python oracle (tests/platform/downsample_oracle.py) of the JS the run page uses.
 """
@@ -17,7 +17,9 @@ from downsample_oracle import DownsampleState, snapshot_from_points  # tests/pla
 from inflight.live.folding import fold_pending_batches
 from inflight.live.selectors import run_snapshot
 from inflight.runs import services
-from inflight.runs.services import PointIn, run_group
+from inflight.live.broadcast import run_group
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 from layer_loop import LayerLoop  # tests/platform is on sys.path
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +51,7 @@ def test_sql_snapshot_equals_the_reference_algorithm(owner) -> None:
     points += [PointIn(line=10_000, name="reward/mean", step=5, t=points[0].t, value=42.0)]
     points += [PointIn(line=10_001, name="reward/mean", step=2_599, t=1.0, value=-3.0)]
     for start in range(0, len(points), 1_000):
-        services.ingest_metrics(run.pk, points[start:start + 1_000])
+        live_ingest.ingest_metrics(run.pk, points[start:start + 1_000])
     snapshot = run_snapshot(run)
     expected = snapshot_from_points([(p.name, p.step, p.t, p.value) for p in points], seq=snapshot["seq"])
     assert snapshot["shift"] == 2  # 2_600 steps → width 4
@@ -68,18 +70,18 @@ def test_snapshot_plus_pushed_batches_equals_a_fresh_snapshot(owner, django_capt
     channel = layer_loop.run(layer.new_channel())
     layer_loop.run(layer.group_add(run_group(run.pk), channel))
 
-    services.ingest_metrics(run.pk, _batch(rng, 0, range(0, 300), names))
+    live_ingest.ingest_metrics(run.pk, _batch(rng, 0, range(0, 300), names))
     page = DownsampleState.from_snapshot(run_snapshot(run))  # what the browser loaded
     assert page.seq == 1 and page.shift == 0
 
     line = 300
     for steps in (range(300, 900), range(900, 1_500), range(1_500, 2_400), range(2_400, 4_100)):
         with django_capture_on_commit_callbacks(execute=True):
-            services.ingest_metrics(run.pk, _batch(rng, line, steps, names))
+            live_ingest.ingest_metrics(run.pk, _batch(rng, line, steps, names))
         line += len(steps)
     # a re-sent batch (same lines) stores nothing and pushes nothing
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.ingest_metrics(run.pk, _batch(random.Random(11), 0, range(0, 300), names)) is None
+        assert live_ingest.ingest_metrics(run.pk, _batch(random.Random(11), 0, range(0, 300), names)) is None
 
     async def receive(count: int) -> list[dict]:
         # One event loop for all receives: channels_redis keeps per-loop receive state.
@@ -109,7 +111,7 @@ def test_incremental_snapshots_stay_equal_to_the_reference_as_the_grid_grows(own
         # a late point for an early step (an evaluation logged for an old step) lands in its old bucket
         batch.append(PointIn(line=90_000 + line, name="reward/mean", step=3, t=2e9, value=rng.random()))
         line += len(steps)
-        services.ingest_metrics(run.pk, batch)
+        live_ingest.ingest_metrics(run.pk, batch)
         stored += batch
         if steps.start == 1_200:  # folded ahead of the page view (as the worker may do after ingest)
             assert fold_new_batches(run.pk) == 3
@@ -142,12 +144,12 @@ def test_ingest_folds_each_batch_so_no_read_has_to(owner) -> None:
     for steps in (range(0, 600), range(600, 1_100), range(1_100, 3_000), range(3_000, 3_010)):
         batch = _batch(rng, line, steps, names)
         line += len(steps)
-        services.ingest_metrics(run.pk, batch)
+        live_ingest.ingest_metrics(run.pk, batch)
         stored += batch
         assert _summary_seq(run.pk) == Run.objects.get(pk=run.pk).metrics_seq
     # a partly re-sent batch: only its new lines count, and they are folded too
     overlap = _batch(rng, line - 5, range(3_005, 3_020), names)
-    assert services.ingest_metrics(run.pk, overlap) == 5
+    assert live_ingest.ingest_metrics(run.pk, overlap) == 5
     known = {(p.line, p.name) for p in stored}
     stored += [p for p in overlap if (p.line, p.name) not in known]
     assert _summary_seq(run.pk) == 5
@@ -173,7 +175,7 @@ def test_a_run_stored_before_ingest_folded_is_caught_up(owner) -> None:
         stored = list(legacy)
         if catch_up_by == "ingest":
             batch = _batch(rng, 1_500, range(1_500, 1_600), names)
-            assert services.ingest_metrics(run.pk, batch) == 4
+            assert live_ingest.ingest_metrics(run.pk, batch) == 4
             stored += batch
             assert _summary_seq(run.pk) == 4
         else:
@@ -187,6 +189,6 @@ def test_a_run_stored_before_ingest_folded_is_caught_up(owner) -> None:
 def test_repeated_keys_inside_one_batch_store_the_first(owner) -> None:
     run = services.create_run(owner, "r", {})
     batch = [PointIn(0, "loss", 0, 1.0, 0.5), PointIn(0, "loss", 0, 1.0, 9.0), PointIn(1, "loss", 1, 2.0, 0.25)]
-    assert services.ingest_metrics(run.pk, batch) == 1
+    assert live_ingest.ingest_metrics(run.pk, batch) == 1
     snapshot = run_snapshot(run)
     assert snapshot["series"]["loss"]["last"] == [0.5, 0.25]

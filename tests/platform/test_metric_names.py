@@ -12,8 +12,9 @@ from django.test import Client
 from django.urls import reverse
 
 from inflight.runs import services
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
 from inflight.web.selectors import SPARKLINE_METRICS, TRIAGE_METRICS
+from inflight.live import ingest as live_ingest
 from rl_core.common import metric_names as mn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_the_run_lists_reward_column_describes_the_actors_series_not_the_trainer
 @pytest.mark.django_db
 def test_the_run_list_hands_the_pages_their_metric_names_and_describes_each_column(owner) -> None:
     run = services.create_run(owner, "named", {})
-    services.ingest_metrics(run.pk, [PointIn(line=0, name=mn.ROLLOUT_REWARD_MEAN, step=0, t=1.0, value=0.5)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=0, name=mn.ROLLOUT_REWARD_MEAN, step=0, t=1.0, value=0.5)])
     client = Client()
     client.force_login(owner)
     html = client.get(reverse("web:run_list")).content.decode()

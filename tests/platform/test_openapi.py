@@ -16,7 +16,8 @@ from django.urls.resolvers import RoutePattern
 from inflight.api import schema
 from inflight.runs import evaluations, services
 from inflight.runs.models import Run, RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -79,7 +80,7 @@ def _validated(model: type, data: Any) -> Any:
 
 def test_real_answers_fit_the_documented_models(owner_api, owner, tmp_path) -> None:
     run = services.create_run(owner, "documented", {})
-    services.ingest_metrics(run.pk, [PointIn(0, "train/loss", 0, 10.0, 0.5), PointIn(0, "success/mean", 0, 10.0, 0.25)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(0, "train/loss", 0, 10.0, 0.5), PointIn(0, "success/mean", 0, 10.0, 0.25)])
     line = {"t": 1.0, "step": 2, "benchmark": "aime24", "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "stderr": 0.5, "num_problems": 1, "num_samples": 2, "policy_versions": [2]}
     rows = [{"problem_id": "p", "answer": "4", "samples": ["4", "5"], "extracted": ["4", "5"], "verdicts": [True, False], "mean": 0.5, "pass": True}]
     score = evaluations.ingest_eval(run.pk, line, rows)
@@ -124,7 +125,7 @@ def test_run_list_pages_carry_count_and_links(owner_api, owner, other_user) -> N
 
 def test_metric_points_have_named_fields_on_request(owner_api, owner) -> None:
     run = services.create_run(owner, "named", {})
-    services.ingest_metrics(run.pk, [PointIn(0, "train/loss", 3, 12.5, 0.75)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(0, "train/loss", 3, 12.5, 0.75)])
     rows = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=0").json()
     assert rows["columns"] == ["name", "step", "t", "value"] and rows["points"] == [["train/loss", 3, 12.5, 0.75]]
     records = owner_api.get(f"/api/runs/{run.pk}/metrics/?since_seq=0&format=records").json()
@@ -135,7 +136,7 @@ def test_metric_points_have_named_fields_on_request(owner_api, owner) -> None:
 
 def test_wide_csv_has_one_column_per_metric(owner_api, other_api, owner) -> None:
     run = services.create_run(owner, "wide", {})
-    services.ingest_metrics(run.pk, [
+    live_ingest.ingest_metrics(run.pk, [
         PointIn(0, "train/loss", 1, 10.0, 0.5), PointIn(0, "train/reward_mean", 1, 10.0, 0.25),
         PointIn(1, "success/heldout", 1, 11.0, 0.75),
         PointIn(2, "train/loss", 2, 12.0, 0.4), PointIn(2, "train/reward_mean", 2, 12.0, 0.5),

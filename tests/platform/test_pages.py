@@ -18,9 +18,10 @@ from django.urls import reverse
 
 from inflight.runs import evaluations, services
 from inflight.runs.models import Run, RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
 from inflight.web.config_form import build_sections, iter_fields
 from inflight.web.views import MAX_COMPARED_RUNS
+from inflight.live import ingest as live_ingest
 from rl_core.config.run_config import RunConfig
 
 pytestmark = pytest.mark.django_db
@@ -153,7 +154,7 @@ def test_presets(owner_client: Client) -> None:
 
 def _run_with_metrics(owner, name: str = "r", **config: Any) -> Run:
     run = services.create_run(owner, name, {"name": name, **config})
-    services.ingest_metrics(run.pk, [PointIn(line=i, name="reward/mean", step=i, t=1000.0 + i, value=i / 10) for i in range(5)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=i, name="reward/mean", step=i, t=1000.0 + i, value=i / 10) for i in range(5)])
     return run
 
 
@@ -223,8 +224,8 @@ def test_compare_shows_only_differing_config_fields(owner_client: Client, owner,
 def test_leaderboard_sorts_and_refuses_unknown_keys(owner_client: Client, owner) -> None:
     low = _run_with_metrics(owner, "low")
     high = services.create_run(owner, "high", {})
-    services.ingest_metrics(high.pk, [PointIn(line=0, name="success/mean", step=1, t=1.0, value=0.9)])
-    services.ingest_metrics(low.pk, [PointIn(line=10, name="success/mean", step=1, t=1.0, value=0.2)])
+    live_ingest.ingest_metrics(high.pk, [PointIn(line=0, name="success/mean", step=1, t=1.0, value=0.9)])
+    live_ingest.ingest_metrics(low.pk, [PointIn(line=10, name="success/mean", step=1, t=1.0, value=0.2)])
     page = owner_client.get(reverse("web:leaderboard") + "?sort=-success_best").content.decode()
     assert page.index(">high<") < page.index(">low<")
     page = owner_client.get(reverse("web:leaderboard") + "?sort=success_best").content.decode()

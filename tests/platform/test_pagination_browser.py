@@ -10,9 +10,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from inflight.runs import services
 from inflight.runs.models import Run
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session, signed_in_page  # noqa: F401 (fixture)
 
 # To look at (not shown in the README): the pagers under the tables.
@@ -40,7 +40,7 @@ def _runs(owner, count: int) -> list[Run]:
         for i in range(count)
     ])
     for i, run in enumerate(runs):
-        services.ingest_metrics(run.pk, [
+        live_ingest.ingest_metrics(run.pk, [
             PointIn(line=step, name=name, step=step, t=1000.0 + step, value=i / 100 + step / 1000)
             for step in range(1, 5) for name in ("success/mean", "reward/mean", "train/loss", "train/kl")
         ])

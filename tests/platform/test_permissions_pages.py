@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from inflight.runs import services
 from inflight.runs.models import Run, RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +27,7 @@ def _client(user) -> Client:
 @pytest.fixture
 def run(owner) -> Run:
     run = services.create_run(owner, "owners-run", {})
-    services.ingest_metrics(run.pk, [PointIn(line=0, name="reward/mean", step=0, t=1.0, value=0.5)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=0, name="reward/mean", step=0, t=1.0, value=0.5)])
     return run
 
 

@@ -15,9 +15,10 @@ import pytest
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.services import ingest_rollouts
 from inflight.rollouts.tokens import decoder_for_model
-from inflight.runs import evaluations, services
+from inflight.runs import evaluations
 from inflight.runs.models import Run
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -172,9 +173,9 @@ def test_page_json_endpoints_and_rollouts_tab(client, owner, other_user, stored)
 
 
 def test_exports(owner_api, owner, stored) -> None:
-    services.ingest_metrics(stored.pk, [PointIn(line=0, name="train/loss", step=1, t=10.0, value=0.5), PointIn(line=1, name="train/loss", step=2, t=11.0, value=0.25)])
+    live_ingest.ingest_metrics(stored.pk, [PointIn(line=0, name="train/loss", step=1, t=10.0, value=0.5), PointIn(line=1, name="train/loss", step=2, t=11.0, value=0.25)])
     evaluations.ingest_eval(stored.pk, {"benchmark": "math500", "step": 2, "k": 2, "mean_at_k": 0.5, "pass_at_k": 1.0, "num_problems": 1, "num_samples": 2},
-                         [{"problem_id": "p1", "answer": "3", "samples": ["a", "b"], "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": None}])
+                         [{"problem_id": "p1", "answer": "3", "samples": ["a", "b"], "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True}])
     base = f"/api/runs/{stored.pk}/export/"
     rows = list(csv.DictReader(io.StringIO(b"".join(owner_api.get(base + "metrics.csv").streaming_content).decode())))
     assert [(r["name"], r["step"], float(r["value"])) for r in rows] == [("train/loss", "1", 0.5), ("train/loss", "2", 0.25)]

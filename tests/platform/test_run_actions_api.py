@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from inflight.runs import services
 from inflight.runs.models import EvalScore, MetricPoint, Run, RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -154,7 +155,7 @@ def test_patch_tags_note_archive_and_filters(owner, owner_api, staff_api, tiny_c
 def test_delete_by_owner_removes_rows_and_asks_a_worker_for_the_directory(owner, owner_api, staff_api, tiny_config, django_capture_on_commit_callbacks, monkeypatch) -> None:
     source = make_run(owner, tiny_config, django_capture_on_commit_callbacks)
     write_checkpoint(source, 1)
-    services.ingest_metrics(source.pk, [PointIn(line=0, name="train/loss", step=1, t=1.0, value=0.5)])
+    live_ingest.ingest_metrics(source.pk, [PointIn(line=0, name="train/loss", step=1, t=1.0, value=0.5)])
     with django_capture_on_commit_callbacks(execute=False):
         fork = post(owner_api, f"/api/runs/{source.pk}/clone/", {"from_step": 1}).json()
     refused = owner_api.delete(f"/api/runs/{source.pk}/")
@@ -180,14 +181,14 @@ def test_superseding_a_rewound_history_keeps_each_step_once(owner, tiny_config, 
     from inflight.runs.actions import supersede_rewound_history
 
     run = make_run(owner, tiny_config, django_capture_on_commit_callbacks)
-    services.ingest_metrics(run.pk, [PointIn(line=n, name="train/loss", step=n + 1, t=1.0, value=float(n)) for n in range(6)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=n, name="train/loss", step=n + 1, t=1.0, value=float(n)) for n in range(6)])
     EvalScore.objects.create(run=run, benchmark="math500", step=5, k=1, mean_at_k=0.5, pass_at_k=0.5, num_problems=1, num_samples=1, t=1.0)
     seq_before = Run.objects.get(pk=run.pk).metrics_seq
     assert supersede_rewound_history(run.pk, step=3, metrics_lines=6, resumed_t=2.0) == 3
     assert supersede_rewound_history(run.pk, step=3, metrics_lines=6, resumed_t=2.0) == 0  # idempotent
     assert not EvalScore.objects.filter(run=run).exists()
     # The resumed attempt logs steps 4.. again, after the old lines.
-    services.ingest_metrics(run.pk, [PointIn(line=6 + n, name="train/loss", step=4 + n, t=3.0, value=10.0 + n) for n in range(3)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=6 + n, name="train/loss", step=4 + n, t=3.0, value=10.0 + n) for n in range(3)])
     steps = sorted(MetricPoint.objects.filter(run=run, name="train/loss").values_list("step", flat=True))
     assert steps == [1, 2, 3, 4, 5, 6]
     snapshot = run_snapshot(Run.objects.get(pk=run.pk), names=["train/loss"])

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from inflight.runs import services
 from inflight.runs.models import Run, RunStatus
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session  # noqa: F401 (fixture)
 
 pytestmark = [
@@ -30,7 +31,7 @@ def finished_run(owner, tiny_config: dict, name: str, slope: float) -> Run:
     for step in range(1, 9):
         points += [PointIn(line=step, name="success/mean", step=step, t=1000.0 + step, value=slope * step),
                    PointIn(line=step, name="train/loss", step=step, t=1000.0 + step, value=1.0 / step)]
-    services.ingest_metrics(run.pk, points)
+    live_ingest.ingest_metrics(run.pk, points)
     return run
 
 

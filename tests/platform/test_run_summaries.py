@@ -14,8 +14,9 @@ from django.urls import reverse
 from inflight.runs import evaluations, selectors, services
 from inflight.runs.actions import supersede_rewound_history
 from inflight.runs.models import MetricPoint, Run, RunSummary
-from inflight.runs.services import PointIn
+from inflight.live.ingest import PointIn
 from inflight.runs.summaries import HELDOUT_METRIC, RECENT_TRAIN_STEPS, SUCCESS_METRIC, THROUGHPUT_METRIC, refresh_summaries
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -72,7 +73,7 @@ def test_a_live_run_is_summarised_incrementally_and_exactly(owner) -> None:
         if batch % 4 == 3:  # a step logged again later (a resumed engine): its later line wins
             points.append(PointIn(line=line, name=SUCCESS_METRIC, step=batch * 4 - 2, t=0.0, value=rng.random()))
             line += 1
-        services.ingest_metrics(run.pk, points)
+        live_ingest.ingest_metrics(run.pk, points)
         if batch % 3 == 1:
             evaluations.ingest_eval(run.pk, {**EVAL, "benchmark": "aime24", "step": batch, "mean_at_k": rng.random()}, [])
         assert_matches_reference(owner, run)
@@ -88,11 +89,11 @@ def test_a_live_run_is_summarised_incrementally_and_exactly(owner) -> None:
 
 def test_a_rewound_resume_drops_the_summary(owner) -> None:
     run = services.create_run(owner, "rewound", {})
-    services.ingest_metrics(run.pk, [PointIn(line=i, name=SUCCESS_METRIC, step=i, t=float(i), value=v) for i, v in enumerate([0.1, 0.9, 0.5])])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=i, name=SUCCESS_METRIC, step=i, t=float(i), value=v) for i, v in enumerate([0.1, 0.9, 0.5])])
     assert row_of(owner, run)["success_best"] == 0.9
     # The resumed engine restarts from step 0's checkpoint: steps 1-2 of the dead attempt go.
     assert supersede_rewound_history(run.pk, step=0, metrics_lines=3, resumed_t=10.0) == 2
-    services.ingest_metrics(run.pk, [PointIn(line=3, name=SUCCESS_METRIC, step=1, t=11.0, value=0.3)])
+    live_ingest.ingest_metrics(run.pk, [PointIn(line=3, name=SUCCESS_METRIC, step=1, t=11.0, value=0.3)])
     row = row_of(owner, run)
     assert (row["success_best"], row["success_last"]) == (0.3, 0.3)
     assert_matches_reference(owner, run)
@@ -102,7 +103,7 @@ def _many_runs(owner, count: int) -> list[Run]:
     runs = Run.objects.bulk_create([Run(owner=owner, name=f"run-{i:02d}", config={"mode": "async", "trainer": {"max_steps": 10}}, status="succeeded",
                                         tags=["sweep"] if i % 2 else []) for i in range(count)])
     for i, run in enumerate(runs):
-        services.ingest_metrics(run.pk, [PointIn(line=0, name=SUCCESS_METRIC, step=1, t=1.0, value=i / 100)])
+        live_ingest.ingest_metrics(run.pk, [PointIn(line=0, name=SUCCESS_METRIC, step=1, t=1.0, value=i / 100)])
     return runs
 
 

@@ -11,7 +11,9 @@ from django.utils import timezone
 
 from inflight.runs import evaluations, selectors, services
 from inflight.runs.models import ALLOWED_TRANSITIONS, EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus, Worker
-from inflight.runs.services import IllegalTransition, InvalidRunConfig, PointIn
+from inflight.runs.services import IllegalTransition, InvalidRunConfig
+from inflight.live.ingest import PointIn
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -103,10 +105,10 @@ def _points(lines: range, names=("loss", "reward")) -> list[PointIn]:
 
 def test_ingest_is_idempotent_and_bumps_seq_only_for_new_points(owner) -> None:
     run = make_run(owner)
-    assert services.ingest_metrics(run.pk, _points(range(0, 10))) == 1
-    assert services.ingest_metrics(run.pk, _points(range(0, 10))) is None  # same batch again
+    assert live_ingest.ingest_metrics(run.pk, _points(range(0, 10))) == 1
+    assert live_ingest.ingest_metrics(run.pk, _points(range(0, 10))) is None  # same batch again
     assert MetricPoint.objects.filter(run=run).count() == 20
-    assert services.ingest_metrics(run.pk, _points(range(5, 15))) == 2  # overlapping batch
+    assert live_ingest.ingest_metrics(run.pk, _points(range(5, 15))) == 2  # overlapping batch
     assert MetricPoint.objects.filter(run=run).count() == 30
     assert Run.objects.get(pk=run.pk).metrics_seq == 2
     seq, points, truncated = selectors.metric_points_page(run, since_seq=1)
@@ -114,13 +116,13 @@ def test_ingest_is_idempotent_and_bumps_seq_only_for_new_points(owner) -> None:
     loss = MetricPoint.objects.filter(run=run, name="loss").order_by("step", "line").values_list("step", "value")
     assert list(loss) == [(i, float(i)) for i in range(15)]
     nan = [PointIn(line=99, name="loss", step=99, t=1.0, value=float("nan"))]
-    assert services.ingest_metrics(run.pk, nan) is None
+    assert live_ingest.ingest_metrics(run.pk, nan) is None
     with pytest.raises(Run.DoesNotExist):
-        services.ingest_metrics(10**9, _points(range(1)))
+        live_ingest.ingest_metrics(10**9, _points(range(1)))
 
 
 def test_points_from_metrics_record_keeps_numbers_only() -> None:
-    points = services.points_from_metrics_record(7, {"t": 5.0, "step": 3, "a": 1, "b": 2.5, "flag": True, "s": "x"})
+    points = live_ingest.points_from_metrics_record(7, {"t": 5.0, "step": 3, "a": 1, "b": 2.5, "flag": True, "s": "x"})
     assert [(p.line, p.name, p.step, p.t, p.value) for p in points] == [(7, "a", 3, 5.0, 1.0), (7, "b", 3, 5.0, 2.5)]
 
 
@@ -168,7 +170,7 @@ def test_leaderboard_uses_one_rule_for_best_and_last(owner, other_user, staff_us
     for run, scores in ((a, [(1, 0.2), (2, 0.6), (3, 0.4)]), (b, [(1, 0.5)]), (hidden, [(1, 0.9)])):
         for step, mean in scores:
             evaluations.ingest_eval(run.pk, {**EVAL_LINE, "benchmark": "aime24", "step": step, "mean_at_k": mean}, [])
-    services.ingest_metrics(a.pk, [PointIn(i, "success/mean", i, 1.0, v) for i, v in enumerate([0.1, 0.7, 0.3])])
+    live_ingest.ingest_metrics(a.pk, [PointIn(i, "success/mean", i, 1.0, v) for i, v in enumerate([0.1, 0.7, 0.3])])
     rows = selectors.leaderboard(owner, "-aime24_best")[0]
     assert [r["run_id"] for r in rows] == [a.pk, b.pk]
     assert rows[0]["aime24_best"] == 0.6 and rows[0]["aime24_last"] == 0.4

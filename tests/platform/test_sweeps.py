@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from inflight.runs import group_selectors, services, sweeps
 from inflight.runs.models import Run, RunGroup, RunStatus
+from inflight.live import ingest as live_ingest
 
 pytestmark = pytest.mark.django_db
 
@@ -146,8 +147,8 @@ def _write_and_ingest(run: Run, path: Path, heldout: list[tuple[int, float]], t0
             if at == step:
                 lines.append({"t": t0 + step * seconds_per_step + 0.5, "step": step, "success/heldout": value})
     path.write_text("".join(json.dumps(record) + "\n" for record in lines))
-    points = [point for number, record in enumerate(lines) for point in services.points_from_metrics_record(number, dict(record))]
-    services.ingest_metrics(run.pk, points)
+    points = [point for number, record in enumerate(lines) for point in live_ingest.points_from_metrics_record(number, dict(record))]
+    live_ingest.ingest_metrics(run.pk, points)
 
 
 def test_time_to_target_columns_equal_an_independent_reading_of_metrics_jsonl(owner, owner_client, tiny_config, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from inflight.runs import services, sweeps
 from inflight.runs.models import Run, RunStatus
+from inflight.live import ingest as live_ingest
 from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, playwright_session  # noqa: F401 (fixture)
 from tests.platform.test_run_actions_browser import sign_in
 
@@ -26,10 +27,10 @@ pytestmark = [
 def _log(run: Run, slope: float, steps: int) -> None:
     points = []
     for step in range(1, steps + 1):
-        points.append(services.PointIn(line=2 * step, name="success/mean", step=step, t=1000.0 + 3 * step, value=min(1.0, 0.1 + slope * step)))
+        points.append(live_ingest.PointIn(line=2 * step, name="success/mean", step=step, t=1000.0 + 3 * step, value=min(1.0, 0.1 + slope * step)))
         if step % 4 == 0:
-            points.append(services.PointIn(line=2 * step + 1, name="success/heldout", step=step, t=1000.5 + 3 * step, value=min(1.0, 0.1 + slope * step)))
-    services.ingest_metrics(run.pk, points)
+            points.append(live_ingest.PointIn(line=2 * step + 1, name="success/heldout", step=step, t=1000.5 + 3 * step, value=min(1.0, 0.1 + slope * step)))
+    live_ingest.ingest_metrics(run.pk, points)
 
 
 def _traces(page: Any) -> list[dict[str, Any]]:

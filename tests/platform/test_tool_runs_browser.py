@@ -1,6 +1,6 @@
 """Issue 34 in a real browser: a run of a tool-using env (`math_python_tool`) with its recorded
 multi-turn rollouts and tool metrics, as the worker leaves them (metrics through
-`runs.services.ingest_metrics`, rollouts through `rollouts.services.ingest_rollouts` with the tiny
+`runs.live_ingest.ingest_metrics`, rollouts through `rollouts.services.ingest_rollouts` with the tiny
 model's tokenizer, the trainer's logprobs through `attach_train_logprobs`).
 
 The run page has a Tools block of charts whose legends say what each series is (a plain math run
@@ -12,6 +12,7 @@ Screenshots: /tmp/tool_run_charts.png, /tmp/tool_run_sample.png, /tmp/tool_run_s
 """
 
 from __future__ import annotations
+from inflight.live import ingest as live_ingest
 
 from pathlib import Path
 

@@ -25,6 +25,8 @@ import pytest
 
 from downsample_oracle import snapshot_from_points
 from inflight.devservices import free_port
+from inflight.live import ingest as live_ingest
+from inflight.live import broadcast
 from run_page_client import ClientRecord, run_page_client
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -136,12 +138,12 @@ def test_pages_on_two_web_nodes_get_every_push_and_a_killed_nodes_pages_end_comp
         if batch == batches // 2:
             os.killpg(node_b_process.pid, signal.SIGKILL)  # node B dies mid-run, no goodbye to its sockets
         for run in runs:
-            points = [services.PointIn(line=2 * batch + k, name=f"m/{m}", step=2 * batch + k, t=time.time(), value=float(run.pk * 1000 + 2 * batch + k + m))
+            points = [live_ingest.PointIn(line=2 * batch + k, name=f"m/{m}", step=2 * batch + k, t=time.time(), value=float(run.pk * 1000 + 2 * batch + k + m))
                       for k in range(2) for m in range(3)]
-            services.ingest_metrics(run.pk, points)
+            live_ingest.ingest_metrics(run.pk, points)
             written[run.pk] += [(p.name, p.step, p.t, p.value) for p in points]
         time.sleep(0.15)
-    services.flush_broadcasts()
+    broadcast.flush_broadcasts()
     final_seq = {run.pk: Run.objects.get(pk=run.pk).metrics_seq for run in runs}
     wait(lambda: all(record.seq == final_seq[record.run_id] for record in pages.records), timeout=60,
          message="every page to hold every batch of its run")
@@ -168,8 +170,8 @@ def test_an_idle_run_page_keeps_its_socket(web_nodes: list[tuple[subprocess.Pope
     pages.start()
     wait(lambda: pages.records[0].refetches, timeout=60, message="the page to load its snapshot")
     time.sleep(12)
-    services.ingest_metrics(run.pk, [services.PointIn(line=0, name="m", step=0, t=time.time(), value=1.0)])
-    services.flush_broadcasts()
+    live_ingest.ingest_metrics(run.pk, [live_ingest.PointIn(line=0, name="m", step=0, t=time.time(), value=1.0)])
+    broadcast.flush_broadcasts()
     wait(lambda: pages.records[0].seq == 1, timeout=30, message="the push after the idle spell")
     pages.finish()
     record = pages.records[0]

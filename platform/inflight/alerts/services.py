@@ -20,7 +20,7 @@ from django.db import transaction
 
 from inflight.alerts.models import Alert, AlertCursor, AlertEpisode, AlertWebhook
 from inflight.alerts.rules import RULES, Firing, Verdicts, advance_episodes, check_eval, check_line, check_stall, eval_drop_watches
-from inflight.live.broadcast import _group_send, run_group, user_runs_group
+from inflight.live.broadcast import push, run_group, user_runs_group
 from inflight.runs.models import EvalScore, Run
 from rl_core.config.run_config import AlertsConfig
 
@@ -208,8 +208,8 @@ def check_stalled(run_id: int, idle_s: float, last_step: int | None) -> list[Ale
 
 def _announce(payload: dict[str, Any], owner_id: int, run_name: str) -> None:
     message = {"type": "alert.fired", "alert": payload}
-    _group_send(run_group(payload["run"]), message)
-    _group_send(user_runs_group(owner_id), message)
+    push(run_group(payload["run"]), message)
+    push(user_runs_group(owner_id), message)
     if not settings.INFLIGHT_ALERT_WEBHOOKS:
         return
     hook = AlertWebhook.objects.filter(user_id=owner_id, enabled=True).first()

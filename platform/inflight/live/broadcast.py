@@ -1,6 +1,7 @@
 """Pushes to the live Channels groups, off the write path: a run's group and a user's run list,
-and the background event loop that sends them (services call `_group_send` inside their
-transactions' on_commit; `flush_broadcasts` waits for the queue to drain)."""
+and the background event loop that sends them. The one way out for every writer: `push` (queue a
+push now) and `push_on_commit` (queue it once the caller's transaction committed, so a page never
+hears of a row it cannot read yet); `flush_broadcasts` waits for the queue to drain."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
@@ -144,13 +146,20 @@ atexit.register(_broadcaster.flush)
 FORWARDED_AS_TEXT = frozenset({"eval.score", "rollouts.batch", "run.panel"})
 
 
-def _group_send(group: str, message: dict[str, Any]) -> None:
+def push(group: str, message: dict[str, Any]) -> None:
+    """Queue one push to `group` (in order per group) and return at once; a failure is logged,
+    never raised: the database holds the data and a client refetches on a seq gap."""
     if message.get("type") in FORWARDED_AS_TEXT:
         message = {"type": message["type"], "text": json.dumps(message, separators=(",", ":"))}
     try:
         _broadcaster.send(group, message)
     except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write
         logger.warning("could not broadcast %s to %s", message.get("type"), group, exc_info=True)
+
+
+def push_on_commit(group: str, message: dict[str, Any]) -> None:
+    """`push` once the current transaction commits (at once outside one); nothing if it rolls back."""
+    transaction.on_commit(lambda: push(group, message))
 
 
 def flush_broadcasts(timeout_s: float = 5.0) -> bool:

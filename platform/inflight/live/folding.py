@@ -32,6 +32,22 @@ _POINTS = MetricPoint._meta.db_table
 _RUNS = Run._meta.db_table
 _BUCKETS = SnapshotBucket._meta.db_table
 _CURSORS = SnapshotCursor._meta.db_table
+# A point's columns as the model names them (the statements below bind them by position).
+_POINT_COLUMNS = ", ".join(MetricPoint._meta.get_field(name).column for name in ("run", "seq", "line", "name", "step", "t", "value"))
+_RETURNED = ", ".join(MetricPoint._meta.get_field(name).column for name in ("name", "step", "t", "value"))
+_POINT_KEY = ", ".join(MetricPoint._meta.get_field(name).column for name in ("run", "line", "name"))
+
+# A batch's points stored, those already there (same run, line, name) skipped; returns the stored
+# ones. `%(x)b`: the arrays travel in binary over a server-side bound statement (Django's own
+# cursors inline parameters as text literals, which PostgreSQL then parses: ~25% slower here).
+INSERT_POINTS_RETURNING_SQL = f"""
+INSERT INTO {_POINTS} ({_POINT_COLUMNS})
+SELECT %(run)s, %(seq)s, * FROM unnest(
+    %(lines)b::bigint[], %(names)b::varchar[], %(steps)b::bigint[], %(ts)b::float8[], %(values)b::float8[]
+)
+ON CONFLICT ({_POINT_KEY}) DO NOTHING
+RETURNING {_RETURNED}
+"""
 
 
 @dataclass
@@ -131,9 +147,9 @@ GUARDED_INGEST_SQL = (
     f"bump AS (UPDATE {_RUNS} SET metrics_seq = metrics_seq + 1 WHERE id = %(run)s AND metrics_seq = %(prev)s "
     "AND EXISTS (SELECT 1 FROM guard) "
     f"AND NOT EXISTS (SELECT 1 FROM {_POINTS} WHERE run_id = %(run)s AND line = ANY(%(lines)b::bigint[])) RETURNING metrics_seq), "
-    f"stored AS (INSERT INTO {_POINTS} (run_id, seq, line, name, step, t, value) SELECT %(run)s, bump.metrics_seq, u.* FROM bump, "
+    f"stored AS (INSERT INTO {_POINTS} ({_POINT_COLUMNS}) SELECT %(run)s, bump.metrics_seq, u.* FROM bump, "
     "unnest(%(lines)b::bigint[], %(names)b::varchar[], %(steps)b::bigint[], %(ts)b::float8[], %(values)b::float8[]) AS u "
-    "ON CONFLICT (run_id, line, name) DO NOTHING RETURNING name, step, t, value), "
+    f"ON CONFLICT ({_POINT_KEY}) DO NOTHING RETURNING {_RETURNED}), "
     f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}), "
     f"moved AS (UPDATE {_CURSORS} SET seq = (SELECT metrics_seq FROM bump), max_step = GREATEST(max_step, (SELECT max(step) FROM stored)) "
     "WHERE run_id = %(run)s AND EXISTS (SELECT 1 FROM bump)) "

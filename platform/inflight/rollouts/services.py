@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Sequence
 
 from django.db import connection, transaction
 
-from inflight.live.broadcast import _group_send, run_group
+from inflight.live.broadcast import push_on_commit, run_group
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
@@ -232,7 +232,7 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
             kept = [row for row in rows if row.step % store.stride == 0][-PUSH_ROWS:]
             if kept:
                 message = {"type": "rollouts.batch", "run_id": run_id, "seq": store.seq, "rows": [summary_json(row) for row in kept]}
-                transaction.on_commit(lambda: _group_send(run_group(run_id), message))
+                push_on_commit(run_group(run_id), message)
     # Taken into the state only once committed: after a database error the batch comes again.
     state.stride, state.lines_seen, state.written_at = store.stride, store.lines_seen, time.monotonic()
     return len(rows)

@@ -181,7 +181,7 @@ RUN_WALL_TIME_SQL = (
 
 class MetricPoint(models.Model):
     # No database-level foreign key: PostgreSQL would run a referential-integrity check per
-    # inserted row (~1.5-2x slower bulk ingest). `services.ingest_metrics` locks the run row in
+    # inserted row (~1.5-2x slower bulk ingest). `live.ingest.ingest_metrics` locks the run row in
     # the same transaction, which proves the run exists; deletes still cascade through the ORM.
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points", db_constraint=False)
     name = models.CharField(max_length=120)

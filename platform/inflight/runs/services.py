@@ -1,8 +1,8 @@
 """Every write to runs and what they report (HackSoftware style: views and tasks only call these).
 
-Live updates go to Channels groups after the transaction commits:
-- `run-<id>`: `{"type": "metrics.batch", "seq", "points": [[name, step, t, value], ...]}`,
-  `{"type": "run.status", "run_id", "status", "error"}` and `{"type": "run.panel", "run_id"}`;
+Live updates go to Channels groups after the transaction commits (`live.broadcast`; a run's
+metrics and their `metrics.batch` pushes are `live.ingest`'s):
+- `run-<id>`: `{"type": "run.status", "run_id", "status", "error"}` and `{"type": "run.panel", "run_id"}`;
 - `runs-user-<owner id>`: `{"type": "run.status", "run_id", "status", "error"}`.
 A broadcast that fails (Redis away) is logged and dropped: the database already holds the
 data and clients re-sync from a snapshot, so nothing recorded is lost.
@@ -11,29 +11,23 @@ data and clients re-sync from a snapshot, so nothing recorded is lost.
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
-import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from inflight.live.broadcast import _group_send, flush_broadcasts, run_group, user_runs_group  # noqa: F401 (re-exported)
-from inflight.live.downsample import shift_for_max_step
-from inflight.live.folding import GUARDED_INGEST_SQL, fold_ingest_batch, read_cursor
+from inflight.live.broadcast import push, push_on_commit, run_group, user_runs_group
 from inflight.runs import run_limits, run_paths
 from inflight.runs.models import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATUSES,
-    MetricPoint,
     Run,
     RunStatus,
     Worker,
@@ -58,17 +52,6 @@ class InvalidRunConfig(ValueError):
     def __init__(self, errors: dict[str, list[str]]) -> None:
         self.errors = errors
         super().__init__("; ".join(f"{field}: {', '.join(messages)}" for field, messages in errors.items()))
-
-
-@dataclass(frozen=True)
-class PointIn:
-    """One metric value as read from metrics.jsonl; `line` is its idempotency key."""
-
-    line: int
-    name: str
-    step: int
-    t: float
-    value: float
 
 
 def validate_run_config(config_dict: Any) -> RunConfig:
@@ -212,8 +195,8 @@ def requeue_lost_messages(older_than_s: float | None = None) -> list[int]:
 
 def _broadcast_status(run: Run) -> None:
     message = {"type": "run.status", "run_id": run.pk, "status": run.status, "error": run.error, "detail": run.status_note}
-    _group_send(run_group(run.pk), message)
-    _group_send(user_runs_group(run.owner_id), message)
+    push(run_group(run.pk), message)
+    push(user_runs_group(run.owner_id), message)
 
 
 def announce_run_panel_changed(run_id: int) -> None:
@@ -221,7 +204,7 @@ def announce_run_panel_changed(run_id: int) -> None:
     pages fetch panel.json again, instead of polling it. Sent after the commit inside a transaction
     (the page must read the change), at once outside one."""
     message = {"type": "run.panel", "run_id": run_id}
-    transaction.on_commit(lambda: _group_send(run_group(run_id), message))
+    push_on_commit(run_group(run_id), message)
 
 
 @transaction.atomic
@@ -361,153 +344,6 @@ def request_cancel(run: Run, by_user: AbstractBaseUser) -> Run:
 
 def _orphan_cancel_error(run: Run) -> str:
     return f"cancelled while its worker {run.worker_name} was not sending heartbeats (the engine stops with its worker)"
-
-
-# ---------------------------------------------------------------- metrics
-
-
-# `%(x)b`: the arrays travel in binary over a server-side bound statement (Django's own
-# cursors inline parameters as text literals, which PostgreSQL then parses: ~25% slower here).
-_INSERT_POINTS_RETURNING_SQL = f"""
-INSERT INTO {MetricPoint._meta.db_table} (run_id, seq, line, name, step, t, value)
-SELECT %(run)s, %(seq)s, * FROM unnest(
-    %(lines)b::bigint[], %(names)b::varchar[], %(steps)b::bigint[], %(ts)b::float8[], %(values)b::float8[]
-)
-ON CONFLICT (run_id, line, name) DO NOTHING
-RETURNING name, step, t, value
-"""
-
-
-@dataclass
-class MetricsIngestState:
-    """One run's batch counter and snapshot cursor as its supervisor last left them (`seq`: the
-    run's `metrics_seq` = the cursor's seq; `shift`, `max_step`: the cursor's grid). With it a
-    batch usually costs one statement (`folding.guarded_ingest_sql`), which checks in the database
-    that this is still so; when not (first batch, a grid that must widen, a re-send, a resume's
-    rewind), the batch goes the transactional way and the state is read again."""
-
-    seq: int | None = None  # None: not known yet
-    shift: int = 0
-    max_step: int | None = None
-
-
-def _dedupe(points: Sequence[PointIn]) -> list[PointIn]:
-    """Finite points, the first of each (line, name) — a key repeated inside one statement
-    would be a conflict PostgreSQL cannot settle (nor should a batch carry one)."""
-    seen: set[tuple[int, str]] = set()
-    clean = []
-    for point in points:
-        key = (point.line, point.name[:120])
-        if key in seen or not (math.isfinite(point.value) and math.isfinite(point.t)):
-            continue
-        seen.add(key)
-        clean.append(point)
-    return clean
-
-
-def _ingest_guarded(run_id: int, clean: list[PointIn], state: MetricsIngestState) -> int | None:
-    """The one-statement way (see MetricsIngestState); the new seq, or None if it did nothing."""
-    names = [p.name[:120] for p in clean]
-    steps = [p.step for p in clean]
-    batch_max_step = max(steps)
-    if state.seq is None or shift_for_max_step(max(batch_max_step, state.max_step or 0)) > state.shift:
-        return None
-    params = {
-        "run": run_id, "prev": state.seq, "shift": state.shift, "lines": [p.line for p in clean], "names": names,
-        "steps": steps, "ts": [p.t for p in clean], "values": [p.value for p in clean],
-    }
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(GUARDED_INGEST_SQL, params)
-        seq, stored = cursor.fetchone()
-    if seq is None:
-        return None
-    state.seq, state.max_step = int(seq), max(batch_max_step, state.max_step if state.max_step is not None else batch_max_step)
-    message = {"type": "metrics.batch", "seq": int(seq), "points": [[name, p.step, p.t, p.value] for name, p in zip(names, clean)]}
-    transaction.on_commit(lambda: _group_send(run_group(run_id), message))
-    return int(seq)
-
-
-def ingest_metrics(run_id: int, points: Sequence[PointIn], state: MetricsIngestState | None = None) -> int | None:
-    """Store a batch, skipping points already stored (same line + name), and fold it into
-    the run's downsampled snapshot in the same transaction (`live.folding`), so a page view
-    never pays for folding.
-
-    Returns the run's new `metrics_seq`, or None when every point was a duplicate (then the
-    sequence is not bumped and nothing is broadcast). Non-finite values are dropped.
-    `state`: the run's `MetricsIngestState` kept by its supervisor (one statement per batch
-    while it holds; kept up to date here).
-    """
-    clean = _dedupe(points)
-    if not clean:
-        return None
-    if state is not None:
-        seq = _ingest_guarded(run_id, clean, state)
-        if seq is not None:
-            return seq
-    seq = _ingest_in_transaction(run_id, clean)
-    if state is not None:
-        connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            known = read_cursor(cursor, run_id)
-            cursor.execute(f"SELECT metrics_seq FROM {Run._meta.db_table} WHERE id = %(run)s", {"run": run_id})
-            row = cursor.fetchone()
-        if known is not None and row is not None and known.seq == int(row[0]):
-            state.seq, state.shift, state.max_step = known.seq, known.shift, known.max_step
-        else:
-            state.seq = None  # not settled (a page's catch-up may still fold): the next batch goes this way too
-    return seq
-
-
-def _ingest_in_transaction(run_id: int, clean: list[PointIn]) -> int | None:
-    with transaction.atomic():
-        connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            # Locks the run row, so concurrent batches of one run get distinct, ordered seqs.
-            cursor.execute(
-                f"UPDATE {Run._meta.db_table} SET metrics_seq = metrics_seq + 1 WHERE id = %(run)s RETURNING metrics_seq",
-                {"run": run_id},
-            )
-            row = cursor.fetchone()
-            if row is None:
-                raise Run.DoesNotExist(f"run {run_id} does not exist")
-            seq = int(row[0])
-            names = [p.name[:120] for p in clean]
-            params = {
-                "run": run_id, "seq": seq, "lines": [p.line for p in clean], "names": names,
-                "steps": [p.step for p in clean], "ts": [p.t for p in clean], "values": [p.value for p in clean],
-            }
-            batch_max_step = max(params["steps"])
-            inserted = fold_ingest_batch(cursor, run_id, seq, batch_max_step, _INSERT_POINTS_RETURNING_SQL, params)
-            if inserted == len(clean):
-                stored = [[name, p.step, p.t, p.value] for name, p in zip(names, clean)]  # the common case: all new
-            elif inserted > 0:
-                # Part of the batch was stored before (a re-send overlapping new lines): push only the new part.
-                cursor.execute(
-                    f"SELECT name, step, t, value FROM {MetricPoint._meta.db_table} WHERE run_id = %(run)s AND seq = %(seq)s ORDER BY line, name",
-                    {"run": run_id, "seq": seq},
-                )
-                stored = [list(row) for row in cursor.fetchall()]
-            else:
-                stored = []
-        if not stored:
-            transaction.set_rollback(True)
-            return None
-        message = {"type": "metrics.batch", "seq": seq, "points": stored}
-        transaction.on_commit(lambda: _group_send(run_group(run_id), message))
-    return seq
-
-
-def points_from_metrics_record(line: int, record: dict[str, Any]) -> list[PointIn]:
-    """Split one metrics.jsonl object `{"t", "step", "<metric>": value, ...}` into points."""
-    t = float(record.get("t", time.time()))
-    step = int(record.get("step", 0))
-    points = []
-    for key, value in record.items():
-        if key in ("t", "step") or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        points.append(PointIn(line=line, name=key, step=step, t=t, value=float(value)))
-    return points
 
 
 # ---------------------------------------------------------------- workers
