@@ -27,9 +27,12 @@ a run's own share past the bound is `train/dropped_stale`, ~0). Sync mode is a c
 batch of `sync_steps_per_batch` steps is sampled by one version, its k-th step trains it at lag k.
 
 Not modelled: evaluations sharing the servers, zero-advantage drops and tail batching, start-up.
-The speeds are assumptions (`LagAssumptions`, defaults measured on the tiny model with the demo
-config on a 2-core CPU, bench/RESULTS.md "Lag prediction"); the create page shows them and lets
-them be changed. Torch-free and Django-free: the platform calls `predict_lag` as the form changes.
+The speeds are assumptions (`LagAssumptions`): rough figures for the tiny model on an idle 2-core
+CPU (the demo's ~0.5 s steps), not fitted to any run; the create page shows them and lets them be
+changed. Only their ratios matter (generation against training). Measured error, and the same
+prediction with the speeds fitted to each run's timeline (no better): bench/lag_prediction.py,
+bench/RESULTS.md "Lag prediction". Torch-free and Django-free: the platform calls `predict_lag` as
+the form changes.
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ UNBOUNDED_LAG = 10**6  # "no max_lag": the throttle then only counts, it never h
 
 
 class LagAssumptions(BaseModel):
-    """What the config cannot say: speeds and the response length. The defaults are the tiny model's
-    on a 2-core CPU with the demo config (bench/RESULTS.md "Lag prediction")."""
+    """What the config cannot say: speeds and the response length. The defaults are rough figures for
+    the tiny model on an idle 2-core CPU, not fitted (bench/RESULTS.md "Lag prediction")."""
 
     response_fraction: float = Field(0.3, gt=0, le=1, description="Mean response length as a share of sampling.max_new_tokens.")
     decode_base_s: float = Field(0.012, ge=0, description="Seconds of one server decode step, whatever its batch.")

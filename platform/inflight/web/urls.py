@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from inflight.web import mirror_views, rollout_views, run_actions, run_live_views, views
+from inflight.web import lag_views, mirror_views, rollout_views, run_actions, run_live_views, timeline_views, views
 
 app_name = "web"
 
@@ -13,10 +13,13 @@ urlpatterns = [
     path("runs/status.json", views.runs_status_json, name="runs_status"),
     path("runs/new/", views.run_create, name="run_create"),
     path("runs/new/sync.json", views.run_create_sync, name="run_create_sync"),
+    path("runs/new/lag.json", lag_views.run_create_lag_json, name="run_create_lag"),
     path("runs/<int:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<int:run_id>/snapshot.json", views.run_snapshot_json, name="run_snapshot"),
     path("runs/<int:run_id>/status.json", views.run_status_json, name="run_status"),
     path("runs/<int:run_id>/panel.json", run_live_views.run_panel_json, name="run_panel"),
+    path("runs/<int:run_id>/timeline.json", timeline_views.run_timeline_json, name="run_timeline"),
+    path("runs/<int:run_id>/lag.json", lag_views.run_lag_json, name="run_lag"),
     path("runs/<int:run_id>/stop/", views.run_stop, name="run_stop"),
     path("compare/", run_actions.compare, name="compare"),
     path("leaderboard/", run_actions.leaderboard, name="leaderboard"),
