@@ -377,6 +377,7 @@ class Actor:
         await run_benchmarks(
             self.config.eval, self.generate_least_loaded, step=step, run_dir=self.run_dir, sampling=self.sampling,
             seed=self.config.seed, reward_timeout_s=self.config.task.reward_timeout_s, metrics_sink=self.sink,
+            runner=self.runner, continue_turn=self.continue_turn,
         )
 
     def eval_coroutine(self, kind: EvalKind, step: int) -> Coroutine[Any, Any, None]:

@@ -417,8 +417,12 @@ async def run_benchmarks(
     seed: int = 0,
     reward_timeout_s: float = 5.0,
     metrics_sink: Any | None = None,
+    runner: TrajectoryRunner | None = None,
+    continue_turn: ContinueFn | None = None,
 ) -> dict[str, float]:
-    """Every benchmark of a run's `eval` section at one trainer step; returns the metrics logged."""
+    """Every benchmark of a run's `eval` section at one trainer step; returns the metrics logged.
+    A multi-turn run's `runner` lets the policy use its tool there too (graded by math-verify: a
+    benchmark's answers are math, whatever reward the run trains on)."""
     metrics: dict[str, float] = {}
     params = SamplingParams(
         temperature=sampling.temperature if eval_config.temperature is None else eval_config.temperature,
@@ -437,6 +441,8 @@ async def run_benchmarks(
             data_dir=eval_config.data_dir,
             reward_timeout_s=reward_timeout_s,
             seed=seed,
+            runner=runner,
+            continue_turn=continue_turn,
         )
         write_report(run_dir, step, report, metrics_sink)
         metrics.update(report.metrics())

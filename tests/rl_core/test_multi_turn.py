@@ -365,3 +365,21 @@ def test_server_takes_a_token_prompt_and_continues_exactly(tiny_model: Path) -> 
         asyncio.run(asyncio.wait_for(exchange(), 120))
     finally:
         server.stop()
+
+
+async def test_benchmarks_of_a_tool_run_let_the_policy_use_its_tool(tiny_model: Path, tmp_path: Path) -> None:
+    from rl_core.config.run_config import EvalConfig
+    from rl_core.evaluation.evaluator import run_benchmarks
+
+    codec = HFTokenCodec.from_pretrained(str(tiny_model))
+    client = ScriptedClient(codec, "42")
+    runner = TrajectoryRunner(MathPythonToolEnvironment(tool_config(tiny_model), sandbox=FakeSandbox()), codec)
+
+    async def continue_turn(prompt: list[int], sampling: SamplingParams) -> GenerationResult:
+        return (await client.generate([], sampling, 1, prompt_token_ids=prompt))[0]
+
+    await run_benchmarks(EvalConfig(benchmarks=["synthetic"], k={"synthetic": 2}, max_problems=2), client.generate, step=3,
+                         run_dir=tmp_path, sampling=SamplingParams(max_new_tokens=64), runner=runner, continue_turn=continue_turn)
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "step_000003_synthetic.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(row["samples_used_tool"] == [True, False] for row in rows)
+    assert len(client.continuations) == 2  # each problem's first sample called the tool and went on
