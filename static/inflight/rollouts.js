@@ -144,6 +144,11 @@
       current.samples.forEach(function (s, i) {
         var block = el("div", { "class": "eval-sample " + (s.correct ? "ok" : "bad") });
         block.appendChild(el("b", {}, "#" + (i + 1) + " " + (s.correct ? "✓" : "✗") + " extracted: " + (s.extracted === null ? "—" : s.extracted)));
+        if (s.used_tool === true) {
+          var badge = el("span", { "class": "tool-badge", "data-used-tool": "1" }, "called the tool");
+          badge.style.marginLeft = "8px";
+          block.appendChild(badge);
+        }
         var text = el("pre", { "class": "mono tok-eval" }, s.text);
         text.style.background = versionColour(current.policy_versions.length ? current.policy_versions[0] : 0);
         block.appendChild(text);

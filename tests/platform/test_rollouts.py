@@ -187,7 +187,7 @@ def test_exports(owner_api, owner, stored) -> None:
     assert len(lines) == 24 and json.loads(lines[21])["versions"] == [4, 4, 5, 5]
     evals = [json.loads(line) for line in b"".join(owner_api.get(base + "evals.jsonl").streaming_content).decode().splitlines()]
     assert evals == [{"benchmark": "math500", "step": 2, "k": 2, "policy_versions": [], "problem_id": "p1", "answer": "3", "samples": ["a", "b"],
-                      "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": None}]
+                      "extracted": ["3", None], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": None, "samples_used_tool": None}]
     response = owner_api.get(base + "nope.txt")
     assert response.status_code == 404 and "metrics.csv" in response.json()["error"]
 

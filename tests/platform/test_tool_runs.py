@@ -119,24 +119,31 @@ def test_the_sample_detail_gives_tool_tokens_no_ratio_and_says_where_the_weights
 
 def test_an_evaluation_says_which_problems_used_the_tool(owner, owner_api, client) -> None:
     run = tool_run(owner)
-    line = {"benchmark": "heldout", "step": 4, "k": 2, "mean_at_k": 0.5, "pass_at_k": 0.5, "num_problems": 3, "num_samples": 6}
+    line = {"benchmark": "heldout", "step": 4, "k": 2, "mean_at_k": 0.5, "pass_at_k": 0.5, "num_problems": 4, "num_samples": 8}
     rows = [
-        {"problem_id": "a", "answer": "1", "samples": ["x", "y"], "verdicts": [True, True], "mean": 1.0, "pass": True, "used_tool": True},
-        {"problem_id": "b", "answer": "2", "samples": ["x", "y"], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": False},
+        {"problem_id": "a", "answer": "1", "samples": ["x", "y"], "verdicts": [True, True], "mean": 1.0, "pass": True, "used_tool": True,
+         "samples_used_tool": [True, False]},
+        {"problem_id": "b", "answer": "2", "samples": ["x", "y"], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": False,
+         "samples_used_tool": [False, False]},
         {"problem_id": "c", "answer": "3", "samples": ["x", "y"], "verdicts": [False, False], "mean": 0.0, "pass": False},
+        # Solved by the sample that did not call the tool; the one that called it failed.
+        {"problem_id": "d", "answer": "4", "samples": ["x", "y"], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": True,
+         "samples_used_tool": [False, True]},
     ]
     score = evaluations.ingest_eval(run.pk, line, rows)
     stored = dict(EvalProblemResult.objects.filter(eval=score).values_list("problem_id", "used_tool"))
-    assert stored == {"a": True, "b": False, "c": None}  # absent: not recorded, never "no"
+    assert stored == {"a": True, "b": False, "c": None, "d": True}  # absent: not recorded, never "no"
     detail = owner_api.get(f"/api/evals/{score.pk}/").json()
     assert {p["problem_id"]: p["used_tool"] for p in detail["problems"]} == stored
+    assert {p["problem_id"]: p["samples_used_tool"] for p in detail["problems"]}["d"] == [False, True]
     client.force_login(owner)
     page = client.get(f"/runs/{run.pk}/").content.decode()
-    cells = dict(re.findall(r'data-problem-id="(\w)".*?data-used-tool="(\w+)"', page, re.S))
-    assert cells == {"a": "yes", "b": "no", "c": "unknown"}
-    assert "solved with the tool" in page and "solved without" in page
+    cells = {problem: (flag, cell) for problem, flag, cell in re.findall(r'data-problem-id="(\w)".*?data-used-tool="(\w+)">(.*?)</td>', page, re.S)}
+    shown = {problem: re.sub(r"<[^>]+>", "", cell) for problem, (flag, cell) in cells.items()}
+    assert {problem: flag for problem, (flag, _) in cells.items()} == {"a": "yes", "b": "no", "c": "unknown", "d": "yes"}
+    assert shown == {"a": "solved with the tool", "b": "solved without the tool", "c": "—", "d": "solved without the tool"}, shown
     problem = client.get(f"/runs/{run.pk}/evals/{score.pk}/problem.json", {"problem_id": "a"}).json()
-    assert problem["used_tool"] is True
+    assert problem["used_tool"] is True and [s["used_tool"] for s in problem["samples"]] == [True, False]
 
 
 def test_an_evaluation_without_tool_records_has_no_tool_column(owner, client) -> None:

@@ -51,7 +51,7 @@ def stored_tool_run(owner):
     from inflight.runs import evaluations
 
     evaluations.ingest_eval(run.pk, {"benchmark": "heldout", "step": 12, "k": 2, "mean_at_k": 0.5, "pass_at_k": 0.67, "num_problems": 3, "num_samples": 6}, [
-        {"problem_id": "h1", "problem": "Compute 12 * 13.", "answer": "156", "samples": ["a", "b"], "extracted": ["156", "156"], "verdicts": [True, True], "mean": 1.0, "pass": True, "used_tool": True},
+        {"problem_id": "h1", "problem": "Compute 12 * 13.", "answer": "156", "samples": ["a", "b"], "extracted": ["156", "156"], "verdicts": [True, True], "mean": 1.0, "pass": True, "used_tool": True, "samples_used_tool": [True, False]},
         {"problem_id": "h2", "problem": "Compute 2 + 3.", "answer": "5", "samples": ["a", "b"], "extracted": ["5", "6"], "verdicts": [True, False], "mean": 0.5, "pass": True, "used_tool": False},
         {"problem_id": "h3", "problem": "Compute 17 * 19 - 4.", "answer": "319", "samples": ["a", "b"], "extracted": ["320", None], "verdicts": [False, False], "mean": 0.0, "pass": False, "used_tool": True},
     ])
@@ -85,6 +85,13 @@ def test_a_tool_run_shows_its_tools_charts_and_its_trajectories_as_turns(daphne_
     assert cells == {"h1": "solved with the tool", "h2": "solved without the tool", "h3": "used the tool"}, cells
     page.locator(".eval-card").first.scroll_into_view_if_needed()
     page.screenshot(path="/tmp/tool_run_evaluations.png", full_page=False)
+    # Its samples say which called the tool.
+    page.locator('tr.eval-problem[data-problem-id="h1"]').click()
+    page.wait_for_selector("#sample-view:not(.hidden) .eval-sample")
+    assert page.eval_on_selector_all("#sample-tokens .eval-sample", "els => els.map(e => !!e.querySelector('[data-used-tool]'))") == [True, False]
+    assert "used the tool" in page.locator("#sample-meta").inner_text()
+    page.screenshot(path="/tmp/tool_run_eval_samples.png", full_page=False)
+    page.click("#sample-close")
 
     # The rollout viewer: one trajectory, turn by turn.
     page.click("#rollouts-tab")

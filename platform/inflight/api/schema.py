@@ -349,6 +349,7 @@ class EvalProblem(Answer):
     # `pass` is a Python keyword: the attribute is pass_, the field (in answers and the document) `pass`.
     pass_: bool = Field(alias="pass", description="At least one of the k samples is correct.")
     used_tool: bool | None = Field(description="Its samples called a tool (a tool-using env); null: not recorded.")
+    samples_used_tool: list[bool] | None = Field(description="Per sample: it called a tool; null: not recorded.")
 
 
 class EvalDetail(Eval):

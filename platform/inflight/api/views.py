@@ -82,6 +82,7 @@ def eval_detail(request: HttpRequest, eval_id: int) -> Any:
         {
             "problem_id": row.problem_id, "answer": row.answer, "samples": row.samples, "extracted": row.extracted,
             "verdicts": row.verdicts, "mean": row.mean, "pass": row.passed, "used_tool": row.used_tool,
+            "samples_used_tool": row.samples_used_tool,
         }
         for row in selectors.eval_problem_results(score)
     ]

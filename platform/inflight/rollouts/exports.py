@@ -101,6 +101,7 @@ def _eval_lines(run: Run) -> Iterator[str]:
             "benchmark": row.eval.benchmark, "step": row.eval.step, "k": row.eval.k, "policy_versions": row.eval.policy_versions,
             "problem_id": row.problem_id, "answer": row.answer, "samples": row.samples, "extracted": row.extracted,
             "verdicts": row.verdicts, "mean": row.mean, "pass": row.passed, "used_tool": row.used_tool,
+            "samples_used_tool": row.samples_used_tool,
         }, separators=(",", ":")) + "\n"
 
 

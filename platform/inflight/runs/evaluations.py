@@ -53,6 +53,7 @@ def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterab
             # A tool env's evaluation says whether the problem's samples called the tool; absent
             # (a single-turn env) stays unknown, never "no".
             used_tool=None if row.get("used_tool") is None else bool(row["used_tool"]),
+            samples_used_tool=[bool(v) for v in row["samples_used_tool"]] if isinstance(row.get("samples_used_tool"), list) else None,
         )
         for row in per_problem_rows
     ]

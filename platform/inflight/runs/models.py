@@ -231,6 +231,9 @@ class EvalProblemResult(models.Model):
     used_tool = models.BooleanField(
         null=True, blank=True, help_text="A sample of this problem called a tool (a tool-using env's evaluation); null: not recorded (no tool env)."
     )
+    samples_used_tool = models.JSONField(
+        null=True, blank=True, help_text="Per sample (aligned with samples): it called a tool; null: not recorded (no tool env)."
+    )
 
     class Meta:
         ordering = ["eval", "id"]

@@ -86,8 +86,11 @@ def eval_problem_json(request: HttpRequest, run_id: int, eval_id: int) -> Any:
         "problem_id": row.problem_id, "problem": row.problem, "answer": row.answer, "mean": row.mean, "pass": row.passed,
         "used_tool": row.used_tool,
         "samples": [
-            {"text": text, "extracted": extracted, "correct": bool(verdict)}
-            for text, extracted, verdict in zip(row.samples, row.extracted + [None] * len(row.samples), row.verdicts + [False] * len(row.samples))
+            {"text": text, "extracted": extracted, "correct": bool(verdict), "used_tool": used}
+            for text, extracted, verdict, used in zip(
+                row.samples, row.extracted + [None] * len(row.samples), row.verdicts + [False] * len(row.samples),
+                (row.samples_used_tool or []) + [None] * len(row.samples),
+            )
         ],
     }
 

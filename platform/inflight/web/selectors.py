@@ -40,6 +40,17 @@ def config_diff(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
+def solved_with_tool(passed: bool, used_tool: bool | None, verdicts: list[bool], samples_used_tool: list[bool] | None) -> bool | None:
+    """Whether a correct sample of the problem called the tool (None: the evaluation did not record
+    tool use). Per sample when recorded: a problem one sample solved without the tool while another
+    called it and failed was not solved with the tool. Else the problem's flag: solved and called."""
+    if samples_used_tool is not None and len(samples_used_tool) == len(verdicts):
+        return any(correct and used for correct, used in zip(verdicts, samples_used_tool))
+    if used_tool is None:
+        return None
+    return passed and used_tool
+
+
 def latest_evaluations(run: Run) -> list[dict[str, Any]]:
     """Per benchmark: the latest evaluation, its per-problem results, and which flipped vs the previous one.
 
@@ -72,6 +83,7 @@ def latest_evaluations(run: Run) -> list[dict[str, Any]]:
                     "mean": row.mean,
                     "passed": row.passed,
                     "used_tool": row.used_tool,
+                    "solved_with_tool": solved_with_tool(row.passed, row.used_tool, row.verdicts, row.samples_used_tool),
                     "previous_mean": None if earlier is None else earlier.mean,
                     "flip": flip,
                     "extracted": [value for value in row.extracted if value is not None][:4],
