@@ -48,10 +48,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from rl_core import CHECKOUT_ROOT
+
 if TYPE_CHECKING:
     from rl_core.config.run_config import RunConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = CHECKOUT_ROOT
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rl_core import CHECKOUT_ROOT
 from rl_core.rundir.layout import PROVENANCE_FILE
 
 PACKAGE_NAME = "inflight"
@@ -76,7 +77,7 @@ def _git(repo: Path, *args: str) -> str | None:
 
 
 def code_version(source_dir: Path | None = None) -> CodeVersion:
-    repo = source_dir or Path(__file__).resolve().parent.parent
+    repo = source_dir or CHECKOUT_ROOT
     commit = _git(repo, "rev-parse", "HEAD")
     try:
         package = metadata.version(PACKAGE_NAME)

@@ -46,3 +46,15 @@ def test_no_stage_imports_a_higher_one_at_run_time() -> None:
     result = subprocess.run([str(lint), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "1 kept, 0 broken" in result.stdout
+
+
+def test_the_checkout_root_is_found_once_and_right() -> None:
+    # After the move into packages, two modules still counted `.parent.parent` from their own file:
+    # `.venv-vllm` was looked for inside rl_core/, so every vLLM test skipped as "not installed".
+    from rl_core import CHECKOUT_ROOT
+    from rl_core.inference.vllm_engine import VLLM_VENV
+
+    assert (CHECKOUT_ROOT / "pyproject.toml").is_file() and VLLM_VENV.parent == CHECKOUT_ROOT == ROOT
+    counting = [str(path.relative_to(ROOT)) for path in RL_CORE.rglob("*.py")
+                if path.name != "__init__.py" and ".parent.parent" in path.read_text() and "__file__" in path.read_text()]
+    assert counting == [], f"use rl_core.CHECKOUT_ROOT instead of counting folders from __file__: {counting}"
