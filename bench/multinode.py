@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -289,7 +290,8 @@ def main() -> None:
             reached = figures["to_plus20_s"]
             ray_part = (f" (placement group {figures['placement_wait_s']:.1f} s, every node's Ray actor up after "
                         f"{figures['actors_wait_s']:.1f} s)") if figures["actors_wait_s"] is not None else ""
-            print(f"  {name:10} start-up {figures['startup_s']:.1f} s{ray_part}, {figures['per_step_s']:.2f} s/step, +20 at step "
+            per_step = "n/a" if figures["per_step_s"] is None else f"{figures['per_step_s']:.2f}"  # a run too short for two steps' gap
+            print(f"  {name:10} start-up {figures['startup_s']:.1f} s{ray_part}, {per_step} s/step, +20 at step "
                   f"{figures['step']} after {reached if reached is None else round(reached, 1)} s; held-out {figures['curve']}")
 
     def median_of(runs: list[dict], key: str) -> float | None:
@@ -297,9 +299,14 @@ def main() -> None:
         return statistics.median(values) if len(values) == len(runs) else None
 
     report_time_to_gain(ones, twos)
-    print(f"RESULT step_time_two_nodes_over_one {median_of(twos, 'per_step_s') / median_of(ones, 'per_step_s'):.2f}")
-    print(f"RESULT placement_group_wait_s {median_of(twos, 'placement_wait_s'):.2f}")
-    print(f"RESULT startup_two_nodes_over_one {median_of(twos, 'startup_s') / median_of(ones, 'startup_s'):.2f}")
+    def ratio(key: str) -> float:
+        two, one = median_of(twos, key), median_of(ones, key)
+        return math.nan if two is None or one is None else two / one  # nan: some run had no figure (said above)
+
+    placement = median_of(twos, "placement_wait_s")
+    print(f"RESULT step_time_two_nodes_over_one {ratio('per_step_s'):.2f}")
+    print(f"RESULT placement_group_wait_s {math.nan if placement is None else placement:.2f}")
+    print(f"RESULT startup_two_nodes_over_one {ratio('startup_s'):.2f}")
 
 if __name__ == "__main__":
     main()

@@ -32,7 +32,8 @@ import torch
 from benchlib import bare_broadcast, start_reference_server, updates_while_decoding  # first: it puts the checkout on sys.path
 
 from rl_core.models.model_shapes import add_model_shape_args, bench_dtype, model_for_bench  # noqa: E402
-from rl_core.weights.sync import DEFAULT_BUCKET_BYTES, synchronize_device  # noqa: E402
+from rl_core.models.model_io import synchronize_device  # noqa: E402
+from rl_core.weights.sync import DEFAULT_BUCKET_BYTES  # noqa: E402
 
 def bare_device_copy(total_bytes: int, device: torch.device, rounds: int) -> list[float]:
     """Seconds of one `copy_` of `total_bytes` between two buffers already resident on `device`."""

@@ -34,10 +34,9 @@ from rl_core.config.engine import ENGINE_COUNTERS, Drafter, EngineConfig
 from rl_core.inference.sampling import PositionUniforms, check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.inference.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prefixes, split_shared_prompts
 from rl_core.inference.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
-from rl_core.models.model_io import model_dtype, use_tf32_matmul
+from rl_core.models.model_io import model_dtype, synchronize_device, use_tf32_matmul  # the device wait before an update's clock stops
 from rl_core.inference.shared_decode import extended_history_hash, prompt_history_hash, representatives
 from rl_core.inference.speculation import DraftLengthController
-from rl_core.weights.sync import synchronize_device  # the one device wait before an update's clock stops
 from rl_core.rundir.timeline import ServerTimeline
 
 log = logging.getLogger(__name__)

@@ -69,3 +69,11 @@ def use_tf32_matmul(device: torch.device | str) -> bool:
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.allow_tf32 = True
     return True
+
+
+def synchronize_device(device: torch.device | str | None) -> None:
+    """Wait for the work queued on `device` (CUDA runs kernels asynchronously). Every update
+    timing calls it before it stops its clock: without it an NCCL broadcast or a device copy
+    would be timed at its launch, not at its end. A no-op on CPU."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

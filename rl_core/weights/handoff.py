@@ -29,7 +29,7 @@ from typing import Any, Iterable, Literal
 
 import torch
 
-from rl_core.models.model_io import dtype_name, torch_dtype
+from rl_core.models.model_io import dtype_name, synchronize_device, torch_dtype
 from rl_core.weights.segments import SEGMENT_DIR, check_segment_name, segment_name
 from rl_core.weights.sync import (
     HttpWeightSyncEndpoint,
@@ -38,7 +38,6 @@ from rl_core.weights.sync import (
     _raise_first,
     _run_all,
     parse_update,
-    synchronize_device,
     update_metrics,
 )
 

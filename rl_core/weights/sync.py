@@ -36,20 +36,12 @@ import httpx
 import torch
 import torch.distributed as dist
 
-from rl_core.models.model_io import dtype_name, torch_dtype
+from rl_core.models.model_io import dtype_name, synchronize_device, torch_dtype
 from rl_core.common.processes import free_port
 from rl_core.common.metric_names import WEIGHTS_VERSION
 from rl_core.rundir.layout import ADVERTISED_ADDRESS_ENV  # where the TCPStore listens on a cluster
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
-
-
-def synchronize_device(device: torch.device | str | None) -> None:
-    """Wait for the work queued on `device` (CUDA runs kernels asynchronously). Every update
-    timing calls it before it stops its clock: without it an NCCL broadcast or a device copy
-    would be timed at its launch, not at its end. A no-op on CPU."""
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from rl_core.weights.handoff import (
     segment_layout,
 )
 from rl_core.weights.segments import remove_run_segments, run_segment_tag, run_segments, segment_name
-from rl_core.weights.sync import ParamSpec, WeightSyncError, synchronize_device
+from rl_core.models.model_io import synchronize_device
+from rl_core.weights.sync import ParamSpec, WeightSyncError
 from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
 from test_launcher import children_of, start_run, status, trained_steps, wait_for, write_config
 from tests.metrics_file import read_metrics
