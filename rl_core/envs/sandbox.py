@@ -35,6 +35,7 @@ import asyncio
 import concurrent.futures
 import functools
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -49,6 +50,7 @@ from typing import Literal, Protocol, Sequence
 
 from rl_core.envs import sandbox_exec
 
+logger = logging.getLogger(__name__)
 LAUNCHER = os.path.abspath(sandbox_exec.__file__)
 ToolStatus = Literal["ok", "error", "timeout", "output_limit", "refused"]
 _READ_CHUNK = 65536
@@ -112,6 +114,27 @@ class _Output:
             if keep < len(chunk):
                 self.exceeded.set()
                 return
+
+
+_REAP_S = 10.0  # after the SIGKILL: the pipes' ends and the exit status come within this
+
+
+async def _discard(stream: asyncio.StreamReader | None) -> None:
+    while stream is not None and await stream.read(_READ_CHUNK):
+        pass
+
+
+async def _reap(process: asyncio.subprocess.Process) -> None:
+    """The killed group's rest of output read away, then its exit. A stream left unread past the
+    output limit has its transport paused: the closed pipe's end is never seen, and Python 3.11's
+    `wait()` waits for the pipes as well as the exit, forever (the 10 GB test hung so in a loaded
+    suite). Bounded either way: the group is SIGKILLed, the event loop's child watcher reaps it."""
+    for step in (asyncio.gather(_discard(process.stdout), _discard(process.stderr)), process.wait()):
+        try:
+            await asyncio.wait_for(step, timeout=_REAP_S)
+        except asyncio.TimeoutError:
+            logger.warning("sandbox: pid %s not reaped within %.0f s of its SIGKILL", process.pid, _REAP_S)
+            return
 
 
 def _kill_group(pgid: int) -> None:
@@ -242,7 +265,7 @@ class ProcessSandbox:
             over.cancel()
             if not finished.done():
                 finished.cancel()
-            await process.wait()
+            await _reap(process)
         status: ToolStatus
         exit_code: int | None = None
         if output.exceeded.is_set():

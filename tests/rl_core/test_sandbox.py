@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import signal
 import socket
 import sys
 import time
@@ -285,3 +286,18 @@ def test_probe_tells_the_uid_the_code_runs_as() -> None:
 
 async def test_run_python_works_inside_a_running_loop() -> None:
     assert run_python("print(1)").stdout == "1\n"
+
+
+async def test_a_killed_call_whose_output_was_left_unread_is_reaped() -> None:
+    # Past the output limit the sandbox stops reading; the paused pipe's end is then never seen and
+    # Python 3.11's Process.wait() waited forever (the 10 GB test hung a loaded suite for 10 minutes).
+    from rl_core.envs import sandbox
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    await process.stdout.read(1000)
+    await asyncio.sleep(0.5)  # the unread output fills the reader's buffer: reading pauses
+    os.killpg(process.pid, signal.SIGKILL)
+    await asyncio.wait_for(sandbox._reap(process), timeout=15)
+    assert process.returncode == -signal.SIGKILL
