@@ -191,14 +191,7 @@ def cmd_logout(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_submit(args: argparse.Namespace, out: TextIO) -> int:
     path = Path(args.config)
-    try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} must hold a YAML mapping (a run config), not {type(config).__name__}")
+    config = _read_config(path)
     apply_overrides(config, args.set or [])
     name = args.name or str(config.get("name") or path.stem)
     client = _client()
