@@ -139,7 +139,7 @@ def test_asgi_routes_http_and_websockets() -> None:
 
 
 def _settings_env_names() -> set[str]:
-    sources = [REPO_ROOT / "platform" / "inflight" / "settings.py", REPO_ROOT / "rl_core" / "config.py"]
+    sources = [REPO_ROOT / "platform" / "inflight" / "settings.py", REPO_ROOT / "rl_core" / "config" / "run_config.py"]
     names: set[str] = set()
     for source in sources:
         names |= set(re.findall(r"""(?:environ\.get|_env_bool|_env_list|_roots)\(\s*["']([A-Z_]+)["']""", source.read_text()))
