@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from rl_core.config.run_config import EnvConfig, RunConfig
+    from rl_core.config.env import EnvConfig
+    from rl_core.config.run_config import RunConfig
     from rl_core.envs.problems import Problem, TaskData
     from rl_core.envs.rewards import RewardResult
     from rl_core.envs.sandbox import Sandbox, SandboxLimits, ToolResult

@@ -24,7 +24,7 @@ from rl_core.common import metric_names as mn
 from rl_core.rundir.layout import METRICS_FILE, TENSORBOARD_DIR, WANDB_RUN_ID_FILE
 
 if TYPE_CHECKING:
-    from rl_core.config.run_config import MirrorConfig
+    from rl_core.config.monitoring import MirrorConfig
 
 
 class MetricsSink(Protocol):

@@ -13,7 +13,7 @@ import pytest
 from inflight.alerts import services as alerts
 from inflight.alerts.models import Alert, AlertWebhook
 from inflight.alerts.rules import Verdicts, advance_episodes, check_line
-from rl_core.config.run_config import AlertsConfig
+from rl_core.config.monitoring import AlertsConfig
 from tests.platform.test_alerts import lines, make_run, receiver, rules  # noqa: F401 - receiver is a fixture
 
 # The reward's 2-step mean around a 0.3 drop from its best 0.8: 0.5 fires (step 4); the means of

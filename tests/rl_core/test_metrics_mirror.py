@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.config.run_config import MirrorConfig
+from rl_core.config.monitoring import MirrorConfig
 from rl_core.rundir.metrics import (
     JsonlSink,
     MetricsMirror,

@@ -13,7 +13,7 @@ from typing import Any
 
 from rl_core.config.benchmarks import HELDOUT_BENCHMARK
 from rl_core.common import metric_names as mn
-from rl_core.config.run_config import AlertsConfig
+from rl_core.config.monitoring import AlertsConfig
 from rl_core.rundir.metrics import NONFINITE_PREFIX
 from rl_core.launch.watchdog import SILENT_METRIC
 

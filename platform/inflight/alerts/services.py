@@ -22,7 +22,7 @@ from inflight.alerts.models import Alert, AlertCursor, AlertEpisode, AlertWebhoo
 from inflight.alerts.rules import RULES, Firing, Verdicts, advance_episodes, check_eval, check_line, check_stall, eval_drop_watches
 from inflight.live.broadcast import push, run_group, user_runs_group
 from inflight.runs.models import EvalScore, Run
-from rl_core.config.run_config import AlertsConfig
+from rl_core.config.monitoring import AlertsConfig
 
 logger = logging.getLogger(__name__)
 WEBHOOK_TIMEOUT_S = 5.0

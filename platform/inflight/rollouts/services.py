@@ -21,7 +21,7 @@ from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
 from inflight.runs.json_rows import model_fields, rows_source, server_bound_cursor
 from inflight.runs.models import Run
-from rl_core.config.run_config import RolloutStoreConfig
+from rl_core.config.monitoring import RolloutStoreConfig
 
 # A push carries at most this many new rows (a 100x burst must not become a 1 MB message);
 # a client that wants the rest pages the API.
