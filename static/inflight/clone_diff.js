@@ -96,13 +96,18 @@
   function yamlActive() { return !!yamlForm && !yamlForm.classList.contains("hidden"); }
   function render() { if (yamlActive()) renderYaml(); else renderForm(); }
 
-  form.addEventListener("input", renderForm);
-  form.addEventListener("change", renderForm);
+  // On the YAML tab the form is filled from the YAML (config_sync.js) and fires "change": the
+  // YAML's own diff (asked of the server) owns the table there, or the two would race to write it.
+  function formEdited() { if (!yamlActive()) renderForm(); }
+  form.addEventListener("input", formEdited);
+  form.addEventListener("change", formEdited);
   if (yamlForm) {
     yamlForm.addEventListener("input", function () {
       clearTimeout(timer);
       timer = setTimeout(renderYaml, 300);
     });
+    // config_sync.js rewrote the text from the form (the tab was opened mid-sync).
+    yamlForm.addEventListener("yaml-synced", function () { if (yamlActive()) renderYaml(); });
   }
   // tabs.js (loaded first) shows the clicked panel; the diff then follows the visible tab.
   document.querySelectorAll(".tab").forEach(function (tab) { tab.addEventListener("click", render); });

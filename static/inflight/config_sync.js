@@ -40,18 +40,20 @@
     if (launch) launch.disabled = blocked;
   }
 
-  function formToYaml() {
-    var mine = ++asked;
+  function formToYaml(mine) {
+    if (mine !== asked) return;  // outdated while it waited its turn
     var body = new FormData(formEl);
     body.set("to", "yaml");
     return ask(body).then(function (answer) {
       if (mine !== asked || !answer.ok) return;
       textarea.value = answer.json.yaml;
+      // Setting a value fires no "input": say so, and the clone page's YAML diff follows.
+      yamlForm.dispatchEvent(new Event("yaml-synced"));
     });
   }
 
-  function yamlToForm() {
-    var mine = ++asked;
+  function yamlToForm(mine) {
+    if (mine !== asked) return;
     var body = new FormData();
     body.set("to", "form");
     body.set("config_yaml", textarea.value);
@@ -82,11 +84,18 @@
     });
   }
 
+  // Numbered when asked for, not when sent: a sync queued behind a slow one is outdated by an
+  // edit made while it waited, and is then never sent.
   function run(direction) {
-    inFlight = inFlight.catch(function () {}).then(direction === "yaml" ? formToYaml : yamlToForm);
+    var mine = ++asked;
+    var sync = direction === "yaml" ? formToYaml : yamlToForm;
+    inFlight = inFlight.catch(function () {}).then(function () { return sync(mine); });
     return inFlight;
   }
   function schedule(direction) {
+    // A new edit outdates every answer in flight: one landing now would overwrite what was just
+    // typed (e.g. the form's YAML arriving after the user's first keys on the YAML tab).
+    asked++;
     clearTimeout(timer);
     due = direction;
     timer = setTimeout(function () { timer = null; var d = due; due = null; run(d); }, PAUSE_MS);

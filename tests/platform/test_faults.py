@@ -93,7 +93,8 @@ def test_sigkilled_only_worker_run_is_lost_within_threshold_and_cancel_ends(daph
     lost = wait(lambda: (r := Run.objects.get(pk=run.pk)).status == RunStatus.LOST and r, timeout=15, message="lost")
     assert time.monotonic() - killed_at < 3 + 8
     assert worker.name in lost.error
-    assert "lost" in daphne.read_text()
+    # The sweeper logs after its sweep has committed: the line may trail the status by a moment.
+    wait(lambda: "lost" in daphne.read_text(), timeout=10, message="the web server's sweeper to log the lost run")
     response = owner_api.post(f"/api/runs/{run.pk}/cancel/")
     assert response.status_code == 200 and response.json()["status"] == RunStatus.CANCELLED
     assert api_points(owner_api, run) == file_points(run) == 10

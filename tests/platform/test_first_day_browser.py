@@ -72,6 +72,29 @@ def test_form_and_yaml_tabs_are_one_config(daphne_server: str, browser: Any, own
     page.close()
 
 
+def test_a_late_answer_for_the_form_never_overwrites_what_was_typed_on_the_yaml_tab(daphne_server: str, browser: Any, owner, wait: Callable[..., Any]) -> None:  # noqa: F811
+    page = signed_in_page(browser, daphne_server, "/runs/new/")
+    held: list[Any] = []  # the form → YAML answer, held back as a slow server would
+
+    def hold_form_to_yaml(route: Any) -> None:
+        if not held and 'name="to"\r\n\r\nyaml' in (route.request.post_data or ""):
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/runs/new/sync.json", hold_form_to_yaml)
+    page.fill('[id="f-trainer.max_steps"]', "12")
+    wait(lambda: page.wait_for_timeout(50) or held, timeout=10, message="the form's sync to be asked")
+    page.click('.tab[data-tab="yaml"]')
+    typed = page.input_value("textarea[name=config_yaml]").replace("max_steps: 100", "max_steps: 7")
+    page.fill("textarea[name=config_yaml]", typed)
+    held.pop().continue_()
+    # The YAML typed after the form's edit is the newer edit: it stays, and the form follows it.
+    wait(lambda: page.input_value('[id="f-trainer.max_steps"]') == "7", timeout=10, message="the YAML's edit on the form")
+    assert page.input_value("textarea[name=config_yaml]") == typed
+    page.close()
+
+
 def test_unknown_addresses_get_the_sites_404_page(daphne_server: str, browser: Any, owner) -> None:  # noqa: F811
     page = signed_in_page(browser, daphne_server, "/")
     response = page.goto(f"{daphne_server}/runs/abc/")
