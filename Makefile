@@ -52,14 +52,14 @@ demo: venv tiny-model
 	$(PY) manage.py demo
 
 # The whole test suite; the platform tests start their own PostgreSQL/Redis/workers.
-# pytest exit code 5 means "no tests collected" (e.g. a filtered run): not a failure.
+# pytest exit code 5 ("no tests collected", e.g. a filtered run) is not a failure (scripts/run_tests.sh).
 test: venv tiny-model
 	@# A JIT build killed mid-way leaves torch's lock file behind and every later build waits on
 	@# it forever; nothing else builds into this cache while the tests start, so clear it.
 	@find $(TORCH_EXTENSIONS_DIR) -maxdepth 2 -name lock -type f -delete 2>/dev/null || true
-	@# --durations: CI's log names the slowest tests, so the suite's time has an owner (keep CI well under 45 min).
-	@$(PY) -m pytest tests --durations=40 $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$rc
+	@# Two pytest sessions side by side (the engine's tests and the platform's: scripts/run_tests.sh
+	@# says why); --durations names the slowest tests of each, so the suite's time has an owner.
+	@PY=$(PY) PYTEST_ARGS="$(PYTEST_ARGS)" scripts/run_tests.sh
 
 # Every bench in bench/ at its smallest real settings (`--smoke`: seconds each, the same code path),
 # as CI runs them: each must exit 0 and print RESULT lines (bench/smoke.py). vs_trl.py's own venv
