@@ -34,6 +34,7 @@ from rl_core.common.processes import die_with_parent, stop_process_groups
 from rl_core.rundir.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
 from rl_core.rundir.layout import (  # no torch either: the run directory's layout and records
     CHECKPOINTS_DIR,
+    DISCARDED_ROLLOUTS_FILE,
     EVALS_FILE,
     FINAL_STATES,
     LOGS_DIR,
@@ -70,6 +71,9 @@ class Reporter(Protocol):
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         """train_logprobs.jsonl lines whose stream lines were delivered (importance ratios)."""
 
+    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        """stream/discarded.jsonl lines (samples the actor did not train, with why) and their 0-based line numbers."""
+
     def running(self, pid: int) -> None:
         """The child reported `running` in status.json."""
 
@@ -103,6 +107,9 @@ class NullReporter:
         pass
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
         pass
 
     def running(self, pid: int) -> None:
@@ -191,6 +198,7 @@ class RunSupervisor:
     evals_tail: JsonlTail = field(init=False)
     rollouts_tail: FileStreamTail | RedisStreamTail = field(init=False)  # the stream the config names
     train_logprobs_tail: JsonlTail = field(init=False)
+    discarded_tail: JsonlTail = field(init=False)  # the actor's discarded samples (always a file)
     # train_logprobs.jsonl lines read but not yet handed over: a line waits until the stream lines
     # it covers (`consumed`) are delivered, so the rows it attaches to exist.
     train_logprobs_waiting: list[dict[str, Any]] = field(default_factory=list, init=False)
@@ -223,6 +231,7 @@ class RunSupervisor:
         self.evals_tail = JsonlTail(self.run_dir / EVALS_FILE)
         self.rollouts_tail = open_rollouts_tail(self.run_dir, self.config_yaml)
         self.train_logprobs_tail = JsonlTail(self.run_dir / TRAIN_LOGPROBS_FILE)
+        self.discarded_tail = JsonlTail(self.run_dir / DISCARDED_ROLLOUTS_FILE)
 
     # -------------------------------------------------------------- 1. start
 
@@ -289,7 +298,9 @@ class RunSupervisor:
         rollouts = self._attempt("rollout delivery", lambda: f"will retry from line {self.rollouts_tail.line_no}",
                                  self._deliver_rollouts)
         train_logprobs = self.deliver_train_logprobs()
-        return metrics and evals and rollouts and train_logprobs
+        discarded = self._attempt("discarded rollout delivery", lambda: f"will retry from line {self.discarded_tail.line_no}",
+                                  self._deliver_discarded)
+        return metrics and evals and rollouts and train_logprobs and discarded
 
     def _deliver_metrics(self) -> None:
         records, offset, line_no = self.metrics_tail.peek()
@@ -319,6 +330,12 @@ class RunSupervisor:
         if records:
             self.reporter.rollouts(records)
         self.rollouts_tail.commit(offset, line_no)
+
+    def _deliver_discarded(self) -> None:
+        records, offset, line_no = self.discarded_tail.peek(max_lines=2000)
+        if records:
+            self.reporter.discarded_rollouts(records)
+        self.discarded_tail.commit(offset, line_no)
 
     def deliver_train_logprobs(self) -> bool:
         """The trainer's per-token logprobs, attached to stored rollouts (importance ratios).

@@ -111,6 +111,13 @@ class PlatformReporter:
             logger.exception("run %s: alert evaluation failed", self.run_id)
 
     def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        self._ingest_rollouts(records, discarded=False)
+
+    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        # The same store, grid and state as the stream's samples: one bound on what a run keeps.
+        self._ingest_rollouts(records, discarded=True)
+
+    def _ingest_rollouts(self, records: list[tuple[int, dict[str, Any]]], discarded: bool) -> None:
         from inflight.rollouts.services import RolloutIngestState, ingest_rollouts
         from inflight.rollouts.tokens import decoder_for_model
 
@@ -118,7 +125,7 @@ class PlatformReporter:
         model_path = str((config.get("model") or {}).get("path") or "")
         if self._rollout_state is None:
             self._rollout_state = RolloutIngestState.from_config(config)
-        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path), self._rollout_state)
+        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path), self._rollout_state, discarded)
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         from inflight.rollouts.services import attach_train_logprobs

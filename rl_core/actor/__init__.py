@@ -6,6 +6,7 @@
 - `lag_throttle`: the `max_lag` bound kept at submission
 - `scheduling`: routing across servers (least-loaded, HistoPipe)
 - `tail_batching`: RollPacker's tail batching
+- `discarded`: the samples the actor did not write to the stream, with why (the rollout viewer)
 - `lag_prediction`: the policy lag a config should see, predicted before launch (torch-free: the create page)
 
 May import: the stages below (`common` … `evaluation`); never `trainer` or `launch`.

@@ -38,12 +38,15 @@ from typing import Any, Coroutine
 
 from rl_core.envs.advantages import divides_by_group_std, group_advantages
 from rl_core.config.run_config import RunConfig
-from rl_core.common.contracts import GenerationResult, RolloutSample, SamplingParams
+from rl_core.common.contracts import (
+    DISCARD_ABORTED, DISCARD_EMPTY, DISCARD_ZERO_ADVANTAGE, GenerationResult, RolloutSample, SamplingParams,
+)
 from rl_core.common import metric_names as mn
 from rl_core.rundir.metrics import MetricsSink
 from rl_core.rundir.layout import TrainerProgress, latest_checkpoint, read_progress
 from rl_core.rundir.stream import StreamWriter
 from rl_core.rundir.timeline import ActorTimeline, TimelineWriter
+from rl_core.actor.discarded import DiscardedSamples
 from rl_core.actor.submission import EvalKind, EvalSchedule, PromptSource, ZeroAdvantageGroups, make_plan, make_throttle
 from rl_core.envs.problems import Problem, TaskData
 from rl_core.envs.environments import Environment, load_environment
@@ -52,6 +55,13 @@ from rl_core.envs.trajectories import HFTokenCodec, ToolClock, Trajectory, Traje
 METRICS_EVERY_S = 2.0
 CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
 log = logging.getLogger(__name__)
+
+
+def unusable_reason(token_ids: list[int], finish_reason: str) -> str | None:
+    """Why a response cannot be trained (its discard reason), or None when it can."""
+    if finish_reason == "abort":
+        return DISCARD_ABORTED
+    return None if token_ids else DISCARD_EMPTY
 
 
 def connection_dropped(exc: BaseException) -> bool:
@@ -179,6 +189,8 @@ class Actor:
         # The run page's Timeline: every group from launch to finish, and why one wrote nothing.
         self.timeline = ActorTimeline(TimelineWriter(self.run_dir, "actor", "actor"),
                                       deferrable=config.accelerations.tail_batching.enabled and config.mode == "async")
+        # The rollout viewer's discarded samples: what the actor scored but does not write to the stream.
+        self.discarded = DiscardedSamples.from_config(config, self.run_dir)
 
     # --- generation through the servers -------------------------------------------
 
@@ -240,24 +252,29 @@ class Actor:
         rewards = [score.reward for score in scores]
         advantages = group_advantages(
             rewards, normalize_std=divides_by_group_std(self.config.actor.advantage, self.config.trainer.loss))
-        samples = []
+        samples: list[RolloutSample] = []
+        skipped: list[tuple[RolloutSample, str]] = []  # not trainable, with why
         for i, (result, score, advantage) in enumerate(zip(results, scores, advantages)):
             self.window.rewards.append(score.reward)
             self.window.successes.append(float(score.success))
             self.window.lengths.append(len(result.token_ids))
             self.window.versions_per_sequence.append(result.num_versions)
             self.window.tokens += len(result.token_ids)
-            if not result.token_ids or result.finish_reason == "abort":
-                continue  # nothing to learn from (an aborted or empty response)
-            samples.append(RolloutSample(
+            # Nothing to learn from an aborted or empty response: not trained, shown as discarded.
+            unusable = unusable_reason(result.token_ids, result.finish_reason)
+            sample = RolloutSample(
                 sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.id,
                 prompt_token_ids=list(result.prompt_token_ids), completion_token_ids=list(result.token_ids),
                 behaviour_logprobs=list(result.logprobs), token_versions=list(result.token_versions),
                 reward=score.reward, success=score.success, advantage=advantage, finish_reason=result.finish_reason,
                 metadata={"epoch": epoch, "extracted": score.extracted,
                           **({"env": self.env.name} if self.config.env.name != "math" else {})},
-            ))
-        return self.close_group(problem, epoch, group_id, advantages, samples)
+            )
+            if unusable:
+                skipped.append((sample, unusable))
+            else:
+                samples.append(sample)
+        return self.close_group(problem, epoch, group_id, advantages, samples, skipped)
 
     async def score_trajectories(self, problem: Problem, epoch: int, group_id: str,
                                  trajectories: list[Trajectory]) -> list[RolloutSample]:
@@ -267,7 +284,8 @@ class Actor:
         advantages = group_advantages(
             [score.reward for score in scores],
             normalize_std=divides_by_group_std(self.config.actor.advantage, self.config.trainer.loss))
-        samples = []
+        samples: list[RolloutSample] = []
+        skipped: list[tuple[RolloutSample, str]] = []  # not trainable, with why
         for i, (trajectory, score, advantage) in enumerate(zip(trajectories, scores, advantages)):
             w = self.window
             w.rewards.append(score.reward)
@@ -276,27 +294,35 @@ class Actor:
             w.versions_per_sequence.append(trajectory.num_versions)
             w.tokens += sum(trajectory.mask)  # decoded tokens: a tool's output was not generated
             w.add_trajectory(trajectory, score.success)
-            if not trajectory.token_ids or trajectory.finish_reason == "abort":
-                continue
-            samples.append(RolloutSample(
+            unusable = unusable_reason(trajectory.token_ids, trajectory.finish_reason)
+            sample = RolloutSample(
                 sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.id,
                 prompt_token_ids=list(trajectory.prompt_token_ids), completion_token_ids=list(trajectory.token_ids),
                 behaviour_logprobs=list(trajectory.logprobs), token_versions=list(trajectory.token_versions),
                 reward=score.reward, success=score.success, advantage=advantage, finish_reason=trajectory.finish_reason,
                 metadata={"epoch": epoch, "extracted": score.extracted, **trajectory.metadata(self.env.name)},
                 completion_mask=list(trajectory.mask),
-            ))
-        return self.close_group(problem, epoch, group_id, advantages, samples)
+            )
+            if unusable:
+                skipped.append((sample, unusable))
+            else:
+                samples.append(sample)
+        return self.close_group(problem, epoch, group_id, advantages, samples, skipped)
 
     def close_group(self, problem: Problem, epoch: int, group_id: str, advantages: list[float],
-                    samples: list[RolloutSample]) -> list[RolloutSample]:
-        """Count a scored group; [] when it is dropped (all advantages equal, and the run drops those)."""
+                    samples: list[RolloutSample], skipped: list[tuple[RolloutSample, str]] | None = None) -> list[RolloutSample]:
+        """Count a scored group; [] when it is dropped (all advantages equal, and the run drops those).
+        What is not written (the dropped group, the `skipped` responses with their reason) is recorded
+        as discarded for the rollout viewer."""
+        skipped = list(skipped or [])
         self.window.groups += 1
         self.window.zero_advantage_groups += all(a == 0.0 for a in advantages)
         if self.zero_advantage.on_group(epoch, problem, informative=any(a != 0.0 for a in advantages)):
             self.window.dropped_groups += 1
             self.timeline.dropped_zero_advantage(group_id)
+            self.discarded.record([(sample, DISCARD_ZERO_ADVANTAGE) for sample in samples] + skipped, self.samples_total)
             return []
+        self.discarded.record(skipped, self.samples_total)
         return samples
 
     # --- submission bookkeeping (what the plans call) ------------------------------
@@ -526,4 +552,5 @@ class Actor:
             await asyncio.gather(*self.evals)
         # The final version may already have had its periodic evaluation (EvalSchedule.final).
         await asyncio.gather(*(self.eval_coroutine(kind, self.version) for kind in self.eval_schedule.final(self.version)))
+        self.discarded.close()
         await self.env.aclose()

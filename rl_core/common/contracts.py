@@ -60,6 +60,20 @@ class GenerationResult:
         return len(set(self.token_versions))
 
 
+# Why a sample was never trained (the rollout viewer shows each). The actor writes the first three
+# to `stream/discarded.jsonl` instead of the stream: its group's advantages were all equal and the
+# run drops such groups (`actor.drop_zero_advantage_groups`, or dapo, which draws the prompt
+# again); its server aborted the response; or it has no token at all. The trainer drops a stream
+# sample whose tokens are past `actor.max_lag` (`stale`) and says which in train_logprobs.jsonl
+# (`trainer/train_records.py`).
+DISCARD_ZERO_ADVANTAGE = "zero_advantage"
+DISCARD_ABORTED = "aborted"
+DISCARD_EMPTY = "empty"
+DISCARD_STALE = "stale"
+ACTOR_DISCARD_REASONS = (DISCARD_ZERO_ADVANTAGE, DISCARD_ABORTED, DISCARD_EMPTY)
+DISCARD_REASONS = (*ACTOR_DISCARD_REASONS, DISCARD_STALE)
+
+
 @dataclass
 class RolloutSample:
     """One scored attempt, as written to the actor→trainer stream."""
@@ -81,9 +95,15 @@ class RolloutSample:
     # A multi-turn sample's `metadata` also has "turns" ([{"kind": "model"|"tool", "start", "end"}
     # completion-token offsets; a tool turn also "status" and "seconds"]), "tool_calls" and "env".
     completion_mask: list[int] | None = None
+    # Why this sample was not trained (`DISCARD_REASONS`); None for a sample of the stream. Only
+    # lines of `stream/discarded.jsonl` carry one, so the trainer's stream lines stay as they were.
+    discarded: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["discarded"] is None:
+            del data["discarded"]  # a stream line keeps its old shape (and byte count)
+        return data
 
     def trained_mask(self) -> list[int]:
         """`completion_mask`, or all ones where it is None."""

@@ -39,6 +39,10 @@ EVAL_DIR = "eval"  # per-problem results: eval/step_XXXXXX_<bench>.jsonl
 STREAM_DIR = "stream"
 STREAM_FILE = "rollouts.jsonl"
 ROLLOUTS_FILE = f"{STREAM_DIR}/{STREAM_FILE}"  # the actor's file stream (contracts.RolloutSample lines)
+DISCARDED_FILE = "discarded.jsonl"
+# The actor's samples that were not trained, each with its `discarded` reason (contracts.RolloutSample
+# lines, of the steps the rollout viewer keeps only): always a file, whatever `stream.kind` is.
+DISCARDED_ROLLOUTS_FILE = f"{STREAM_DIR}/{DISCARDED_FILE}"
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_CHECKPOINT_LINK = "latest"
 CHECKPOINT_STATE_FILE = "trainer_state.json"  # inside each checkpoint directory

@@ -57,8 +57,11 @@ class StreamReader(Protocol):
 
 
 class FileStreamWriter:
-    def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / STREAM_DIR / STREAM_FILE
+    """`file_name`: another file of `STREAM_DIR` in the same format (the actor's discarded samples,
+    `layout.DISCARDED_FILE`), written the same way so its reader is the same too."""
+
+    def __init__(self, run_dir: str | Path, file_name: str = STREAM_FILE) -> None:
+        self.path = Path(run_dir) / STREAM_DIR / file_name
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._count = self._repair_and_count()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -284,6 +284,7 @@ class Trainer:
         self.dropped_stale = 0
         # Completion tokens dropped as stale and trained, for the dropped share of tokens.
         self.dropped_stale_tokens = 0
+        self.stale_ids: list[str] = []  # dropped by the batch being read; recorded once it is trained
         self.trained_tokens = 0
         self.train_records = TrainRecords.for_run(config, self.run_dir)
         # The run page's Timeline: this rank's phases (waiting, forward/backward, optimizer, broadcast).
@@ -354,6 +355,7 @@ class Trainer:
                 if self.backend.version - min(sample.policy_versions(), default=self.backend.version) > self.config.actor.max_lag:
                     self.dropped_stale += 1
                     self.dropped_stale_tokens += len(sample.completion_token_ids)
+                    self.stale_ids.append(sample.sample_id)
                     continue
                 batch.append(sample)
         return batch
@@ -365,6 +367,7 @@ class Trainer:
     def restore_counters(self, saved: tuple[int, int, int, int]) -> None:
         self.reader.seek(saved[0])
         self.consumed, self.dropped_stale, self.dropped_stale_tokens = saved[1:]
+        self.stale_ids = []  # read again (and judged again) by the step that takes them
 
     def save_checkpoint(self) -> Path:
         root = self.run_dir / CHECKPOINTS_DIR
@@ -422,6 +425,9 @@ class Trainer:
             assert samples is not None
             self.timeline.phase("wait")
             self.timeline.dropped_stale(self.dropped_stale - start[2])
+            if self.ranks.rank == 0:  # every rank drops the same samples: one says which
+                self.train_records.dropped_stale(self.stale_ids, self.backend.version + 1, self.consumed)
+            self.stale_ids = []
             started = time.monotonic()
             records = self.train_records if self.train_records.wants(self.backend.version + 1) else None
             stats, step_info = train_step(self.backend, samples, self.config, self.ranks, records)

@@ -13,6 +13,14 @@ Only steps that are multiples of `monitoring.rollouts.keep_every_n_steps` are re
 platform stores rollouts of those steps only (its stride is always a multiple of that).
 Each rank records the samples it trained (its share); one O_APPEND write per line, so the
 ranks' lines never interleave.
+
+Rank 0 also says which stream samples it dropped as stale (past `actor.max_lag`), every one of
+them (they are rare: the actor keeps the bound at submission), so the viewer marks them as not
+trained:
+
+    {"sample_id": str, "step": int, "consumed": int, "discarded": "stale"}
+
+`step` the version the step that dropped it brought the trainer to, `consumed` as above.
 """
 
 from __future__ import annotations
@@ -86,6 +94,25 @@ class TrainRecords:
             self._thread = threading.Thread(target=self._run, name="train-records", daemon=True)
             self._thread.start()
         self._queue.put((step, consumed, captured))
+
+    def dropped_stale(self, sample_ids: Sequence[str], step: int, consumed: int) -> None:
+        """Record `sample_ids` as dropped stale (written at once: a few lines, seldom). Recorded
+        whatever `train_logprobs` says: it is what the viewer shows of a sample, not a ratio."""
+        if not sample_ids:
+            return
+        from rl_core.common.contracts import DISCARD_STALE
+
+        lines = [json.dumps({"sample_id": sample_id, "step": step, "consumed": consumed, "discarded": DISCARD_STALE},
+                            separators=(",", ":")) + "\n" for sample_id in sample_ids]
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                for line in lines:
+                    os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:  # the viewer's marks must never stop training
+            logger.warning("train records: writing %s failed (%r); stale drops not recorded", self.path, exc)
 
     def close(self) -> None:
         """Write what is pending and stop the thread."""

@@ -47,13 +47,28 @@
 
   // ---------------------------------------------------------------- table
 
+  // Why the actor did not train a sample (RolloutSummary.discarded): the badge's title. A reason not
+  // listed here (a newer engine's) is shown as written.
+  var DISCARD_REASONS = {
+    zero_advantage: "its group's rewards were all equal (advantage 0): the run drops such groups",
+    aborted: "its server aborted the response before it finished",
+    empty: "the response has no token",
+    stale: "the trainer dropped it: its tokens were older than actor.max_lag allows",
+  };
+  function reasonLabel(reason) { return reason.replace(/_/g, " "); }
+  function discardBadge(reason) {
+    return el("span", { "class": "discard-badge", "data-reason": reason, title: "not trained: " + (DISCARD_REASONS[reason] || reason) }, reasonLabel(reason));
+  }
+
   function versionColour(v) { return VERSION_COLOURS[((v % VERSION_COLOURS.length) + VERSION_COLOURS.length) % VERSION_COLOURS.length]; }
 
   function rowFor(r) {
-    var tr = el("tr", { "data-id": r.id, "data-step": r.step, "data-correct": r.correct ? "1" : "0", "class": "rollout-row" });
+    var tr = el("tr", { "data-id": r.id, "data-step": r.step, "data-correct": r.correct ? "1" : "0", "data-discarded": r.discarded || "",
+                        "class": "rollout-row" + (r.discarded ? " discarded" : "") });
     tr.appendChild(el("td", { "class": "num" }, r.step));
     tr.appendChild(el("td", { "class": "mono clip", title: r.prompt }, r.prompt));
     var response = el("td", { "class": "mono clip" }, r.response);
+    if (r.discarded) response.insertBefore(discardBadge(r.discarded), response.firstChild); // before any tool badge
     if (r.tool_calls) { // a multi-turn sample: how many times it called the tool, before its text
       response.insertBefore(el("span", { "class": "tool-badge", title: "tool calls in this sample" }, r.tool_calls + (r.tool_calls === 1 ? " tool call" : " tool calls")), response.firstChild);
     }
@@ -77,7 +92,27 @@
     if (num("length_min") !== null && r.length < num("length_min")) return false;
     if (num("length_max") !== null && r.length > num("length_max")) return false;
     if (filters.correct !== undefined && String(r.correct) !== filters.correct) return false;
+    if (filters.discarded === "false" && r.discarded) return false;
+    if (filters.discarded === "true" && !r.discarded) return false;
+    if (filters.discarded !== undefined && filters.discarded !== "true" && filters.discarded !== "false" && r.discarded !== filters.discarded) return false;
     return true;
+  }
+
+  // The first page's counts (trained, and per discard reason) under the other filters; a reason
+  // present gets its own choice in the filter.
+  var countsEl = document.getElementById("rollouts-counts");
+  var reasonSelect = document.querySelector('#rollout-filters select[name="discarded"]');
+  function showCounts(counts) {
+    if (!counts) return;
+    var parts = ["trained " + (counts.trained || 0)];
+    var reasons = Object.keys(counts).filter(function (k) { return k !== "trained"; }).sort();
+    var discarded = reasons.reduce(function (sum, k) { return sum + counts[k]; }, 0);
+    parts.push("discarded " + discarded + (reasons.length ? " (" + reasons.map(function (k) { return reasonLabel(k) + " " + counts[k]; }).join(", ") + ")" : ""));
+    countsEl.textContent = parts.join(" · ");
+    reasons.forEach(function (k) {
+      if (reasonSelect.querySelector('option[value="' + k + '"]')) return;
+      reasonSelect.appendChild(el("option", { value: k }, "discarded: " + reasonLabel(k)));
+    });
   }
 
   function query(cursor) {
@@ -93,6 +128,7 @@
     return getJSON(query(append ? nextCursor : null)).then(function (page) {
       if (!append) body.textContent = "";
       page.rollouts.forEach(function (r) { body.appendChild(rowFor(r)); });
+      showCounts(page.counts);
       nextCursor = page.next_cursor;
       more.classList.toggle("hidden", nextCursor === null);
       if (!body.children.length) {
@@ -244,7 +280,8 @@
       document.getElementById("sample-meta").textContent = "reward " + s.reward + " · " + (s.correct ? "correct" : "wrong") + " · extracted " + (s.extracted || "—") +
         " · advantage " + s.advantage.toFixed(3) + " · " + s.length + " tokens · versions v" + s.min_version + "–v" + s.max_version +
         (s.version_switches.length ? " · switched at token " + s.version_switches.join(", ") : "") + " · max lag " + s.max_lag + " · " + s.finish_reason +
-        (s.turns ? " · " + s.turns.length + " turns, " + s.tool_calls + " tool call" + (s.tool_calls === 1 ? "" : "s") : "") + (s.env ? " · env " + s.env : "");
+        (s.turns ? " · " + s.turns.length + " turns, " + s.tool_calls + " tool call" + (s.tool_calls === 1 ? "" : "s") : "") + (s.env ? " · env " + s.env : "") +
+        (s.discarded ? " · discarded (" + reasonLabel(s.discarded) + "): not trained, " + (DISCARD_REASONS[s.discarded] || s.discarded) : "");
       document.getElementById("sample-prompt").textContent = s.prompt_text;
       var ratioInput = document.getElementById("colour-ratio");
       ratioInput.disabled = !s.ratios;
@@ -289,8 +326,9 @@
       ["sample", "reward", "advantage", "correct", "length", "response"].forEach(function (h) { head.appendChild(el("th", {}, h)); });
       table.appendChild(head);
       g.samples.forEach(function (s) {
-        var tr = el("tr", { "class": "rollout-row" + (s.id === current.id ? " current" : "") });
+        var tr = el("tr", { "class": "rollout-row" + (s.id === current.id ? " current" : "") + (s.discarded ? " discarded" : "") });
         [s.sample_id, Number(s.reward).toFixed(2), Number(s.advantage).toFixed(3), s.correct ? "✓" : "✗", s.length, s.response].forEach(function (v) { tr.appendChild(el("td", { "class": "mono" }, v)); });
+        if (s.discarded) tr.lastChild.insertBefore(discardBadge(s.discarded), tr.lastChild.firstChild);
         tr.addEventListener("click", function () { openSample(s.id); });
         table.appendChild(tr);
       });

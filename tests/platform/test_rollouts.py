@@ -366,3 +366,136 @@ def test_a_zero_advantage_sample_says_why_it_has_no_ratios(owner_api, owner) -> 
     run.config["trainer"]["kl_coef"] = 0.1
     run.save(update_fields=["config"])
     assert owner_api.get(f"/api/runs/{run.pk}/rollouts/{row.pk}/").json()["ratios_missing"].startswith("no trainer logprobs")
+
+
+def discarded_sample(stream_line: int, reason: str, index: int, samples_per_step: int = 4) -> dict[str, Any]:
+    """A line of stream/discarded.jsonl: a RolloutSample with its reason and stream position."""
+    record = sample(stream_line, samples_per_step, reward=1.0)
+    record.update({"sample_id": f"d{stream_line}-{index}", "group_id": f"d{stream_line}", "advantage": 0.0, "discarded": reason})
+    record["metadata"] = {**record["metadata"], "stream_line": stream_line}
+    return record
+
+
+def test_discarded_samples_are_stored_with_their_reason_on_the_stream_grid(owner) -> None:
+    """A discarded sample is filed under the step of the stream position it was discarded at, kept
+    on the same step grid as the trained ones, keyed by its line in discarded.jsonl (a re-send adds
+    nothing), and its reason is stored; it never collides with the trained sample of that line."""
+    run = make_run(owner, samples_per_step=4, keep_every=2)
+    ingest_rollouts(run.pk, [(line, sample(line)) for line in range(16)], DECODER)  # steps 2 and 4 kept
+    discarded = [(0, discarded_sample(0, "zero_advantage", 0)), (1, discarded_sample(4, "zero_advantage", 0)),
+                 (2, discarded_sample(4, "zero_advantage", 1)), (3, discarded_sample(13, "aborted", 0)),
+                 (4, {"sample_id": "no reason", "metadata": {"stream_line": 4}})]
+    assert ingest_rollouts(run.pk, discarded, DECODER, discarded=True) == 3  # step 1 is off the grid
+    assert ingest_rollouts(run.pk, discarded[1:], DECODER, discarded=True) == 0  # re-sent
+    rows = StoredRollout.objects.filter(run=run).exclude(discarded="").order_by("discard_line")
+    assert [(r.discard_line, r.line, r.step, r.discarded) for r in rows] == [
+        (1, 4, 2, "zero_advantage"), (2, 4, 2, "zero_advantage"), (3, 13, 4, "aborted")]
+    assert StoredRollout.objects.get(run=run, line=4, discard_line=None).discarded == ""  # the trained one of line 4 is kept
+    assert RolloutStore.objects.get(run=run).stored == StoredRollout.objects.filter(run=run).count() == 11
+    assert RolloutStore.objects.get(run=run).lines_seen == 16  # discarded lines are not stream lines
+
+
+@pytest.fixture
+def with_discarded(owner) -> Run:
+    run = make_run(owner, samples_per_step=4)
+    ingest_rollouts(run.pk, [(line, sample(line)) for line in range(12)], DECODER)  # steps 1..3
+    ingest_rollouts(run.pk, [(0, discarded_sample(4, "zero_advantage", 0)), (1, discarded_sample(4, "zero_advantage", 1)),
+                             (2, discarded_sample(10, "aborted", 0))], DECODER, discarded=True)
+    return run
+
+
+def test_api_filters_trained_and_discarded_by_reason_with_counts(owner_api, with_discarded) -> None:
+    url = f"/api/runs/{with_discarded.pk}/rollouts/"
+    everything = owner_api.get(url, {"limit": 100}).json()
+    assert everything["counts"] == {"trained": 12, "zero_advantage": 2, "aborted": 1}
+    from inflight.api import schema
+
+    schema.RolloutPage.model_validate(everything)  # the documented model (unknown fields refused)
+    # Newest first; a discarded sample sits after the trained one of the line it would have had.
+    order = [(r["line"], r["discarded"]) for r in everything["rollouts"]]
+    assert order[:3] == [(11, None), (10, None), (10, "aborted")]
+    assert order[-7:-4] == [(4, None), (4, "zero_advantage"), (4, "zero_advantage")]
+    trained = owner_api.get(url, {"discarded": "false"}).json()["rollouts"]
+    assert len(trained) == 12 and all(r["discarded"] is None for r in trained)
+    dropped = owner_api.get(url, {"discarded": "true"}).json()["rollouts"]
+    assert [(r["sample_id"], r["discarded"], r["step"]) for r in dropped] == [
+        ("d10-0", "aborted", 3), ("d4-1", "zero_advantage", 2), ("d4-0", "zero_advantage", 2)]
+    by_reason = owner_api.get(url, {"discarded": "zero_advantage", "step_min": 2}).json()
+    assert [r["sample_id"] for r in by_reason["rollouts"]] == ["d4-1", "d4-0"]
+    assert by_reason["counts"] == {"trained": 8, "zero_advantage": 2, "aborted": 1}  # the other filters apply
+    assert owner_api.get(url, {"discarded": "Drop table"}).status_code == 400
+    # Paging never splits a line: all three rows of line 4 land on one page.
+    seen, cursor = [], None
+    while True:
+        page = owner_api.get(url, {"limit": 5, **({"cursor": cursor} if cursor is not None else {})}).json()
+        assert (page["counts"] is None) == (cursor is not None)
+        seen += [r["id"] for r in page["rollouts"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(r["id"] for r in everything["rollouts"]) and len(seen) == len(set(seen)) == 15
+
+
+def test_a_discarded_sample_says_why_and_shows_in_its_group(owner_api, client, owner, with_discarded) -> None:
+    row = StoredRollout.objects.get(run=with_discarded, sample_id="d4-0")
+    detail = owner_api.get(f"/api/runs/{with_discarded.pk}/rollouts/{row.pk}/").json()
+    assert detail["discarded"] == "zero_advantage" and detail["ratios"] is None
+    assert detail["ratios_missing"].startswith("discarded (zero_advantage)")
+    from inflight.api import schema
+
+    schema.RolloutDetail.model_validate(detail)
+    group = owner_api.get(f"/api/runs/{with_discarded.pk}/rollouts/{row.pk}/group/").json()
+    assert [(s["sample_id"], s["discarded"]) for s in group["samples"]] == [("d4-0", "zero_advantage"), ("d4-1", "zero_advantage")]
+    client.force_login(owner)
+    page = client.get(f"/runs/{with_discarded.pk}/")
+    assert b'name="discarded"' in page.content and b'id="rollouts-counts"' in page.content
+    data = client.get(f"/runs/{with_discarded.pk}/rollouts.json", {"discarded": "aborted"}).json()
+    assert [r["sample_id"] for r in data["rollouts"]] == ["d10-0"] and data["counts"]["aborted"] == 1
+    export = b"".join(owner_api.get(f"/api/runs/{with_discarded.pk}/export/rollouts.jsonl").streaming_content).decode()
+    assert sum(json.loads(line)["discarded"] is not None for line in export.splitlines()) == 3
+
+
+def test_supervisor_delivers_what_the_actor_discarded(owner, tmp_path: Path) -> None:
+    """The actor's own writer (rl_core.actor.discarded) makes the file; the supervisor tails it next
+    to the stream and the viewer stores each sample with its reason."""
+    from rl_core.actor.discarded import DiscardedSamples
+    from rl_core.common.contracts import RolloutSample
+    from rl_core.rundir.layout import ROLLOUTS_FILE
+    from workers.supervisor import RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    path = tmp_path / ROLLOUTS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(sample(line)) + "\n" for line in range(4)))
+    writer = DiscardedSamples(tmp_path, samples_per_step=4, keep_every_n_steps=1)
+    plain = {k: v for k, v in sample(0).items()}
+    writer.record([(RolloutSample.from_json({**plain, "sample_id": "g9-0", "group_id": "g9"}), "zero_advantage"),
+                   (RolloutSample.from_json({**plain, "sample_id": "g9-1", "group_id": "g9", "finish_reason": "abort"}), "aborted")], 4)
+    writer.close()
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    assert supervisor.deliver() is True
+    rows = StoredRollout.objects.filter(run=run).exclude(discarded="").order_by("discard_line")
+    assert [(r.sample_id, r.discarded, r.step, r.line) for r in rows] == [("g9-0", "zero_advantage", 2, 4), ("g9-1", "aborted", 2, 4)]
+    assert supervisor.discarded_tail.line_no == 2 and StoredRollout.objects.filter(run=run, discarded="").count() == 4
+
+
+def test_a_sample_the_trainer_dropped_as_stale_is_marked(owner_api, owner, tmp_path: Path) -> None:
+    """The trainer says which stream samples it dropped (a train_logprobs.jsonl line with
+    `discarded: stale`); the supervisor hands it over once that stream line is stored, and the row
+    is shown as discarded, not trained."""
+    from rl_core.rundir.layout import ROLLOUTS_FILE, TRAIN_LOGPROBS_FILE
+    from workers.supervisor import RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    (tmp_path / ROLLOUTS_FILE).parent.mkdir(parents=True)
+    (tmp_path / TRAIN_LOGPROBS_FILE).write_text(json.dumps({"sample_id": "g1-0", "step": 1, "consumed": 4, "discarded": "stale"}) + "\n")
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    (tmp_path / ROLLOUTS_FILE).write_text("".join(json.dumps(sample(line)) + "\n" for line in range(2)))
+    assert supervisor.deliver() is True and supervisor.train_logprobs_waiting  # line 2 is not read yet: it waits
+    (tmp_path / ROLLOUTS_FILE).write_text("".join(json.dumps(sample(line)) + "\n" for line in range(4)))
+    assert supervisor.deliver() is True and not supervisor.train_logprobs_waiting
+    assert StoredRollout.objects.get(run=run, sample_id="g1-0").discarded == "stale"
+    page = owner_api.get(f"/api/runs/{run.pk}/rollouts/", {"discarded": "stale"}).json()
+    assert [r["sample_id"] for r in page["rollouts"]] == ["g1-0"] and page["counts"] == {"trained": 3, "stale": 1}

@@ -7,7 +7,12 @@ Daphne, Celery, PostgreSQL and Redis, with the real engine on the tiny model:
   a filter narrows the table;
 - a run made to diverge (lr 1e18: NaN loss at its second step): the alert banner rises within
   seconds of the alert, and a local HTTP receiver (the user's webhook) gets exactly one POST.
-Screenshots: /tmp/rollouts_tab.png, /tmp/sample_view.png, /tmp/sample_view_ratio.png, /tmp/alert_banner.png.
+- samples that were not trained (issue 35 §3: a dropped zero-advantage group, an aborted response,
+  a sample the trainer dropped as stale), stored as the worker stores them: each row has its reason
+  as a badge, the counts say how many of each, and the filter shows trained / discarded / one reason.
+Screenshots: /tmp/rollouts_tab.png, /tmp/sample_view.png, /tmp/sample_view_ratio.png, /tmp/alert_banner.png,
+/tmp/rollouts_discarded.png, /tmp/rollouts_discarded_filtered.png,
+/tmp/rollouts_discarded_sample.png.
 """
 
 from __future__ import annotations
@@ -22,13 +27,12 @@ import pytest
 import yaml
 
 from test_alerts import Receiver  # noqa: E402 - sibling test module (tests/platform is on sys.path)
-from test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server  # noqa: F401 - the fixture is used by name
+from test_browser import CHROMIUM, CHROMIUM_ARGS, browser, daphne_server, signed_in_page  # noqa: F401 - fixtures used by name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.slow,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)"),
 ]
 
@@ -49,6 +53,7 @@ def demo_config(**overrides: Any) -> dict[str, Any]:
     return config
 
 
+@pytest.mark.slow
 def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worker, owner, tiny_model: Path, wait: Callable[..., Any]) -> None:
     from tests.platform.test_browser import playwright_session
 
@@ -174,3 +179,54 @@ def test_rollouts_fill_live_and_a_nan_run_alerts(daphne_server: str, start_worke
             browser.close()
             receiver.server.shutdown()
             api.close()
+
+
+def test_discarded_samples_show_their_reason_counts_and_filter(daphne_server: str, owner, browser, wait: Callable[..., Any]) -> None:  # noqa: F811
+    from test_rollouts import DECODER, discarded_sample, make_run, sample
+
+    from inflight.rollouts.models import StoredRollout
+    from inflight.rollouts.services import attach_train_logprobs, ingest_rollouts
+
+    run = make_run(owner, samples_per_step=4)
+    ingest_rollouts(run.pk, [(line, sample(line, reward=float(line % 2))) for line in range(12)], DECODER)
+    ingest_rollouts(run.pk, [(0, discarded_sample(4, "zero_advantage", 0)), (1, discarded_sample(4, "zero_advantage", 1)),
+                             (2, discarded_sample(10, "aborted", 0))], DECODER, discarded=True)
+    attach_train_logprobs(run.pk, [{"sample_id": "g4-1", "step": 3, "consumed": 12, "discarded": "stale"}])
+    page = signed_in_page(browser, daphne_server, f"/runs/{run.pk}/", height=1000)
+    page.click("#rollouts-tab")
+    rows = page.locator("#rollouts-body tr.rollout-row")
+    page.wait_for_selector("#rollouts-body tr.rollout-row")
+    assert rows.count() == 15
+    assert page.locator("#rollouts-counts").inner_text() == "trained 11 · discarded 4 (aborted 1, stale 1, zero advantage 2)"
+    badges = page.eval_on_selector_all("#rollouts-body tr.rollout-row.discarded .discard-badge", "els => els.map(e => e.dataset.reason)")
+    assert sorted(badges) == ["aborted", "stale", "zero_advantage", "zero_advantage"], badges
+    assert "all equal" in page.locator('.discard-badge[data-reason="zero_advantage"]').first.get_attribute("title")
+    assert page.locator("#rollouts-body tr.rollout-row:not(.discarded) .discard-badge").count() == 0
+    page.locator("#rollouts-panel").scroll_into_view_if_needed()
+    page.screenshot(path="/tmp/rollouts_discarded.png", full_page=False)
+
+    # The filter: trained only, discarded only, one reason (its choice added from the counts).
+    options = page.eval_on_selector_all('select[name="discarded"] option', "els => els.map(e => e.value)")
+    assert options == ["", "false", "true", "aborted", "stale", "zero_advantage"], options
+    page.select_option('select[name="discarded"]', "false")
+    page.click("#rollout-filters button[type=submit]")
+    wait(lambda: rows.count() == 11, timeout=15, interval=0.2, message="11 rows after filtering")
+    assert page.locator("#rollouts-body tr.rollout-row.discarded").count() == 0
+    page.select_option('select[name="discarded"]', "true")
+    page.click("#rollout-filters button[type=submit]")
+    wait(lambda: rows.count() == 4, timeout=15, interval=0.2, message="4 rows after filtering")
+    page.select_option('select[name="discarded"]', "zero_advantage")
+    page.click("#rollout-filters button[type=submit]")
+    wait(lambda: rows.count() == 2, timeout=15, interval=0.2, message="2 rows after filtering")
+    assert set(page.eval_on_selector_all("#rollouts-body tr.rollout-row", "els => els.map(e => e.dataset.discarded)")) == {"zero_advantage"}
+    page.screenshot(path="/tmp/rollouts_discarded_filtered.png", full_page=False)
+
+    # The sample view says why it was not trained; its group lists its discarded siblings.
+    dropped = StoredRollout.objects.get(run=run, sample_id="d4-0")
+    page.locator(f'#rollouts-body tr[data-id="{dropped.pk}"]').click()
+    page.wait_for_selector("#sample-view:not(.hidden) .tok")
+    assert "discarded (zero advantage): not trained" in page.locator("#sample-meta").inner_text()
+    page.click("#sample-group")
+    page.wait_for_selector("#sample-group-view:not(.hidden) tr.rollout-row")
+    assert page.locator("#sample-group-view tr.rollout-row.discarded .discard-badge").count() == 2
+    page.screenshot(path="/tmp/rollouts_discarded_sample.png", full_page=False)

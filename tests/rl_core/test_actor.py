@@ -449,3 +449,61 @@ def test_the_actor_imports_neither_torch_nor_the_engine_or_trainer_modules() -> 
             "'rl_core.inference.engine', 'rl_core.inference.speculation', 'rl_core.inference.server') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_discarded_samples_are_written_with_their_reason_for_the_viewer(tiny_model: Path, tmp_path: Path) -> None:
+    """What the actor scores but never writes to the stream goes to stream/discarded.jsonl with
+    why: a dropped zero-advantage group (every sample), an aborted or empty response of a kept
+    group. The stream itself gets the trainable samples only, and only steps the viewer keeps
+    (monitoring.rollouts.keep_every_n_steps) are recorded."""
+    from rl_core.common.contracts import GenerationResult, RolloutSample
+    from rl_core.envs.problems import load_task
+    from rl_core.rundir.layout import DISCARDED_ROLLOUTS_FILE
+
+    config = actor_config(tiny_model, actor={"group_size": 3, "groups_in_flight": 1, "max_lag": 1,
+                                             "drop_zero_advantage_groups": True},
+                          monitoring={"rollouts": {"keep_every_n_steps": 1}})
+    task = load_task(config.task)
+    writer = FileStreamWriter(tmp_path)
+    actor = Actor(config, tmp_path, [NoClient()], writer, JsonlSink(tmp_path / "m.jsonl"), task=task)
+    problem = task.train[0]
+
+    def result(index: int, answer: str, finish: str = "stop", tokens: tuple[int, ...] = (5, 6)) -> GenerationResult:
+        return GenerationResult(request_id=f"r{index}", prompt_token_ids=[1, 2], token_ids=list(tokens),
+                                logprobs=[-0.5] * len(tokens), token_versions=[0] * len(tokens),
+                                finish_reason=finish, text=f"the answer is \\boxed{{{answer}}}")
+
+    # Every answer right: advantage 0 everywhere, the group is dropped.
+    same = await actor.score_group(problem, 0, "g00000000", [result(i, problem.answer) for i in range(3)])
+    assert same == []
+    # One right, one wrong (kept), one aborted mid-answer and one empty (not trainable).
+    mixed = await actor.score_group(problem, 0, "g00000001", [
+        result(0, problem.answer), result(1, "-12345"), result(2, problem.answer, finish="abort"),
+        result(3, "-12345", tokens=()),
+    ])
+    actor.write(mixed)
+    actor.discarded.close()
+    assert [s.sample_id for s in mixed] == ["g00000001-0", "g00000001-1"] and all(s.discarded is None for s in mixed)
+    stream_lines = (tmp_path / "stream" / "rollouts.jsonl").read_text().splitlines()
+    assert len(stream_lines) == 2 and all("discarded" not in json.loads(line) for line in stream_lines)
+
+    lines = [json.loads(line) for line in (tmp_path / DISCARDED_ROLLOUTS_FILE).read_text().splitlines()]
+    assert [(line["sample_id"], line["discarded"]) for line in lines] == [
+        ("g00000000-0", "zero_advantage"), ("g00000000-1", "zero_advantage"), ("g00000000-2", "zero_advantage"),
+        ("g00000001-2", "aborted"), ("g00000001-3", "empty"),
+    ]
+    # Each line is a RolloutSample (one format, one reader) placed where it would have been written.
+    samples = [RolloutSample.from_json(line) for line in lines]
+    assert all(s.metadata["stream_line"] == 0 for s in samples) and samples[0].reward == 1.0
+
+    # A step the viewer does not keep records nothing (keep every 2nd step, 3 samples per step).
+    sparse = Actor(actor_config(tiny_model, actor={"group_size": 3, "groups_in_flight": 1, "max_lag": 1,
+                                                   "drop_zero_advantage_groups": True},
+                                trainer={"samples_per_step": 3}, monitoring={"rollouts": {"keep_every_n_steps": 2}}),
+                   tmp_path / "sparse", [NoClient()], FileStreamWriter(tmp_path / "sparse"),
+                   JsonlSink(tmp_path / "sparse.jsonl"), task=task)
+    await sparse.score_group(problem, 0, "g00000000", [result(i, problem.answer) for i in range(3)])  # step 1
+    assert not (tmp_path / "sparse" / DISCARDED_ROLLOUTS_FILE).exists()
+    sparse.samples_total = 3  # the stream's next line trains at step 2
+    await sparse.score_group(problem, 0, "g00000001", [result(i, problem.answer) for i in range(3)])
+    assert sparse.discarded.written == 3

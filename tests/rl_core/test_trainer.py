@@ -210,6 +210,12 @@ def test_metrics_carry_the_lag_distribution_and_the_dropped_token_share(untraine
     dropped = len(samples[0].completion_token_ids)
     assert record["train/dropped_stale"] == 1
     assert record["train/dropped_stale_token_share"] == pytest.approx(dropped / (dropped + tokens))
+    # The rollout viewer learns which sample it was (train_logprobs.jsonl, once its stream line is read).
+    from rl_core.rundir.layout import TRAIN_LOGPROBS_FILE
+
+    lines = [json.loads(line) for line in (tmp_path / TRAIN_LOGPROBS_FILE).read_text().splitlines()]
+    assert [line for line in lines if "discarded" in line] == [
+        {"sample_id": samples[0].sample_id, "step": 4, "consumed": 5, "discarded": "stale"}]
     by_lag = {lag: sum(len(s.completion_token_ids) for s in trained if 3 - s.token_versions[0] == lag) for lag in range(3)}
     for lag in range(3):
         assert record[f"policy_lag/share/{lag}"] == pytest.approx(by_lag[lag] / tokens)

@@ -457,6 +457,12 @@ class RolloutSummary(Answer):
     extracted: str
     tool_calls: int = Field(description="Tool calls the sample made (0 for a single-turn env).")
     env: str = Field(description="The environment that produced it (`math`, `math_python_tool`, ...); empty: not recorded.")
+    discarded: str | None = Field(
+        description="Why it was not trained: zero_advantage (its group's rewards were all equal and the run drops such "
+        "groups), aborted (its server aborted the response), empty (no token), all three by the actor; stale (the trainer "
+        "dropped it: its tokens were past actor.max_lag); null: a trained sample. A sample the actor discarded has the "
+        "`line` and `step` it would have had in the stream."
+    )
 
 
 class RolloutTurn(Answer):
@@ -475,6 +481,10 @@ class RolloutPage(Answer):
     run: int
     rollouts: list[RolloutSummary]
     next_cursor: int | None = Field(description="Ask again with cursor=next_cursor; null on the last page.")
+    counts: dict[str, int] | None = Field(
+        description="First page only (null with a cursor): rows under the other filters per kind, `trained` and one key per "
+        "discard reason present."
+    )
 
 
 class RolloutDetail(RolloutSummary):

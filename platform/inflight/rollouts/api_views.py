@@ -34,6 +34,10 @@ class RolloutFilters(Schema):
     reward_max: str | None = Field(None, description="Number.")
     length_min: str | None = Field(None, description="Completion tokens, integer.")
     length_max: str | None = Field(None, description="Completion tokens, integer.")
+    discarded: str | None = Field(
+        None, description="false: trained samples only; true: discarded ones only; a reason (zero_advantage, aborted, empty): "
+        "those discarded for it. Empty: all."
+    )
     cursor: str | None = Field(None, description="next_cursor of the previous page.")
     limit: str | None = Field(None, description=f"Rows per page, 1 to {selectors.MAX_PAGE_SIZE} (default {selectors.PAGE_SIZE}).")
 

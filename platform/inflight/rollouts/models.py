@@ -2,7 +2,9 @@
 
 The actor's stream (`stream/rollouts.jsonl`, one `contracts.RolloutSample` per line) is the
 source; the worker tails it like metrics.jsonl. `(run, line)` is unique, `line` being the
-sample's 0-based line in the stream, so a re-sent batch never duplicates a row.
+sample's 0-based line in the stream, so a re-sent batch never duplicates a row. A sample the
+actor discarded (`stream/discarded.jsonl`, `discarded` says why) is keyed by its line there
+(`discard_line`) and stored under the step its stream position gives, kept and thinned like the rest.
 
 Which samples are kept: every sample trained at a step that is a multiple of
 `RolloutStore.stride` (starting at the run's `monitoring.rollouts.keep_every_n_steps`); when
@@ -71,9 +73,23 @@ class StoredRollout(models.Model):
     extracted = models.CharField(max_length=200, blank=True, default="")
     finish_reason = models.CharField(max_length=16, blank=True, default="")
     t = models.FloatField(help_text="Unix seconds when the platform stored it.")
+    # A sample the actor scored but did not train (stream/discarded.jsonl): why, and its line in that
+    # file (its idempotency key). Its `line` is where it would have been in the stream, so it sorts
+    # and is filed under a step among the trained samples of its time; "" / null: a trained sample.
+    discarded = models.CharField(
+        max_length=32, blank=True, default="", help_text="Why it was not trained (contracts.DISCARD_REASONS); empty: trained."
+    )
+    discard_line = models.BigIntegerField(
+        null=True, blank=True, help_text="Idempotency key of a discarded sample: 0-based line in stream/discarded.jsonl."
+    )
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "line"], name="storedrollout_run_line_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "line"], condition=models.Q(discard_line__isnull=True), name="storedrollout_run_line_uniq"),
+            models.UniqueConstraint(
+                fields=["run", "discard_line"], condition=models.Q(discard_line__isnull=False), name="storedrollout_run_discard_uniq"
+            ),
+        ]
         indexes = [
             models.Index(fields=["run", "step"], name="storedrollout_run_step"),
             models.Index(fields=["run", "group_id"], name="storedrollout_run_group"),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from inflight.rollouts.selectors import MAX_PAGE_SIZE, PAGE_SIZE, RolloutFilter
+import re
+
+from inflight.rollouts.selectors import DISCARDED_ANY, MAX_PAGE_SIZE, PAGE_SIZE, TRAINED, RolloutFilter
 
 MAX_INT = 2**62
 
@@ -50,11 +52,31 @@ def _bool(query: Mapping[str, str], name: str) -> bool | None:
     raise BadParam(f"query parameter {name!r} must be true or false, got {raw[:40]!r}")
 
 
+_REASON = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def _discarded(query: Mapping[str, str]) -> str | None:
+    """`discarded`: empty every row; false the trained ones; true every discarded one; a reason
+    (zero_advantage, aborted, ...) the ones discarded for it. A reason is not checked against the
+    known ones: a newer engine's reason is stored as written and must be filterable."""
+    raw = (query.get("discarded") or "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("0", "false", "no"):
+        return TRAINED
+    if raw in ("1", "true", "yes"):
+        return DISCARDED_ANY
+    if not _REASON.fullmatch(raw):
+        raise BadParam(f"query parameter 'discarded' must be true, false or a discard reason, got {raw[:40]!r}")
+    return raw
+
+
 def rollout_filter(query: Mapping[str, str]) -> RolloutFilter:
     flt = RolloutFilter(
         step_min=_int(query, "step_min"), step_max=_int(query, "step_max"), correct=_bool(query, "correct"),
         reward_min=_float(query, "reward_min"), reward_max=_float(query, "reward_max"),
-        length_min=_int(query, "length_min"), length_max=_int(query, "length_max"), cursor=_int(query, "cursor"),
+        length_min=_int(query, "length_min"), length_max=_int(query, "length_max"), discarded=_discarded(query),
+        cursor=_int(query, "cursor"),
         limit=_int(query, "limit", minimum=1, maximum=MAX_PAGE_SIZE) or PAGE_SIZE,
     )
     if flt.step_min is not None and flt.step_max is not None and flt.step_min > flt.step_max:

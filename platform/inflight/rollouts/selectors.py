@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, F, QuerySet
 
 from inflight.rollouts.models import StoredRollout
 from inflight.runs.models import Run
@@ -30,12 +30,14 @@ def summary_json(row: StoredRollout) -> dict[str, Any]:
         "correct": row.correct, "length": row.length, "versions_spanned": row.versions_spanned,
         "min_version": row.min_version, "max_version": row.max_version, "max_lag": row.max_lag,
         "extracted": row.extracted, "tool_calls": row.tool_calls, "env": row.env,
+        "discarded": row.discarded or None,
     }
 
 
 # Why a sample has no importance ratios (the viewer shows it): the trainer computes only samples
 # with a gradient (rl_core.envs.advantages.carries_gradient).
 NO_RATIOS_ZERO_ADVANTAGE = "advantage 0: no gradient, so the trainer did not compute this sample"
+NO_RATIOS_DISCARDED = "discarded ({reason}): never trained, so no trainer logprobs"
 NO_RATIOS_YET = "no trainer logprobs for this sample (not trained yet, or the run does not record them)"
 
 
@@ -56,7 +58,9 @@ def detail_json(row: StoredRollout, kl_coef: float) -> dict[str, Any]:
         # A tool's output is context, never trained: it has no behaviour policy, so no ratio.
         ratios = [math.exp(min(50.0, t - b)) if bit else None for t, b, bit in zip(row.train_logprobs, row.logprobs, mask)]
     missing = None
-    if ratios is None:
+    if ratios is None and row.discarded:
+        missing = NO_RATIOS_DISCARDED.format(reason=row.discarded)
+    elif ratios is None:
         missing = NO_RATIOS_YET if carries_gradient(row.advantage, kl_coef) else NO_RATIOS_ZERO_ADVANTAGE
     switches = version_switches(row.versions, mask)
     return {
@@ -117,27 +121,65 @@ class RolloutFilter:
     reward_max: float | None = None
     length_min: int | None = None
     length_max: int | None = None
+    # Trained or not: None every row, TRAINED the trained ones, DISCARDED_ANY every discarded one,
+    # else one discard reason.
+    discarded: str | None = None
     cursor: int | None = None  # rows with line < cursor (the previous page's `next_cursor`)
     limit: int = PAGE_SIZE
 
 
-def rollouts_page(run: Run, flt: RolloutFilter) -> dict[str, Any]:
-    """Newest first (by stream line); `next_cursor` is null on the last page."""
+TRAINED = "false"  # RolloutFilter.discarded: trained rows only
+DISCARDED_ANY = "true"  # RolloutFilter.discarded: every discarded row
+_HEAVY = ("tokens", "token_ids", "logprobs", "versions", "train_logprobs")
+
+
+def _filtered(run: Run, flt: RolloutFilter) -> QuerySet[StoredRollout]:
+    """The run's rows under every filter but the trained/discarded one and the cursor."""
     rows: QuerySet[StoredRollout] = StoredRollout.objects.filter(run_id=run.pk)
     for lookup, value in (
         ("step__gte", flt.step_min), ("step__lte", flt.step_max), ("correct", flt.correct),
         ("reward__gte", flt.reward_min), ("reward__lte", flt.reward_max),
-        ("length__gte", flt.length_min), ("length__lte", flt.length_max), ("line__lt", flt.cursor),
+        ("length__gte", flt.length_min), ("length__lte", flt.length_max),
     ):
         if value is not None:
             rows = rows.filter(**{lookup: value})
-    page = list(rows.order_by("-line").defer("tokens", "token_ids", "logprobs", "versions", "train_logprobs")[: flt.limit + 1])
+    return rows
+
+
+def discard_counts(rows: QuerySet[StoredRollout]) -> dict[str, int]:
+    """Rows per kind: `trained` and one key per discard reason present."""
+    counts = {"trained": 0}
+    for reason, count in rows.order_by().values_list("discarded").annotate(n=Count("id")):
+        counts["trained" if not reason else reason] = count
+    return counts
+
+
+def rollouts_page(run: Run, flt: RolloutFilter) -> dict[str, Any]:
+    """Newest first (by stream line; a discarded sample sits at the line it would have had, after
+    the trained one there); `next_cursor` is null on the last page. The first page (no cursor)
+    also counts the rows per kind (`counts`: trained, and per discard reason) under the other filters."""
+    matching = _filtered(run, flt)
+    counts = discard_counts(matching) if flt.cursor is None else None
+    rows = matching
+    if flt.discarded == TRAINED:
+        rows = rows.filter(discarded="")
+    elif flt.discarded == DISCARDED_ANY:
+        rows = rows.exclude(discarded="")
+    elif flt.discarded is not None:
+        rows = rows.filter(discarded=flt.discarded)
+    ordered = rows.order_by("-line", F("discard_line").desc(nulls_first=True)).defer(*_HEAVY)
+    page = list((ordered.filter(line__lt=flt.cursor) if flt.cursor is not None else ordered)[: flt.limit + 1])
     more = len(page) > flt.limit
     page = page[: flt.limit]
+    if more and page:
+        # Discarded samples share a line with each other and the trained one: a page never splits
+        # a line, since the next one starts below it.
+        page += list(ordered.filter(line=page[-1].line).exclude(pk__in=[row.pk for row in page]))
     return {
         "run": run.pk,
         "rollouts": [summary_json(row) for row in page],
         "next_cursor": page[-1].line if more and page else None,
+        "counts": counts,
     }
 
 
@@ -146,9 +188,7 @@ def rollout_detail(run: Run, rollout_id: int) -> StoredRollout:
 
 
 def group_json(run: Run, row: StoredRollout) -> dict[str, Any]:
-    siblings = StoredRollout.objects.filter(run_id=run.pk, group_id=row.group_id).order_by("line").defer(
-        "tokens", "token_ids", "logprobs", "versions", "train_logprobs"
-    )
+    siblings = StoredRollout.objects.filter(run_id=run.pk, group_id=row.group_id).order_by("line", F("discard_line").asc(nulls_first=True)).defer(*_HEAVY)
     return {
         "run": run.pk, "group_id": row.group_id, "prompt_text": row.prompt_text, "step": row.step,
         "samples": [{**summary_json(s), "advantage": s.advantage} for s in siblings],

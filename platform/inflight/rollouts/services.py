@@ -114,8 +114,22 @@ def sample_turns(metadata: dict[str, Any], length: int) -> list[dict[str, Any]] 
     return out
 
 
+def placement(line: int, record: dict[str, Any], discarded: bool) -> tuple[int, int | None]:
+    """(the stream line a sample is filed under, its `discard_line`): a stream sample's own line; a
+    discarded one's `metadata.stream_line` (where the actor would have written it) and its line
+    in stream/discarded.jsonl. Raises ValueError/KeyError/TypeError for a malformed record."""
+    if not discarded:
+        return line, None
+    if not str(record.get("discarded") or ""):
+        raise ValueError("a line of the discarded file without its reason")
+    stream_line = int(record["metadata"]["stream_line"])
+    if stream_line < 0:
+        raise ValueError("negative stream_line")
+    return stream_line, line
+
+
 def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], decoder: TokenDecoder, now: float,
-         decoded: dict[tuple[int, ...], tuple[str, str]] | None = None) -> StoredRollout:
+         decoded: dict[tuple[int, ...], tuple[str, str]] | None = None, discard_line: int | None = None) -> StoredRollout:
     ids = [int(i) for i in record["completion_token_ids"]]
     versions = [int(v) for v in record["token_versions"]]
     logprobs = [float(x) for x in record["behaviour_logprobs"]]
@@ -147,6 +161,8 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         length=len(ids), min_version=min_version, max_version=max(policy_versions, default=0),
         versions_spanned=len(set(policy_versions)), max_lag=max(0, (step - 1) - min_version),
         extracted="" if extracted is None else _text(str(extracted)[:200]), finish_reason=str(record.get("finish_reason", ""))[:16], t=now,
+        # A reason the platform does not know yet (a newer engine's) is shown as written.
+        discarded="" if discard_line is None else _text(str(record.get("discarded") or ""))[:32], discard_line=discard_line,
     )
 
 
@@ -190,16 +206,24 @@ RETURNING stride, stored, seq, lines_seen
 
 
 def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], decoder: TokenDecoder,
-                    state: RolloutIngestState | None = None) -> int:
+                    state: RolloutIngestState | None = None, discarded: bool = False) -> int:
     """Store the kept samples among `records` ((stream line, RolloutSample json) pairs); returns
     how many rows were added. A malformed line is skipped (ValueError/KeyError/TypeError) —
     retrying could not fix it. `state`: the run's `RolloutIngestState` kept by its supervisor
-    (read from the run when not given)."""
+    (read from the run when not given). `discarded`: the records are lines of
+    stream/discarded.jsonl (with their line there), kept on the same step grid as the stream's."""
     if not records:
         return 0
     state = state if state is not None else RolloutIngestState.for_run(run_id)
-    lines = [line for line, _ in records]
-    seen = max(state.lines_seen, max(lines) + 1)
+    placed: list[tuple[int, int | None, dict[str, Any]]] = []  # (stream line, discard line, record)
+    for line, record in records:
+        try:
+            placed.append((*placement(line, record, discarded), record))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    lines = [line for line, _, _ in placed]
+    # Stream lines seen count the stream only: a discarded sample is not one of its lines.
+    seen = state.lines_seen if discarded else max(state.lines_seen, max(line for line, _ in records) + 1)
     if state.stride is not None and not any(step_of_line(line, state.samples_per_step) % state.stride == 0 for line in lines):
         if time.monotonic() - state.written_at >= state.LINES_SEEN_EVERY_S:
             RolloutStore.objects.filter(run_id=run_id, lines_seen__lt=seen).update(lines_seen=seen)
@@ -214,17 +238,17 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
         now = time.time()
         rows = []
         decoded: dict[tuple[int, ...], tuple[str, str]] = {}
-        for line, record in records:
+        for line, discard_line, record in placed:
             step = step_of_line(line, state.samples_per_step)
             if step % store.stride != 0:
                 continue
             try:
-                rows.append(_row(run_id, line, step, store.seq, record, decoder, now, decoded))
+                rows.append(_row(run_id, line, step, store.seq, record, decoder, now, decoded, discard_line))
             except (ValueError, KeyError, TypeError):
                 continue
         if rows:
             # Lines stored before (a batch sent again after an outage) are left out by the insert.
-            rows, store.stored = _insert_rows(rows)
+            rows, store.stored = _insert_rows(rows, "discard_line" if discarded else "line")
             if store.stored > state.settings.max_stored:
                 _thin(store, state.settings.max_stored)
                 RolloutStore.objects.filter(run_id=run_id).update(stride=store.stride, stored=store.stored)
@@ -241,9 +265,10 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
 _INSERT_CHUNK_ROWS = 1000  # rows per statement: bounds the JSON document one statement carries
 
 
-def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
-    """Insert the rows whose line is not stored yet, count them in their store's `stored` in the
-    same statement, and set their pks; returns (the rows inserted, the store's new `stored`).
+def _insert_rows(rows: list[StoredRollout], key: str = "line") -> tuple[list[StoredRollout], int]:
+    """Insert the rows whose `key` (`line`, or `discard_line` for discarded samples) is not stored
+    yet, count them in their store's `stored` in the same statement, and set their pks; returns
+    (the rows inserted, the store's new `stored`).
     The rows travel as one JSON document (`runs.json_rows`: the token arrays were most of ingest's
     CPU); a row JSON cannot carry (a NaN logprob) is bound value by value."""
     fields = model_fields(StoredRollout)
@@ -252,9 +277,9 @@ def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
     stored = 0
     with server_bound_cursor() as cursor:
         for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
-            chunk = {row.line: row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
+            chunk = {getattr(row, key): row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
             columns, source, params = rows_source(list(chunk.values()), fields)
-            cursor.execute(_insert_and_count_sql(columns, source), [*params, run_id])
+            cursor.execute(_insert_and_count_sql(columns, source, key), [*params, run_id])
             for pk, line, stored in cursor.fetchall():
                 if pk is None:
                     continue  # no row was new: the joined row only carries `stored`
@@ -262,36 +287,54 @@ def _insert_rows(rows: list[StoredRollout]) -> tuple[list[StoredRollout], int]:
                 row.pk = pk
                 row._state.adding = False
                 inserted.append(row)
-    inserted.sort(key=lambda row: row.line)
+    inserted.sort(key=lambda row: (row.line, row.discard_line or 0))
     return inserted, stored
 
 
-def _insert_and_count_sql(columns: str, source: str) -> str:
+# Each key's unique index is partial (models.StoredRollout.Meta): the conflict target names its predicate.
+_CONFLICT_TARGETS = {
+    "line": "(run_id, line) WHERE discard_line IS NULL",
+    "discard_line": "(run_id, discard_line) WHERE discard_line IS NOT NULL",
+}
+
+
+def _insert_and_count_sql(columns: str, source: str, key: str = "line") -> str:
     return (
         f"WITH new AS (INSERT INTO {StoredRollout._meta.db_table} ({columns}) {source} "
-        "ON CONFLICT (run_id, line) DO NOTHING RETURNING id, line), "
+        f"ON CONFLICT {_CONFLICT_TARGETS[key]} DO NOTHING RETURNING id, {key}), "
         f"counted AS (UPDATE {RolloutStore._meta.db_table} SET stored = stored + (SELECT count(*) FROM new) "
         "WHERE run_id = %s RETURNING stored) "
-        "SELECT new.id, new.line, (SELECT stored FROM counted) FROM new RIGHT JOIN (SELECT 1) AS one ON true"
+        f"SELECT new.id, new.{key}, (SELECT stored FROM counted) FROM new RIGHT JOIN (SELECT 1) AS one ON true"
     )
 
 
 def attach_train_logprobs(run_id: int, records: Sequence[dict[str, Any]]) -> int:
     """Set the trainer's per-token logprobs (lines of train_logprobs.jsonl) on the stored rows of
     the same samples; returns how many rows changed. Idempotent (a re-sent batch writes the same
-    values); a line for a sample the store did not keep, or of the wrong length, is ignored."""
+    values); a line for a sample the store did not keep, or of the wrong length, is ignored. A line
+    with `discarded` (the trainer dropped the sample: `stale`) marks the stream sample's row instead."""
     by_sample: dict[str, list[float]] = {}
+    dropped: dict[str, list[str]] = {}  # reason -> sample ids
     for record in records:
         values = record.get("logprobs") if isinstance(record, dict) else None
         sample_id = record.get("sample_id") if isinstance(record, dict) else None
+        reason = record.get("discarded") if isinstance(record, dict) else None
+        if isinstance(sample_id, str) and isinstance(reason, str) and reason:
+            dropped.setdefault(_text(reason)[:32], []).append(sample_id[:200])
+            continue
         if not isinstance(sample_id, str) or not isinstance(values, list):
             continue
         try:
             by_sample[sample_id[:200]] = [float(value) for value in values]
         except (TypeError, ValueError):
             continue
+    marked = 0
+    for reason, sample_ids in dropped.items():
+        # The stream's rows only: an actor's discarded sample never reached the trainer.
+        marked += StoredRollout.objects.filter(run_id=run_id, sample_id__in=sample_ids, discard_line__isnull=True).exclude(
+            discarded=reason).update(discarded=reason)
     if not by_sample:
-        return 0
+        return marked
     with transaction.atomic():
         rows = list(
             StoredRollout.objects.filter(run_id=run_id, sample_id__in=list(by_sample)).only("pk", "sample_id", "length")
@@ -304,7 +347,7 @@ def attach_train_logprobs(run_id: int, records: Sequence[dict[str, Any]]) -> int
                 changed.append(row)
         if changed:
             StoredRollout.objects.bulk_update(changed, ["train_logprobs"], batch_size=500)
-    return len(changed)
+    return marked + len(changed)
 
 
 def _thin(store: RolloutStore, max_stored: int) -> None:
