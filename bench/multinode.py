@@ -29,9 +29,12 @@ figures say what the crossing itself costs.
     .venv/bin/python bench/multinode.py [--updates 7] [--steps 40] [--repeats 2] [--pauses-only] [--streams 2,3] [--smoke]
 
 Needs root (ip netns). About 9 minutes on a quiet 2-core CPU. `--smoke` is the smallest real
-two-node setting: the tiny model's weights for the pauses (`--model`), one update, one demo run of
-each kind at the demo's smallest settings (benchlib.SMOKE_DEMO_OVERRIDES), the same namespaces and
-Ray cluster.
+two-node setting: the tiny model's weights for the pauses (`--model`, read from its
+model.safetensors without transformers), one update landing 0.25 s into the decoding, one demo run
+of each kind at the demo's smallest settings (benchlib.SMOKE_DEMO_OVERRIDES), the same namespaces
+and Ray cluster; what the measurement keeps apart overlaps there (Ray starts while the pauses are
+measured, the two demo runs run side by side): its figures prove the bench runs, no more.
+The pause servers start side by side in every mode (nothing is measured before both are up).
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -57,9 +61,12 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "multinode"))
 from netns_cluster import INTERFACE, NetnsCluster, netns_usable  # noqa: E402
 
 from tests.metrics_file import read_metrics  # noqa: E402
-from tests.rl_core.server_process import start_server_process  # noqa: E402
+from tests.rl_core.server_process import ServerProcess, start_server_process  # noqa: E402
 from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR  # noqa: E402
 from rl_core.weights.sync import default_streams  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
 
 GAIN = 0.20
 
@@ -67,8 +74,27 @@ GAIN = 0.20
 # --- the update pause ----------------------------------------------------------------------
 
 
+def trainer_weights(model_dir: str, smoke: bool) -> list[tuple[str, torch.Tensor]]:
+    """The (name, tensor) list the trainer broadcasts: the model's parameters. --smoke reads a
+    single-file checkpoint's tensors straight from model.safetensors (the same names and values,
+    tied ones stored once as named_parameters() lists them, in the file's order): importing
+    transformers to build the model would be ~5 of the smoke's CPU-seconds, for tensors the
+    measured path (WeightBroadcaster to the servers) takes as they are."""
+    import torch
+
+    checkpoint = Path(model_dir) / "model.safetensors"
+    if smoke and checkpoint.exists():
+        from safetensors.torch import load_file
+
+        return [(name, tensor.to(torch.float32)) for name, tensor in load_file(str(checkpoint)).items()]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return [(name, parameter.detach()) for name, parameter in model.named_parameters()]
+
+
 def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir: str, updates: int,
-                 stream_counts: list[int]) -> None:
+                 stream_counts: list[int], smoke: bool) -> None:
     """Run inside node 0's namespace: this process is the trainer. Each round joins a weight group
     with the server on this node (over its loopback), then one with the server on node 1 (over
     the veth), with each of `stream_counts` (the first: what a run uses; `--streams`) and with
@@ -78,14 +104,15 @@ def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir:
     import threading
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     from benchlib import keep_decoding
     from rl_core.weights.sync import DEFAULT_BUCKET_BYTES, WeightBroadcaster
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    named = [(name, parameter.detach()) for name, parameter in model.named_parameters()]
+    named = trainer_weights(model_dir, smoke)
+    # The update lands mid-decode, as in a run: this long after the decoding starts. --smoke: a
+    # quarter of it (its first requests are in flight by then), 4 sides x 0.75 s of two busy processes less.
+    decode_lead_s = 0.25 if smoke else 1.0
     counts = list(dict.fromkeys([*stream_counts, 1]))
     sides = {f"{where}/{streams}": (url, master, streams) for streams in counts
              for where, url, master in (("local", local_url, "127.0.0.1"), ("remote", remote_url, remote_master))}
@@ -102,7 +129,7 @@ def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir:
                 stop = threading.Event()
                 decoder = threading.Thread(target=keep_decoding, args=(url, stop), daemon=True)
                 decoder.start()
-                time.sleep(1.0)  # the update lands mid-decode, as in a run
+                time.sleep(decode_lead_s)  # the update lands mid-decode, as in a run
                 with torch.no_grad():
                     for _, tensor in named:
                         tensor.mul_(1.0001)
@@ -117,20 +144,28 @@ def pause_worker(local_url: str, remote_url: str, remote_master: str, model_dir:
     print(json.dumps(figures), flush=True)
 
 
-def measure_pauses(cluster: NetnsCluster, model_dir: Path, updates: int, stream_counts: list[int]) -> dict[str, dict[str, list[float]]]:
+def measure_pauses(cluster: NetnsCluster, model_dir: Path, updates: int, stream_counts: list[int],
+                   smoke: bool) -> dict[str, dict[str, list[float]]]:
     """A server on node 0 (reached over its loopback) and one on node 1 (over the veth); the
     trainer on node 0 updates them in turn."""
     trainer, remote = cluster.nodes[0], cluster.nodes[1]
-    processes = []
+    processes: list[ServerProcess] = []
     try:
-        for node, host in ((trainer, "127.0.0.1"), (remote, remote.address)):
-            command = node.command([sys.executable, "-m", "rl_core", "serve", "--model", str(model_dir), "--host", host,
-                                    "--port", "0", "--max-batch-size", "8"])
-            processes.append(start_server_process(command, timeout_s=300, env=cluster.env(), what=f"server on {node.netns}"))
+        commands = [(node, node.command([sys.executable, "-m", "rl_core", "serve", "--model", str(model_dir), "--host", host,
+                                         "--port", "0", "--max-batch-size", "8"]))
+                    for node, host in ((trainer, "127.0.0.1"), (remote, remote.address))]
+        # Both start at once (each waits seconds for its ready line, idle between imports on two cores);
+        # nothing is measured before both are up.
+        with ThreadPoolExecutor(len(commands)) as pool:
+            futures = [pool.submit(start_server_process, command, timeout_s=300, env=cluster.env(), what=f"server on {node.netns}")
+                       for node, command in commands]
+        processes += [future.result() for future in futures if future.exception() is None]  # stopped below, whatever failed
+        for future in futures:
+            future.result()  # a server that did not start: its error
         result = subprocess.run(trainer.command([sys.executable, str(Path(__file__).resolve()), "--pause-worker", processes[0].url,
                                                  "--remote-url", processes[1].url, "--remote-master", trainer.address,
                                                  "--model-dir", str(model_dir), "--updates", str(updates),
-                                                 "--streams", ",".join(map(str, stream_counts))]),
+                                                 "--streams", ",".join(map(str, stream_counts))] + (["--smoke"] if smoke else [])),
                                 env=cluster.env(), capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT)
         if result.returncode != 0:
             raise SystemExit(f"pause worker failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
@@ -230,7 +265,7 @@ def main() -> None:
     args = parse_bench_args(parser, smoke={"updates": 1, "steps": 4, "repeats": 1, "model": str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR)})
     stream_counts = [int(n) for n in args.streams.split(",")] if args.streams else [default_streams("gloo")]
     if args.pause_worker:
-        pause_worker(args.pause_worker, args.remote_url, args.remote_master, args.model_dir, args.updates, stream_counts)
+        pause_worker(args.pause_worker, args.remote_url, args.remote_master, args.model_dir, args.updates, stream_counts, args.smoke)
         return
     why = netns_usable()
     if why is not None:
@@ -246,16 +281,30 @@ def main() -> None:
             else:
                 model_dir = scratch / "model-125m"
                 build_model(model_dir)
-            pauses = measure_pauses(cluster, model_dir, args.updates, stream_counts)
             ones: list[dict] = []
             twos: list[dict] = []
-            if not args.pauses_only:
-                # Ray runs from here on (idle, it takes ~0.03 of a core: RESULTS.md); the demos
-                # alternate one node, two nodes, ... so a drift in the machine's load hits both.
-                cluster.start_ray(cpus_per_node=3)
-                for repeat in range(args.repeats):
-                    ones.append(run_demo(demo_config(scratch, args.steps, None, args.smoke), scratch / f"one-{repeat}", None))
-                    twos.append(run_demo(demo_config(scratch, args.steps, cluster, args.smoke), scratch / f"two-{repeat}", cluster))
+            if args.smoke and not args.pauses_only:
+                # --smoke overlaps what the measurement keeps apart (its figures prove the bench runs,
+                # they are not measurements): Ray starts (~12 s, mostly waiting) while the pauses are
+                # measured, and the two demo runs run side by side, not one after the other.
+                with ThreadPoolExecutor(2) as pool:
+                    ray = pool.submit(cluster.start_ray, cpus_per_node=3)
+                    pauses = measure_pauses(cluster, model_dir, args.updates, stream_counts, args.smoke)
+                    ray.result()
+                    for repeat in range(args.repeats):
+                        one = pool.submit(run_demo, demo_config(scratch, args.steps, None, args.smoke), scratch / f"one-{repeat}", None)
+                        two = pool.submit(run_demo, demo_config(scratch, args.steps, cluster, args.smoke), scratch / f"two-{repeat}", cluster)
+                        ones.append(one.result())
+                        twos.append(two.result())
+            else:
+                pauses = measure_pauses(cluster, model_dir, args.updates, stream_counts, args.smoke)
+                if not args.pauses_only:
+                    # Ray runs from here on (idle, it takes ~0.03 of a core: RESULTS.md); the demos
+                    # alternate one node, two nodes, ... so a drift in the machine's load hits both.
+                    cluster.start_ray(cpus_per_node=3)
+                    for repeat in range(args.repeats):
+                        ones.append(run_demo(demo_config(scratch, args.steps, None, args.smoke), scratch / f"one-{repeat}", None))
+                        twos.append(run_demo(demo_config(scratch, args.steps, cluster, args.smoke), scratch / f"two-{repeat}", cluster))
     finally:
         cluster.close()
 
