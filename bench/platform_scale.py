@@ -31,6 +31,13 @@ in the RESULT lines (`demo_metric_lines_per_s_per_run`).
     .venv/bin/python bench/platform_scale.py [--live-runs 200 --clients 500 --finished-runs 2000]
     .venv/bin/python bench/platform_scale.py --live-runs 10 --clients 20 --finished-runs 50   # a quick look
     .venv/bin/python bench/platform_scale.py --smoke   # seconds-scale: records the demo at its smallest settings, 5 runs, 5 pages
+
+`--smoke` also overlaps what the defaults keep apart (its figures prove the bench runs, they are
+not measurements): the demo records while the services and a first web node start; that node
+serves the one-node live phase and then the compare page in Chromium (the defaults start a fresh
+node for each); the two live phases run side by side, each with its own runs, ingest process,
+clients and web nodes (the two-node phase two fresh ones); pages get 1 s, not 3, to fetch their
+snapshots before the replay.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +120,13 @@ class Processes:
         self.folder = folder
         self.children: dict[str, subprocess.Popen] = {}
         self.cpu_s: dict[str, float] = {}
+        self.borrowed: set[str] = set()  # adopted: counted here, stopped by the holder that started them
+
+    def adopt(self, name: str, process: subprocess.Popen) -> None:
+        """Another holder's process (--smoke's shared web node), counted here as if started here
+        (its CPU over a phase is the difference of two readings) and left running by `stop`."""
+        self.children[name] = process
+        self.borrowed.add(name)
 
     def start(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = open(self.folder / f"{name}.log", "ab")
@@ -143,6 +158,8 @@ class Processes:
         process = self.children[name]
         if process.poll() is None:
             self.cpu_s[name] = self.cpu_of(name)
+            if name in self.borrowed:
+                return
             os.killpg(process.pid, sig)
             try:
                 process.wait(timeout)
@@ -251,12 +268,18 @@ def keep_logs(folder: Path, label: str) -> None:
         shutil.copyfile(log, target / log.name)
 
 
-def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any, cookie: str, folder: Path, nodes: int) -> dict[str, Any]:
-    """Runs written, ingested and watched; with two nodes the second is killed half-way."""
+def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any, cookie: str, folder: Path, nodes: int,
+               shared_web: tuple[str, subprocess.Popen] | None = None) -> dict[str, Any]:
+    """Runs written, ingested and watched; with two nodes the second is killed half-way.
+    `shared_web` (--smoke): an already running web node (its URL and process) serves as the first node."""
     processes = Processes(folder)
     runs_root = folder / "runs"
     try:
-        bases = [start_web_node(processes, f"web-{label}-{n}") for n in range(nodes)]
+        if shared_web is None:
+            bases = [start_web_node(processes, f"web-{label}-{n}") for n in range(nodes)]
+        else:
+            processes.adopt(f"web-{label}-0", shared_web[1])
+            bases = [shared_web[0]] + [start_web_node(processes, f"web-{label}-{n}") for n in range(1, nodes)]
         runs = create_live_runs(user, args.live_runs, runs_root, label)
         stop_ingest, stop_clients = folder / "stop-ingest", folder / "stop-clients"
         progress_files = []
@@ -291,7 +314,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
             if processes.children[f"clients-{label}"].poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"clients did not start:\n{processes.log_tail(f'clients-{label}')}")
             time.sleep(0.2)
-        time.sleep(3)  # the last pages fetch their snapshots
+        time.sleep(1.0 if args.smoke else 3.0)  # the last pages fetch their snapshots (--smoke: 5 pages, each in ms)
         cpu_before = {**{name: processes.cpu_of(name) for name in processes.children}, **service_cpu_s()}
         writer = ReplayWriter(shape, [Path(run["run_dir"]) for run in runs], stagger_s=args.stagger_s, with_rollouts=not args.no_rollouts)
         started = time.monotonic()
@@ -380,6 +403,16 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
     }
 
 
+def in_thread(function: Any, *args: Any) -> Any:
+    """`function(*args)` on a worker thread, closing the thread's own database connections after."""
+    from django.db import connections
+
+    try:
+        return function(*args)
+    finally:
+        connections.close_all()
+
+
 def report_live(result: dict[str, Any]) -> None:
     label = result["label"]
     print(f"[{label}] {result['runs']} runs, {result['clients']} clients on {result['nodes']} web node(s), {result['lines_written']} metrics lines "
@@ -443,14 +476,24 @@ def main() -> int:
     os.environ.setdefault("INFLIGHT_SECURE_COOKIES", "0")
     # A lab's many live runs belong to many people; here one user owns them all.
     os.environ.setdefault("INFLIGHT_MAX_ACTIVE_RUNS_PER_USER", "100000")
-    if args.db_dir is None:
-        SERVICES_FOLDER.append(REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()))  # platform_services' folder
-        with platform_services("platform-scale"):
-            return run_bench(args)
-    return run_bench_on_kept_services(args)
+    # --smoke records its own demo run every time, at the demo's smallest settings, in its private
+    # folder: started here, so that its ~15 s (a process of the demo's own, no services needed)
+    # overlap the services' start-up and the web node's.
+    with ThreadPoolExecutor(1) as pool:
+        recording = pool.submit(demo_recording, work_folder() / "demo-recording", list(SMOKE_DEMO_OVERRIDES)) if args.smoke else None
+        if args.db_dir is None:
+            SERVICES_FOLDER.append(REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()))  # platform_services' folder
+            with platform_services("platform-scale"):
+                return run_bench(args, recording)
+        return run_bench_on_kept_services(args, recording)
 
 
-def run_bench_on_kept_services(args: argparse.Namespace) -> int:
+def work_folder() -> Path:
+    """This invocation's folder for the runs and logs (removed with private services)."""
+    return REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()) / "work"
+
+
+def run_bench_on_kept_services(args: argparse.Namespace, recording: Future | None) -> int:
     """As platform_services, but the services stay up in `--db-dir` for the next invocation."""
     from inflight.devservices import start_services
 
@@ -469,14 +512,28 @@ def run_bench_on_kept_services(args: argparse.Namespace) -> int:
 
     call_command("migrate", verbosity=0)
     print(f"services kept in {args.db_dir} ({services_info.database_url}); stop them with: .venv/bin/python -m inflight.devservices stop --dir {args.db_dir}")
-    return run_bench(args)
+    return run_bench(args, recording)
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, recording_future: Future | None = None) -> int:
+    """`recording_future` (--smoke): the demo recording main() started, (folder, recording.json)."""
+    shared = Processes(work_folder()) if args.smoke else None
+    try:
+        return _run_bench(args, recording_future, shared)
+    finally:
+        if shared is not None:
+            shared.stop_all()
+            keep_logs(shared.folder, "shared")
+
+
+def _run_bench(args: argparse.Namespace, recording_future: Future | None, shared: Processes | None) -> int:
+    """`shared` (--smoke): one web node started here (while the demo records) serves the one-node
+    live phase and then the finished phase's browser, where the defaults start a fresh one for
+    each (each Daphne start-up is ~3 of the smoke's CPU-seconds)."""
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    folder = REPO_ROOT / "var" / "bench-platform-scale" / str(os.getpid()) / "work"  # removed with private services
+    folder = work_folder()
     user = get_user_model().objects.filter(username="bench").first() or get_user_model().objects.create_user("bench", password="bench-password-1")
     from inflight.accounts.services import create_token
 
@@ -486,9 +543,11 @@ def run_bench(args: argparse.Namespace) -> int:
     cookie = client.cookies["sessionid"].value
     results: dict[str, Any] = {}
     ok = True
-    # --smoke records its own demo run every time, at the demo's smallest settings, in its private folder.
-    demo, recording = demo_recording(folder / "demo-recording" if args.smoke else Path(args.demo_run),
-                                     list(SMOKE_DEMO_OVERRIDES) if args.smoke else [])
+    shared_web: tuple[str, subprocess.Popen] | None = None
+    if shared is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        shared_web = (start_web_node(shared, "web-shared"), shared.children["web-shared"])  # while the demo records
+    demo, recording = recording_future.result() if recording_future is not None else demo_recording(Path(args.demo_run), [])
     args.demo_run = str(demo)  # the finished runs' template reads its metric names, evaluations and rollouts
     shape = DemoShape.read(demo, args.duration_s)
     print(f"demo run {demo}: recorded by `{recording['command']}` at {recording['recorded_at']} (commit {recording['commit']}, "
@@ -496,14 +555,27 @@ def run_bench(args: argparse.Namespace) -> int:
     print(f"demo run {demo}: {shape.describe()}")
     if not args.skip_live:
         print(f"{args.live_runs} runs starting over {args.stagger_s:.0f} s, each replaying the demo run at its own rate")
-        for label, nodes in (("one-node", 1), ("two-nodes", 2))[: 1 if args.skip_two_nodes else 2]:
-            phase_folder = folder / label
-            phase_folder.mkdir(parents=True, exist_ok=True)
-            results[label] = live_phase(args, label, shape, user, cookie, phase_folder, nodes)
-            report_live(results[label])
+        phases = (("one-node", 1), ("two-nodes", 2))[: 1 if args.skip_two_nodes else 2]
+        for label, _ in phases:
+            (folder / label).mkdir(parents=True, exist_ok=True)
+        if shared_web is not None and len(phases) == 2:
+            # --smoke runs the two phases side by side (each has its own runs, ingest, clients and
+            # web nodes: the one-node phase the shared node, the two-node phase two fresh ones, so
+            # the one-node phase's web node CPU is its own), not one after the other: ~12 s of wall less.
+            with ThreadPoolExecutor(len(phases)) as pool:
+                futures = [pool.submit(in_thread, live_phase, args, label, shape, user, cookie, folder / label, nodes,
+                                       shared_web if nodes == 1 else None) for label, nodes in phases]
+            for (label, _), future in zip(phases, futures):
+                results[label] = future.result()
+                report_live(results[label])
+        else:
+            for label, nodes in phases:
+                results[label] = live_phase(args, label, shape, user, cookie, folder / label, nodes, shared_web)
+                report_live(results[label])
     if not args.skip_finished:
         (folder / "finished").mkdir(parents=True, exist_ok=True)
-        results["finished"] = finished_runs_phase(args, user, client, folder / "finished", Processes(folder / "finished"), start_web_node)
+        browser_node = start_web_node if shared_web is None else (lambda _processes, _name: shared_web[0])  # type: ignore[index]
+        results["finished"] = finished_runs_phase(args, user, client, folder / "finished", Processes(folder / "finished"), browser_node)
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(f"RESULT demo_metric_lines_per_s_per_run {len(shape.metrics) / shape.duration_s:.2f}")
     if "one-node" in results:
