@@ -12,6 +12,8 @@ them: the floor.
     .venv/bin/python bench/weight_update_vllm.py [--updates 3] [--smoke]
 
 `--smoke`: the tiny model's weights (`--model`), one update; the same server, plugin and broadcast.
+It skips the up-front `import vllm` probe (~15 CPU-s, a whole vLLM import in a throwaway process):
+the server's own start imports vLLM and the plugin and fails the bench if it cannot.
 
 Needs a vLLM install (scripts/install_vllm_cpu.sh). Ends with
 `RESULT vllm_update_pause_vs_broadcast <ratio>`.
@@ -41,9 +43,15 @@ def main() -> None:
     parser.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     parser.add_argument("--model", default=None, help="Model served and updated (default: a fresh ~125M one; --smoke: the tiny model).")
     args = parse_bench_args(parser, smoke={"updates": 1, "model": str(REPO_ROOT / DEFAULT_TINY_MODEL_DIR)})
-    usable, reason = vllm_available()
-    if not usable:
-        raise SystemExit(f"weight_update_vllm: {reason}")
+    if args.smoke:
+        # The probe would import vLLM once more only to print a nicer error; the server start
+        # below imports the same vLLM and plugin and fails loudly (start_vllm_server) if it cannot.
+        if vllm_python() is None:
+            raise SystemExit(f"weight_update_vllm: {vllm_available()[1]}")
+    else:
+        usable, reason = vllm_available()
+        if not usable:
+            raise SystemExit(f"weight_update_vllm: {reason}")
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
