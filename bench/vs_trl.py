@@ -12,6 +12,9 @@ Runs both on the same run config (default examples/tiny-cpu.yaml), one after the
 
     .venv/bin/python bench/vs_trl.py [--config examples/tiny-cpu.yaml] [--max-steps 40] [--repeats 1] [--only trl|inflight] [--smoke]
 
+`--smoke`: both sides on the config at its smallest settings (benchlib.SMOKE_DEMO_OVERRIDES), 2
+optimizer steps each (held-out points at steps 0 and 2); the figures are those of so short a run.
+
 Matched, read from the YAML for both: model dir and dtype, task and training prompts in
 `load_task(config.task).train_stream()` order (TRL: shuffle_dataset=False), the server's chat
 template (tokenizer.apply_chat_template(..., add_generation_prompt=True): identical prompt ids),
@@ -269,7 +272,10 @@ def main() -> None:
         return
     from benchlib import parse_bench_args, smoke_demo_config
 
-    args = parse_bench_args(parser, smoke={"max_steps": 4})
+    # --smoke: 2 optimizer steps per side, the fewest that still give a steady-state s/step (first
+    # to last step) and a held-out point after training (eval.heldout_every_n_steps=2 at smoke
+    # size: points at steps 0 and 2). 4 steps cost one more TRL eval and twice the training.
+    args = parse_bench_args(parser, smoke={"max_steps": 2})
     if args.setup_only:
         ensure_trl_venv()
         return
