@@ -20,6 +20,8 @@ Starts a private embedded PostgreSQL + Redis (fsync on, as the demo), migrates, 
               stores a recorded run's stream instead (a real 10-minute demo run's lines).
 
     .venv/bin/python bench/rollouts.py [--seconds 20] [--stream DIR/stream/rollouts.jsonl] [--smoke]
+
+--smoke: --seconds 0.5 (two 250 ms tails per rate row), --latency-batches 4, --storage-run-s 5.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def ingest_rate(owner, decoder, lines_per_tail: int, keep_every: int, seconds: f
 
     rng = random.Random(0)
     run = make_run(owner, keep_every)
-    tails = max(4, int(seconds / TAIL_S))
+    # At least two tails (the smoke's 0.5 s): a rate over one call would be its first call's alone.
+    tails = max(2, int(seconds / TAIL_S))
     line, busy = 0, 0.0
     for _ in range(tails):
         records = [(n, sample(n, rng, vocab)) for n in range(line, line + lines_per_tail)]
@@ -127,7 +130,7 @@ def main() -> int:
                              "`python -m rl_core run examples/tiny-cpu.yaml --out DIR`) instead of the replayed one.")
     parser.add_argument("--storage-run-s", type=float, default=600.0,
                         help="Seconds of the demo's stream replayed for the storage figure (its RESULT names say 10min).")
-    args = parse_bench_args(parser, smoke={"seconds": 1.0, "latency_batches": 4, "storage_run_s": 5.0})
+    args = parse_bench_args(parser, smoke={"seconds": 0.5, "latency_batches": 4, "storage_run_s": 5.0})
     recorded = None
     if args.stream:
         import json
