@@ -20,7 +20,10 @@ from pathlib import Path
 from benchlib import REPO_ROOT as REPO  # noqa: E402  (first: it puts the checkout on sys.path)
 from benchlib import parse_bench_args, run_cli, smoke_demo_config  # noqa: E402
 
-from rl_core.kernels.cpu import ENV_SWITCH  # noqa: E402
+# rl_core/kernels/cpu.py's switch, by name: importing that module imports torch (~3.5 CPU-s) into a
+# process that only starts runs. The check below keeps the two from drifting apart.
+ENV_SWITCH = "INFLIGHT_CPU_LINEAR"
+assert f'ENV_SWITCH = "{ENV_SWITCH}"' in (REPO / "rl_core" / "kernels" / "cpu.py").read_text(), "rl_core/kernels/cpu.py renamed its switch"
 
 
 def run_demo(config: str, max_steps: int, kernel: str) -> dict[str, float]:
