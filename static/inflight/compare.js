@@ -269,19 +269,23 @@
     var run = page.runs[index];
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     var retryMs = 1000;
-    var opened = false;  // the first open of this page's socket, or a reconnect
+    var opened = false;  // the first subscription of this page's socket, or a reconnect
     function connect() {
       var socket = new WebSocket(scheme + location.host + run.ws_path);
-      // What was missed between the page's fetch and this open; a run that had ended when the page
-      // fetched it has nothing to miss on the first open (a resume says so by its status first).
-      socket.onopen = function () {
-        retryMs = 1000;
-        if (opened || !InflightRuns.isTerminal(run.status)) scheduleReload(index, 0);
-        opened = true;
-      };
+      // What was missed between the page's fetch and the subscription; a run that had ended when the
+      // page fetched it, and still has, has nothing to miss the first time (a resume changes its status).
+      socket.onopen = function () { retryMs = 1000; };
       socket.onmessage = function (event) {
         var message = JSON.parse(event.data);
-        if (message.type === "metrics.batch") scheduleReload(index, 1000);
+        // "hello" comes once the server has subscribed this socket: what changed before it was
+        // pushed to nobody, so the status it carries is taken and the series fetched again.
+        if (message.type === "hello") {
+          var wasTerminal = InflightRuns.isTerminal(run.status);
+          if (message.status && message.status !== run.status) setStatus(run, message.status);
+          if (opened || !wasTerminal || !InflightRuns.isTerminal(run.status)) scheduleReload(index, 0);
+          opened = true;
+        }
+        else if (message.type === "metrics.batch") scheduleReload(index, 1000);
         else if (message.type === "run.status") setStatus(run, message.status);
       };
       socket.onclose = function (event) {

@@ -74,7 +74,10 @@
     };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
-      if (message.type === "metrics.batch") { applyPush(message); if (hasListedHeldout(message)) requestPanel(pushedPanelDelayMs()); }
+      // Subscribed: a status that changed between the page's render and now was pushed to nobody;
+      // the panel's answer carries it (and its error) to setStatus.
+      if (message.type === "hello") { if (message.status && message.status !== status) requestPanel(0); }
+      else if (message.type === "metrics.batch") { applyPush(message); if (hasListedHeldout(message)) requestPanel(pushedPanelDelayMs()); }
       else if (message.type === "run.status") { setStatus(message.status, message.error); setDetail(message.detail); }
       else if (message.type === "run.panel") requestPanel(pushedPanelDelayMs());
       else if (message.type === "eval.score") {

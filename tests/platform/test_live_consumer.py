@@ -65,7 +65,8 @@ async def test_owner_receives_batches_status_and_evals(owner, monkeypatch) -> No
     monkeypatch.setattr(consumers, "PUSH_BURST", 1.0)
     run = await database_sync_to_async(services.create_run)(owner, "live", {})
     socket = await _connect(run.pk, owner)
-    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
+    # Subscribed, then the state: the status as of the subscription.
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk, "status": run.status}
 
     await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(0, 3))
     first = await socket.receive_json_from(timeout=10)
@@ -200,7 +201,8 @@ async def test_pushes_skip_the_database_housekeeping_the_socket_events_keep(owne
     monkeypatch.setattr(channels.consumer, "aclose_old_connections", counting)
     run = await database_sync_to_async(services.create_run)(owner, "live", {})
     socket = await _connect(run.pk, owner)
-    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk}
+    # Subscribed, then the state: the status as of the subscription.
+    assert await socket.receive_json_from(timeout=10) == {"type": "hello", "run_id": run.pk, "status": run.status}
     assert checks  # websocket.connect went through Channels' dispatch
     before = len(checks)
     await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(0, 2))

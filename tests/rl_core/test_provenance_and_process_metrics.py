@@ -45,7 +45,9 @@ def test_differences_name_only_what_differs(tmp_path: Path) -> None:
     b.packages["torch"] = "0.0.1"
     b.packages.pop("pydantic")
     b.host.hostname = "elsewhere"
-    b.code.git_dirty, b.code.changed_count = True, 3
+    # Differs from whatever the checkout is now: the platform tests, run alongside, re-take the
+    # tracked screenshots, so `a` may be dirty already (with 3 changed paths, as it once was).
+    b.code.git_dirty, b.code.changed_count = True, a.code.changed_count + 3
     found = differences([a, b, None])
     assert [name for name, _ in found["fields"]] == ["code", "host"]
     packages = dict(found["packages"])

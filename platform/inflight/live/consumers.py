@@ -20,6 +20,7 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
+from inflight.runs.models import Run
 from inflight.runs.selectors import visible_run_or_404
 from inflight.runs.services import run_group, user_runs_group
 
@@ -101,6 +102,10 @@ class PushDispatch:
         await super().dispatch(message)  # type: ignore[misc]
 
 
+def _run_status(run_id: int) -> str | None:
+    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+
 def _visible_run_id(user: Any, run_id: int) -> int | None:
     try:
         return visible_run_or_404(user, run_id).pk
@@ -125,7 +130,9 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
             return
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.send_json({"type": "hello", "run_id": run_id})
+        # Subscribed, then the state (zulip's order): a status change between the page's render
+        # and this subscription was pushed to nobody, so "hello" carries the status as of now.
+        await self.send_json({"type": "hello", "run_id": run_id, "status": await database_sync_to_async(_run_status)(run_id)})
 
     async def disconnect(self, code: int) -> None:
         if self.flush_task is not None:
