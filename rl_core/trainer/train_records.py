@@ -105,12 +105,7 @@ class TrainRecords:
         lines = [json.dumps({"sample_id": sample_id, "step": step, "consumed": consumed, "discarded": DISCARD_STALE},
                             separators=(",", ":")) + "\n" for sample_id in sample_ids]
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                for line in lines:
-                    os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+            self._append(lines)
         except OSError as exc:  # the viewer's marks must never stop training
             logger.warning("train records: writing %s failed (%r); stale drops not recorded", self.path, exc)
 
@@ -144,6 +139,11 @@ class TrainRecords:
                 start += length
                 lines.append(json.dumps({"sample_id": sample_id, "step": step, "consumed": consumed, "logprobs": values},
                                         separators=(",", ":")) + "\n")
+        self._append(lines)
+
+    def _append(self, lines: list[str]) -> None:
+        """Whole lines, each one write on an O_APPEND descriptor: the stale marks (main thread) and
+        the ratios (writer thread) interleave by line, never inside one."""
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             for line in lines:
