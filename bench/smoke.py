@@ -31,7 +31,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 LOG_DIR = REPO_ROOT / "var" / "logs" / "bench-smoke"
 # Modules the benches import or start as their own children; no bench of their own.
-HELPER_MODULES = frozenset({"benchlib", "smoke", "scale_live", "scale_finished"})
+HELPER_MODULES = frozenset({"benchlib", "smoke", "scale_live", "scale_finished", "scale_recording"})
 # Started first, so the longest ones do not start last and leave one core idle at the end (rough
 # smoke times on the 2-core machine; the rest take seconds each).
 SLOWEST_FIRST = ("weight_update_vllm", "platform_scale", "multinode", "vs_trl", "accelerations_learning", "async_vs_sync",
