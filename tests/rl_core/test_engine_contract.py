@@ -94,6 +94,35 @@ def test_greedy_and_seeded_requests_are_reproducible(server) -> None:
     assert len(seeded_a[0].logprobs) == len(seeded_a[0].token_ids)
 
 
+def test_a_turn_sent_back_as_a_token_prompt_is_continued_as_a_multi_turn_trajectory_does(server) -> None:
+    """A multi-turn trajectory's next turn (rl_core.envs.trajectories) is a token prompt: the
+    previous prompt + the model's tokens (+ a tool's output). Greedy, the first continued token is
+    the one the whole response had there, with its logprob; with tool tokens appended the engine
+    answers a turn of its own, each token with its logprob and policy version."""
+    async def scenario():
+        async with InferenceClient(server.url) as client:
+            greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+            (whole,) = await client.generate(MESSAGES, greedy)
+            cut = max(1, len(whole.token_ids) // 2)
+            prompt = whole.prompt_token_ids + whole.token_ids[:cut]
+            (rest,) = await client.generate([], SamplingParams(temperature=0.0, max_new_tokens=12 - cut), prompt_token_ids=prompt)
+            tool_output = whole.prompt_token_ids[-6:]  # any ids of the vocabulary stand for a tool's text
+            (after_tool,) = await client.generate([], SamplingParams(temperature=1.0, max_new_tokens=6, seed=2),
+                                                  prompt_token_ids=prompt + tool_output)
+            version = (await client.health())["version"]
+            return whole, cut, prompt, rest, tool_output, after_tool, version
+
+    whole, cut, prompt, rest, tool_output, after_tool, version = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert len(whole.token_ids) >= 2, whole
+    assert rest.prompt_token_ids == prompt
+    assert rest.token_ids[0] == whole.token_ids[cut]
+    assert rest.logprobs[0] == pytest.approx(whole.logprobs[cut], abs=1e-3)
+    assert after_tool.prompt_token_ids == prompt + tool_output
+    assert 1 <= len(after_tool.token_ids) <= 6 and after_tool.finish_reason in ("stop", "length")
+    assert len(after_tool.logprobs) == len(after_tool.token_ids) and all(lp <= 0 for lp in after_tool.logprobs)
+    assert after_tool.token_versions == [version] * len(after_tool.token_ids)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "mentions"),
     [
