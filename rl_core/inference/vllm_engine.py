@@ -23,7 +23,10 @@ makes `.venv-vllm`; on GPU boxes the `[gpu]` extra may put it in the main one):
      stay scheduled, KV caches kept) → `start_weight_update` → `update_weights` (the
      workers receive the trainer's broadcast through the `gloo`/`inflight_nccl`
      weight-transfer engine of `inference/vllm_plugin.py`) → `finish_weight_update(version)` →
-     `resume_generation()`.
+     `resume_generation()`;
+   - a run's server (`--run-dir`) writes the run page's Timeline lane as the reference server
+     does: decode steps (seen through a vLLM stat logger, once per step) and each update's
+     pause with its version (`StepLane`).
    Unchanged, the trainer's `WeightBroadcaster` and every client talk to it as to a
    reference server.
 2. The launcher side (any venv, no vLLM import): `vllm_python()`, `vllm_available()` and
@@ -121,6 +124,65 @@ def apply_run_config(args: argparse.Namespace, config: RunConfig, server_index: 
 # --- server side: runs in the vLLM venv ---------------------------------------------
 
 
+class StepLane:
+    """A run's vLLM server on the run page's Timeline (rl_core/rundir/timeline.py's server lane):
+    its decode steps and every weight update's pause, as the reference engine records them.
+
+    vLLM's steps run in its engine-core process; the front end sees each one end when its outputs
+    arrive, and hands them to its stat loggers (`record`, once per step that produced outputs).
+    `stat_logger` is such a logger: each call is one step, which began where the previous one
+    ended, or, after the server sat idle, when the first request came in. Without a timeline
+    (a server outside a run) every call is a no-op."""
+
+    def __init__(self, timeline: Any | None = None) -> None:
+        self.timeline = timeline  # rl_core.rundir.timeline.ServerTimeline
+        self._last_end: float | None = None
+        self._busy_since: float | None = None
+
+    def busy(self) -> None:
+        """The first request in flight after none were."""
+        self._busy_since = time.time()
+
+    def step(self, end: float, running: int) -> None:
+        if self.timeline is None:
+            return
+        start = end if self._busy_since is None else self._busy_since
+        if self._last_end is not None and self._last_end > start:
+            start = self._last_end  # back to back with the previous step
+        self.timeline.step(start, end, running)
+        self._last_end = end
+
+    def idle(self) -> None:
+        self._busy_since = None
+        if self.timeline is not None:
+            self.timeline.idle()
+
+    def pause(self, start: float, end: float, version: int) -> None:
+        if self.timeline is not None:
+            self.timeline.pause(start, end, version)
+        self._last_end = end  # the step after the pause starts after it
+
+    def stat_logger(self) -> Any:
+        """A vLLM stat-logger factory (`AsyncLLM.from_engine_args(stat_loggers=[...])`) feeding `step`."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        lane = self
+
+        class StepLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if iteration_stats is not None:  # a step that produced outputs
+                    running = int(getattr(scheduler_stats, "num_running_reqs", 0) or 0) if scheduler_stats is not None else 0
+                    lane.step(float(iteration_stats.iteration_timestamp), running)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return StepLogger
+
+
 class VllmEngine:
     """The engine interface `server.create_app` drives, over one `AsyncLLM`.
 
@@ -128,10 +190,12 @@ class VllmEngine:
     (`VllmWeightReceiver`), which the server runs in worker threads and which hop onto
     the loop with `run_coroutine_threadsafe`."""
 
-    def __init__(self, llm: Any, tokenizer: Any, model_dir: str, max_model_len: int, loop: asyncio.AbstractEventLoop, weight_sync_ranks: int = 1) -> None:
+    def __init__(self, llm: Any, tokenizer: Any, model_dir: str, max_model_len: int, loop: asyncio.AbstractEventLoop, weight_sync_ranks: int = 1,
+                 steps: StepLane | None = None) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.llm = llm
+        self.steps = steps or StepLane()  # the run page's Timeline lane of this server (a run's server only)
         self.weight_sync_ranks = weight_sync_ranks
         self.tokenizer = tokenizer
         self.loop = loop
@@ -174,9 +238,16 @@ class VllmEngine:
             stop_token_ids=[int(t) for t in params.stop_token_ids], seed=params.seed, logprobs=0,
         )
         task = self.loop.create_task(self._generate(request_id, prompt, sampling))
+        if not self._in_flight:
+            self.steps.busy()
         self._in_flight[request_id] = task
-        task.add_done_callback(lambda _t, rid=request_id: self._in_flight.pop(rid, None))
+        task.add_done_callback(lambda _t, rid=request_id: self._request_done(rid))
         return task
+
+    def _request_done(self, request_id: str) -> None:
+        self._in_flight.pop(request_id, None)
+        if not self._in_flight:
+            self.steps.idle()
 
     async def _generate(self, request_id: str, prompt: list[int], sampling: Any) -> Any:
         from rl_core.common.contracts import GenerationResult
@@ -335,6 +406,7 @@ class VllmWeightReceiver:
             finally:
                 engine.run(llm.resume_generation())
             pause_s = time.perf_counter() - started
+            engine.steps.pause(time.time() - pause_s, time.time(), int(version))
         engine.counters["weight_updates"] += 1
         engine.counters["last_update_pause_s"] = pause_s
         return pause_s
@@ -460,11 +532,16 @@ def main(argv: list[str]) -> int:
     async def serve() -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        llm = AsyncLLM.from_engine_args(build_engine_args(args))
+        steps = StepLane()
+        if args.run_dir:  # the run page's Timeline: this server's decode spans and pauses
+            from rl_core.rundir.timeline import ServerTimeline, TimelineWriter
+
+            steps.timeline = ServerTimeline(TimelineWriter(args.run_dir, "server", f"server{args.server_index}"))
+        llm = AsyncLLM.from_engine_args(build_engine_args(args), stat_loggers=[steps.stat_logger()] if steps.timeline is not None else None)
         try:
             await llm.update_weight_version("0")  # tokens before the first update are version 0
             engine = VllmEngine(llm, AutoTokenizer.from_pretrained(args.model), args.model, args.max_seq_len, asyncio.get_running_loop(),
-                                weight_sync_ranks=args.tensor_parallel_size)
+                                weight_sync_ranks=args.tensor_parallel_size, steps=steps)
             app = create_app(engine, model_name, receiver=VllmWeightReceiver(engine, args.device))  # type: ignore[arg-type]
             _replace_health_route(app, engine)
             await serve_until_stopped(app, sock)

@@ -120,18 +120,25 @@ def test_vllm_is_asked_for_the_logprobs_of_the_sampling_distribution() -> None:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(untrained_tiny_model: Path):
+def vllm_server(untrained_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A run's vLLM server (`--run-dir`: its settings from the run's config.yaml, as the launcher
+    starts it), so it also writes the run page's Timeline lane."""
+    import yaml
+
     usable, reason = vllm_available()
     if not usable:
         pytest.skip(reason)
+    run_dir = tmp_path_factory.mktemp("vllm-run")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"path": str(untrained_tiny_model)}, "inference": {"engine": "vllm", "max_batch_size": 8, "threads_per_server": 1}}))
     handle = start_vllm_server(
         [str(vllm_python()), "-m", "rl_core.inference.vllm_engine", "--model", str(untrained_tiny_model), "--port", "0",
-         "--max-seq-len", "1024", "--max-batch-size", "8"],
+         "--run-dir", str(run_dir), "--server-index", "0"],
         timeout_s=900,
     )
     broadcaster = WeightBroadcaster([handle.url], backend="gloo")
     broadcaster.connect()
-    yield SimpleNamespace(url=handle.url, broadcaster=broadcaster, model_dir=untrained_tiny_model, handle=handle)
+    yield SimpleNamespace(url=handle.url, broadcaster=broadcaster, model_dir=untrained_tiny_model, handle=handle, run_dir=run_dir)
     broadcaster.close()
     handle.stop()
 
@@ -280,3 +287,34 @@ def test_vllm_refused_update_changes_nothing_and_the_group_stays_usable(vllm_ser
     model = perturbed_model(vllm_server.model_dir, seed=100 + version)
     vllm_server.broadcaster.broadcast(model.named_parameters(), version + 1)
     assert server_version(vllm_server.url) == version + 1
+
+
+def test_a_runs_vllm_server_draws_its_timeline_lane_decode_steps_and_each_pause_with_its_version(vllm_server) -> None:
+    from rl_core.rundir.layout import timeline_path
+    from rl_core.rundir.timeline import read_lane
+
+    before = time.time()
+    chat(vllm_server.url, temperature=1.0, max_tokens=40, n=4, seed=1)
+    version = server_version(vllm_server.url) + 1
+    vllm_server.broadcaster.broadcast(perturbed_model(vllm_server.model_dir, seed=200 + version).named_parameters(), version)
+    chat(vllm_server.url, temperature=0.0, max_tokens=8)
+    after = time.time()
+
+    lane = timeline_path(vllm_server.run_dir, "server0")
+    deadline = time.monotonic() + 10  # the last decode span is written when the server goes idle
+    while True:
+        spans = [span for span in read_lane(lane)[0] if span["end"] >= before]
+        decode = [span for span in spans if span["kind"] == "decode"]
+        pauses = [span for span in spans if span["kind"] == "pause"]
+        if decode and decode[-1]["end"] >= after - 5 and pauses or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [span["version"] for span in pauses][-1:] == [version], spans
+    assert all(span["role"] == "server" and span["lane"] == "server0" for span in spans)
+    # The 4 x 40-token request's steps: a span of many steps with the 4 sequences in flight.
+    assert sum(span["count"] for span in decode if span["end"] <= pauses[-1]["start"]) >= 40 // 2, decode
+    assert max(span["running"] for span in decode) >= 4, decode
+    # Nothing overlaps on a server's lane: no step runs during a pause, spans follow each other.
+    ordered = sorted(decode + pauses, key=lambda span: span["start"])
+    for first, second in zip(ordered, ordered[1:]):
+        assert first["start"] <= first["end"] <= second["start"] + 1e-3, (first, second)
