@@ -205,6 +205,31 @@ def test_compare_by_group_says_runs_failed_and_time_to_target_per_group(owner, o
     assert owner_client.get(reverse("web:compare") + f"?groups={group.pk}&band=wide").status_code == 400
 
 
+def test_the_leaderboard_gives_each_sweep_on_the_page_a_row_with_its_time_to_target(owner, owner_client, tiny_config, tmp_path: Path) -> None:
+    group = sweeps.create_sweep(owner, "lr-seeds", tiny_config, {"trainer.lr": [1e-4]}, 3)
+    runs = list(group.runs.order_by("id"))
+    for index, run in enumerate(runs[:2]):  # steps 4 and 8 to +0.20, 2 s a step
+        _write_and_ingest(run, tmp_path / f"{run.pk}.jsonl", [(0, 0.1), (4 + 4 * index, 0.35)], 100.0, 2.0)
+    _write_and_ingest(runs[2], tmp_path / f"{runs[2].pk}.jsonl", [(0, 0.1), (6, 0.2)], 100.0, 2.0)  # never reaches it
+    Run.objects.filter(pk=runs[2].pk).update(status=RunStatus.FAILED)
+    loose = services.create_run(owner, "loose", tiny_config)
+
+    page = owner_client.get(reverse("web:leaderboard")).content.decode()
+    table = page[page.index('id="leaderboard-sweeps"'):page.index('id="leaderboard"')]
+    row = re.search(rf'<tr data-sweep-id="{group.pk}">(.*?)</tr>', table, re.S).group(1)
+    assert "lr-seeds" in row and "(1 failed)" in row and "2 of 3" in row  # the failed run is counted, not dropped
+    expected = [independent_time_to_target(tmp_path / f"{run.pk}.jsonl", tiny_config["trainer"]["samples_per_step"], 0.20) for run in runs[:2]]
+    assert [e["steps"] for e in expected] == [4, 8]
+    assert re.search(r'data-column="to_target_steps">6 ± 2\.83<', row), row  # mean and sd of 4 and 8
+    assert f"?groups={group.pk}&amp;target=%2B0.20" in row
+    assert table.count("data-sweep-id=") == 1  # the loose run has no sweep row
+    assert f'<tr data-run-id="{loose.pk}">' in page
+
+    # Another target reaches none of them: said so, not a blank.
+    page = owner_client.get(reverse("web:leaderboard") + "?target=0.9").content.decode()
+    assert "not reached by any run" in re.search(rf'<tr data-sweep-id="{group.pk}">(.*?)</tr>', page, re.S).group(1)
+
+
 def test_create_page_sweep_panel_queues_a_group(owner, owner_client) -> None:
     form = owner_client.get(reverse("web:run_create")).content.decode()
     assert 'name="sweep"' in form and 'name="grid_key"' in form

@@ -96,7 +96,13 @@ def test_group_compare_with_bands_run_list_row_and_sweep_panel(daphne_server: st
             assert page.input_value('#target-form input[name="target"]') == "0.5"
             assert page.locator(f'tr[data-run-id="{members[1].pk}"] [data-column="to_target_steps"]').inner_text() == "12"
             assert page.locator(f'tr[data-run-id="{members[2].pk}"] [data-column="to_target_wall"]').inner_text() == "not reached"
-            page.screenshot(path="/tmp/leaderboard_to_target.png", full_page=False)
+            # The sweep in one line (the recipe's row), at the same target, its name opening its group compare.
+            sweep_line = page.locator(f'#leaderboard-sweeps tr[data-sweep-id="{group.pk}"]').inner_text()
+            assert "2 of 3" in sweep_line and "(1 failed)" in sweep_line and "14 ± 2.83" in sweep_line
+            page.screenshot(path="/tmp/leaderboard_to_target.png", full_page=True)
+            page.click(f'#leaderboard-sweeps tr[data-sweep-id="{group.pk}"] a')
+            page.wait_for_selector(".chart-card .main-svg")
+            assert f"groups={group.pk}" in page.url and "target=0.5" in page.url
 
             # The run list: the sweep is one row; its runs open under it.
             page.goto(f"{daphne_server}/")

@@ -78,3 +78,30 @@ def time_to_target_rows(runs: list[Run], groups: list[dict[str, Any]] | None, ta
         "runs": [{"run": run, **per_run[run.pk]} for run in runs],
         "groups": [{**group, "summary": group_time_to_target(per_run, group["run_ids"])} for group in groups or []],
     }
+
+
+def leaderboard_sweeps(user: AbstractBaseUser, page_run_ids: list[int], target: Target) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+    """The leaderboard page's time to target: per run of the page, and a row per sweep that one of
+    the page's runs belongs to, in the order they first appear there (mean ± sd over all the sweep's
+    visible runs, with how many reached the target and how many failed: a recipe in one line).
+    Bounded by the page: at most a page of sweeps, each of at most MAX_SWEEP_RUNS runs."""
+    page_runs = list(Run.objects.filter(pk__in=page_run_ids).only("id", "config", "group_id"))
+    order = {run_id: index for index, run_id in enumerate(page_run_ids)}
+    first_seen: dict[int, int] = {}
+    for run in page_runs:
+        if run.group_id is not None:
+            first_seen[run.group_id] = min(first_seen.get(run.group_id, len(order)), order[run.pk])
+    if not first_seen:
+        return time_to_target(page_runs, target), []
+    groups = {group.pk: group for group in groups_visible_to(user).filter(pk__in=list(first_seen))}
+    members: dict[int, list[Run]] = {pk: [] for pk in groups}
+    for run in runs_visible_to(user).filter(group_id__in=list(groups)).select_related(None).only("id", "config", "group_id", "status").order_by("id"):
+        members[run.group_id].append(run)
+    on_page = {run.pk for run in page_runs}
+    per_run = time_to_target(page_runs + [run for runs in members.values() for run in runs if run.pk not in on_page], target)
+    sweeps = [
+        {"id": pk, "name": groups[pk].name, **_status_counts(members[pk]),
+         "summary": group_time_to_target(per_run, [run.pk for run in members[pk]])}
+        for pk in sorted(groups, key=lambda pk: first_seen[pk])
+    ]
+    return per_run, sweeps

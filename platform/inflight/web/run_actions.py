@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from inflight.api.errors import error_response, json_response
 from inflight.runs import actions
-from inflight.runs.group_selectors import DEFAULT_TARGET, Target, group_counts, time_to_target
+from inflight.runs.group_selectors import DEFAULT_TARGET, Target, group_counts
 from inflight.runs.models import MetricPoint, Run
 from inflight.runs.run_env import run_env_name
 from inflight.runs.run_filters import METRIC_SORT_DESCENDING_FIRST, METRIC_SORT_KEYS, BadFilter, RunFilters, all_tags, filter_runs
@@ -427,16 +427,16 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         target = Target.parse(request.GET.get("target"))
     except ValueError as exc:
         return base_views._error_page(request, 400, str(exc))
-    # Time to target for this page's rows only (two queries): it depends on the target the user
-    # sets, so it is not a stored figure to sort by.
-    reached = time_to_target(list(Run.objects.filter(pk__in=[row["run_id"] for row in table.rows]).only("id", "config")), target)
+    # Time to target for this page's rows and their sweeps only (a few queries): it depends on the
+    # target the user sets, so it is not a stored figure to sort by.
+    reached, sweeps = group_compare.leaderboard_sweeps(request.user, [row["run_id"] for row in table.rows], target)
     rows = [{**row, "to_target": reached.get(row["run_id"])} for row in table.rows]
     query = filters.query_string()
     if target.text != DEFAULT_TARGET:
         query = f"{query}&target={target.text}" if query else f"target={target.text}"
     pager_query = f"sort={sort}&{query}" if query else f"sort={sort}"
     return render(request, "inflight/leaderboard.html", {
-        "rows": rows, "target": target, "columns": columns, "sort": sort, "filters": filters, "filter_query": query,
+        "rows": rows, "sweeps": sweeps, "target": target, "columns": columns, "sort": sort, "filters": filters, "filter_query": query,
         "tags": all_tags(runs_visible_to(request.user)), "statuses": Run._meta.get_field("status").choices,
         "page": _pager_links(page, pager_query),
     })
