@@ -21,7 +21,7 @@ from tests.platform.test_browser import CHROMIUM, CHROMIUM_ARGS, daphne_server, 
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+from tests.platform.screenshots import SCREENSHOTS  # noqa: E402  (docs/screenshots/ only when asked)
 
 @pytest.fixture
 def cluster() -> Iterator[NetnsCluster]:

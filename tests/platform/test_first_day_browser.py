@@ -2,7 +2,7 @@
 PostgreSQL and Redis): the create page's Form and YAML tabs are one config, compare follows its
 runs live, the run list sorts by its metric columns and its sparklines move, unknown addresses
 get the site's 404 page. Runs are made in the database as the worker leaves them
-(test_first_hour_browser.make_run). Screenshots go to docs/screenshots/.
+(test_first_hour_browser.make_run). Screenshots: tests/platform/screenshots.py (docs/screenshots/ when asked).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from test_browser import CHROMIUM, browser, daphne_server, signed_in_page  # noqa: F401 - the fixtures are used by name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+from tests.platform.screenshots import SCREENSHOTS  # noqa: E402  (docs/screenshots/ only when asked)
 RUN_PAGE = re.compile(r"/runs/\d+/$")
 
 pytestmark = [

@@ -5,7 +5,7 @@ Runs are made in the database as the worker leaves them (metrics ingested throug
 `runs.live_ingest.ingest_metrics`, evaluations through `evaluations.ingest_eval`, rollouts through
 `rollouts.services.ingest_rollouts` decoded by the tiny model's real tokenizer), so each page is
 checked on known figures in seconds; the held-out evaluation test runs the real engine through a
-real Celery worker. Screenshots go to docs/screenshots/ (the README shows them).
+real Celery worker. Screenshots: tests/platform/screenshots.py (docs/screenshots/ when asked, for the README).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import yaml
 from test_browser import CHROMIUM, browser, daphne_server, signed_in_page  # noqa: F401 - the fixtures are used by name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
+from tests.platform.screenshots import SCREENSHOTS  # noqa: E402  (docs/screenshots/ only when asked)
 
 pytestmark = [
     pytest.mark.browser,

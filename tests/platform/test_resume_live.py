@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 MAX_STEPS = 40
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+from tests.platform.screenshots import SCREENSHOTS  # noqa: E402  (docs/screenshots/ only when asked)
 
 
 def config(tiny_model: Path) -> dict[str, Any]:

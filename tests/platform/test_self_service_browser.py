@@ -1,7 +1,7 @@
 """Issue 33 in Chromium: the first-day pages a user reaches without an operator — password reset
 from the sign-in page, their API tokens, their datasets (a refused file names its bad lines), the
 inbox across runs, the webhook test, and a run page that says what ran it and where the time goes
-per process. Screenshots go to docs/screenshots/ (the README shows them)."""
+per process. Screenshots: tests/platform/screenshots.py (docs/screenshots/ when asked, for the README)."""
 
 from __future__ import annotations
 
