@@ -147,6 +147,20 @@
   });
   more.addEventListener("click", function () { load(true); });
 
+  // The counts follow the stored rows while the run runs: a pushed batch asks for them again, at
+  // most every COUNTS_EVERY_MS (they are the database's, so rows thinned out of the store leave
+  // them too, which counting pushed rows here would not see).
+  var COUNTS_EVERY_MS = 3000;
+  var countsTimer = null;
+  function refreshCountsSoon() {
+    if (countsTimer !== null) return;
+    countsTimer = setTimeout(function () {
+      getJSON(query(null)).then(function (page) { showCounts(page.counts); })
+        .catch(function () { /* the next batch asks again */ })
+        .then(function () { countsTimer = null; });
+    }, COUNTS_EVERY_MS);
+  }
+
   function addLiveRows(rows) {
     var empty = body.querySelector("tr.empty");
     rows.forEach(function (r) {
@@ -155,6 +169,7 @@
       body.insertBefore(rowFor(r), body.firstChild); // rows come oldest first: newest ends on top
     });
     while (body.children.length > MAX_ROWS) { body.lastChild.remove(); nextCursor = nextCursor === null ? null : nextCursor; }
+    if (rows.length) refreshCountsSoon();
   }
 
   // ---------------------------------------------------------------- sample view

@@ -205,16 +205,26 @@ def test_discarded_samples_show_their_reason_counts_and_filter(daphne_server: st
     page.locator("#rollouts-panel").scroll_into_view_if_needed()
     page.screenshot(path="/tmp/rollouts_discarded.png", full_page=False)
 
+    # While the page is open, the worker stores another batch with a discarded sample: the row comes
+    # live, and the counts follow (a new reason gets its filter choice) without a reload.
+    from inflight.live import broadcast
+
+    ingest_rollouts(run.pk, [(3, discarded_sample(8, "empty", 0))], DECODER, discarded=True)
+    broadcast.flush_broadcasts()
+    wait(lambda: rows.count() == 16, timeout=15, interval=0.2, message="the pushed discarded row")
+    wait(lambda: page.locator("#rollouts-counts").inner_text() == "trained 11 · discarded 5 (aborted 1, empty 1, stale 1, zero advantage 2)",
+         timeout=15, interval=0.2, message="the counts after the push")
+
     # The filter: trained only, discarded only, one reason (its choice added from the counts).
     options = page.eval_on_selector_all('select[name="discarded"] option', "els => els.map(e => e.value)")
-    assert options == ["", "false", "true", "aborted", "stale", "zero_advantage"], options
+    assert options == ["", "false", "true", "aborted", "stale", "zero_advantage", "empty"], options
     page.select_option('select[name="discarded"]', "false")
     page.click("#rollout-filters button[type=submit]")
     wait(lambda: rows.count() == 11, timeout=15, interval=0.2, message="11 rows after filtering")
     assert page.locator("#rollouts-body tr.rollout-row.discarded").count() == 0
     page.select_option('select[name="discarded"]', "true")
     page.click("#rollout-filters button[type=submit]")
-    wait(lambda: rows.count() == 4, timeout=15, interval=0.2, message="4 rows after filtering")
+    wait(lambda: rows.count() == 5, timeout=15, interval=0.2, message="5 rows after filtering")
     page.select_option('select[name="discarded"]', "zero_advantage")
     page.click("#rollout-filters button[type=submit]")
     wait(lambda: rows.count() == 2, timeout=15, interval=0.2, message="2 rows after filtering")
