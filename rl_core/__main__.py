@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "actor": ("rl_core.actor.main", "main", "Run the rollout actor of a run (started by `run`)."),
     "trainer": ("rl_core.trainer.loop", "main", "Run the trainer of a run (started by `run`)."),
     "eval": ("rl_core.evaluation.cli", "main", "Evaluate a model on a benchmark (math500, aime24, ...)."),
-    "validate": ("rl_core.config.files", "main", "Validate a run config and print it resolved."),
+    "validate": ("rl_core.launch.preflight", "validate_main", "Check a run config and the files it names, as `run` would, and print it resolved."),
     "cluster-nodes": ("rl_core.cluster.nodes", "main", "Print the Ray cluster's nodes as JSON (a cluster worker's heartbeat)."),
 }
 

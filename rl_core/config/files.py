@@ -1,5 +1,5 @@
 """A run config from its files and forms: the run defaults, loading YAML with overrides, errors
-that name the field, and `python -m rl_core validate`.
+that name the field (`python -m rl_core validate` is the launcher's preflight: rl_core/launch/preflight.py).
 
 `rl_core/config/run_config.py` is the schema (`RunConfig` and its sections); this is everything that turns
 text a user wrote into one, the same for the CLI, the launcher, the worker and the platform.
@@ -136,16 +136,3 @@ def load_config_or_exit(path: str | Path, overrides: list[str] | None = None) ->
 
 def config_to_yaml(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-def main(argv: list[str]) -> int:
-    """`python -m rl_core validate CONFIG.yaml [--set k=v ...]`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m rl_core validate")
-    parser.add_argument("config", help="Run config YAML.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Override a field: key.path=value.")
-    args = parser.parse_args(argv)
-    config = load_config_or_exit(args.config, args.overrides)
-    print(config_to_yaml(config), end="")
-    return 0

@@ -24,12 +24,17 @@ class LaunchError(RuntimeError):
     ended_reason: EndedReason = "failed"
 
 
+def builds_tiny_model(config: RunConfig) -> bool:
+    """Whether the run builds its model first: the default tiny model, missing, and allowed to be built."""
+    path = Path(config.model.path).expanduser()
+    return not path.exists() and path.resolve() == Path(DEFAULT_TINY_MODEL_DIR).resolve() and config.model.build_tiny_if_missing
+
+
 def resolve_model_path(config: RunConfig) -> Path:
     """The model directory, built first if it is the default tiny model and missing."""
     path = Path(config.model.path).expanduser()
     if not path.exists():
-        is_default = path.resolve() == Path(DEFAULT_TINY_MODEL_DIR).resolve()
-        if is_default and config.model.build_tiny_if_missing:
+        if builds_tiny_model(config):
             from rl_core.models.tiny_model import ensure_tiny_model
 
             print(f"building the tiny model at {path} (first run only)", flush=True)
@@ -115,3 +120,34 @@ def prepare_run_dir(run_dir: Path, config: RunConfig, resume: bool) -> None:
         raise LaunchError(f"--out {run_dir} already holds a run; use --resume to continue it or a new directory")
     clear_previous_attempt(run_dir)
     (run_dir / CONFIG_FILE).write_text(config_to_yaml(config))
+
+
+def validate_main(argv: list[str]) -> int:
+    """`python -m rl_core validate CONFIG.yaml [--set k=v ...] [--schema-only]`."""
+    import argparse
+    import sys
+
+    from rl_core.config.files import load_config_or_exit
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rl_core validate",
+        description="The config against its schema, then what `run` checks before it starts anything: the model directory, the "
+                    "task data, the benchmarks, a custom env, the mirrors, vLLM where the config asks for it. Nothing is built or "
+                    "written (GPU placement is left to the machine that runs it). Prints the resolved config; exit 2 names the field.")
+    parser.add_argument("config", help="Run config YAML.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Override a field: key.path=value.")
+    parser.add_argument("--schema-only", action="store_true", help="Check the fields only, not the files and imports they name.")
+    args = parser.parse_args(argv)
+    config = load_config_or_exit(args.config, args.overrides)
+    if not args.schema_only:
+        try:
+            if builds_tiny_model(config):
+                print(f"model.path: {config.model.path} is missing; `run` builds the tiny model there first", file=sys.stderr)
+            else:
+                resolve_model_path(config)
+            validate_inputs(config)
+        except LaunchError as exc:
+            print(f"invalid config:\n{exc}", file=sys.stderr)
+            return 2
+    print(config_to_yaml(config), end="")
+    return 0

@@ -112,6 +112,31 @@ def test_dataset_row_without_answer_is_refused_before_start(tiny_model: Path, tm
     assert not (tmp_path / "run" / "logs").exists()
 
 
+def test_validate_checks_what_run_would_refuse_without_writing_anything(tiny_model: Path, tmp_path: Path) -> None:
+    """`python -m rl_core validate` is `run`'s preflight without the run: the fields, then the files and
+    imports they name; `--schema-only` the fields alone."""
+    def validate(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rl_core", "validate", *args], capture_output=True, text=True, timeout=120)
+
+    good = write_config(tmp_path / "good.yaml", tiny_model)
+    result = validate(str(good))
+    assert result.returncode == 0, result.stderr
+    assert RunConfig.model_validate(yaml.safe_load(result.stdout)).model.path == str(tiny_model)
+
+    missing_model = write_config(tmp_path / "no-model.yaml", tmp_path / "no-such-model")
+    result = validate(str(missing_model))
+    assert result.returncode == 2 and "model.path" in result.stderr and "does not exist" in result.stderr
+    assert validate(str(missing_model), "--schema-only").returncode == 0
+
+    result = validate(str(good), "--set", "task.kind=math_jsonl", "--set", f"task.train_path={tmp_path / 'absent.jsonl'}")
+    assert result.returncode == 2 and "task:" in result.stderr and "absent.jsonl" in result.stderr
+    result = validate(str(good), "--set", "env.name=custom", "--set", "env.class_path=nowhere_module:Env")
+    assert result.returncode == 2 and "env.class_path" in result.stderr
+    result = validate(str(good), "--set", "eval.benchmarks=[no_such_benchmark]")
+    assert result.returncode == 2 and "eval.benchmarks" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["good.yaml", "no-model.yaml"]  # nothing written
+
+
 def gpu_run_config(**sections: dict) -> RunConfig:
     data: dict = {
         "inference": {"engine": "vllm", "device": "cuda", "num_servers": 2, "gpus_per_server": 2, "tensor_parallel_size": 2},
