@@ -16,8 +16,9 @@ clients are real WebSocket clients doing what run_page.js does).
    node B is killed half-way, its clients reconnect to node A; every client must end complete;
 3. `--finished-runs` finished runs (a template run stored through the real ingest services —
    `--steps` steps x `--metrics` metrics, evals with per-problem rows, rollouts — then cloned in
-   SQL with varied values): run list (filter, sort, paginate), leaderboard and a 20-run compare,
-   server time p95 (Django's test client, in this process: no network); the compare page's charts
+   SQL with varied values, half of them in sweeps of four): run list (filter, sort, paginate),
+   leaderboard, a 20-run compare, five sweeps compared as groups and a run's Timeline tab, server
+   time p95 (Django's test client, in this process: no network); the compare page's charts
    interactive in Chromium (Playwright + Debian chromium); database size per run.
 
 The demo run the writers replay is recorded by this bench on this machine with this code: the

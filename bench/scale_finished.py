@@ -1,7 +1,13 @@
 """The finished-runs half of bench/platform_scale.py: thousands of finished runs in PostgreSQL, then
-the run list, the leaderboard and a 20-run compare timed, and the compare page in Chromium. The
-leaderboard answers from per-run summaries (inflight.runs.summaries): its first read, which
-computes them all, is timed apart, and so is a read after 200 runs each stored a new batch.
+the run list, the leaderboard, a 20-run compare, a compare of five sweeps (20 runs as groups with
+bands) and a run's Timeline tab timed, and the compare page in Chromium. The leaderboard answers
+from per-run summaries (inflight.runs.summaries): its first read, which computes them all, is timed
+apart, and so is a read after 200 runs each stored a new batch.
+
+Half the clones are put in sweeps of four (2 learning rates x 2 seeds, as `inflight sweep` stores
+them: a RunGroup, each run pointing to it with its grid point), so the run list pages are timed as
+a lab's look, with sweep rows among single runs. The Timeline run is given the demo run's own
+`timeline/` lanes in a run directory private to the bench.
 
 The database is filled fast and with the platform's own shapes: ONE template run is stored
 through the real ingest services (`ingest_metrics` with its folding into the snapshot buckets,
@@ -21,6 +27,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPARED_RUNS = 20
+SWEEP_SIZE = 4  # 2 learning rates x 2 seeds per sweep
+SWEEP_POINTS = [{"trainer.lr": lr, "seed": seed} for lr in (1e-4, 3e-4) for seed in (0, 1)]
+COMPARED_SWEEPS = COMPARED_RUNS // SWEEP_SIZE  # the group compare holds as many runs as the runs compare
 # static/inflight/compare.js's DEFAULTS: what the compare page charts when the address names no metrics.
 COMPARE_DEFAULT_METRICS = ("success/mean", "reward/mean", "success/heldout", "rollout/tokens_per_s", "policy_lag/max")
 
@@ -123,6 +132,77 @@ def clone_runs(template_id: int, copies: int) -> dict[str, int]:
     return added
 
 
+def make_sweeps(user: Any, run_ids: list[int]) -> list[int]:
+    """`run_ids` (oldest first) put in sweeps of SWEEP_SIZE as inflight.runs.sweeps stores them: a
+    RunGroup per sweep, each run pointing to it with its grid point; the sweeps' ids, oldest first."""
+    from django.db import connection, transaction
+
+    from inflight.runs.models import Run, RunGroup
+
+    count = len(run_ids) // SWEEP_SIZE
+    base = Run.objects.get(pk=run_ids[0]).config
+    with transaction.atomic():
+        groups = RunGroup.objects.bulk_create([
+            RunGroup(owner=user, name=f"lr-sweep-{index}", base_config=base, grid={"trainer.lr": [1e-4, 3e-4]}, seeds=[0, 1])
+            for index in range(count)])
+        members = [(run_id, groups[index // SWEEP_SIZE].pk, json.dumps(SWEEP_POINTS[index % SWEEP_SIZE]))
+                   for index, run_id in enumerate(run_ids[:count * SWEEP_SIZE])]
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {Run._meta.db_table} r SET group_id = v.g, group_point = v.p::jsonb "
+                           "FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS v(id, g, p) WHERE r.id = v.id",
+                           [[m[0] for m in members], [m[1] for m in members], [m[2] for m in members]])
+    return [group.pk for group in groups]
+
+
+def give_timeline(run_id: int, demo: Path) -> int:
+    """The demo run's `timeline/` lanes copied into run `run_id`'s directory (INFLIGHT_RUNS_DIR,
+    private to this bench): the spans the Timeline tab reads; their count."""
+    import shutil
+
+    from inflight.runs import run_paths
+
+    target = run_paths.run_dir(run_id) / "timeline"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(demo / "timeline", target)
+    return sum(len(path.read_text().splitlines()) for path in target.glob("*.jsonl"))
+
+
+def _page_data(response: Any) -> dict[str, Any]:
+    return json.loads(response.content.decode().split('<script id="page-data" type="application/json">', 1)[1].split("</script>", 1)[0])
+
+
+def _timed_compare(client: Any, url: str, repeats: int) -> list[float]:
+    """ms of a compare as a browser makes it: the page, then the snapshot of each of its runs
+    (compare.js fetches the charted metrics only: with no `metrics` in the address, those of its
+    DEFAULTS the runs logged, else the first name)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        response = client.get(url)
+        assert response.status_code == 200, f"{url}: HTTP {response.status_code}"
+        page = _page_data(response)
+        charted = [name for name in page["metric_names"] if name in COMPARE_DEFAULT_METRICS] or page["metric_names"][:1]
+        for run in page["runs"]:
+            assert client.get(run["snapshot_url"], {"names": ",".join(charted)}).status_code == 200
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def _timed_timeline(client: Any, run_id: int, repeats: int) -> tuple[list[float], int]:
+    """ms of opening a run's Timeline tab: the run page, then its timeline.json (every lane from
+    the start, as the tab's first fetch); the spans the last answer held."""
+    times, spans = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        assert client.get(f"/runs/{run_id}/").status_code == 200
+        response = client.get(f"/runs/{run_id}/timeline.json")
+        assert response.status_code == 200, f"timeline.json: HTTP {response.status_code}"
+        spans = len(response.json()["spans"])
+        times.append((time.perf_counter() - start) * 1000)
+    return times, spans
+
+
 def _timed_get(client: Any, url: str, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
@@ -200,8 +280,9 @@ def compare_in_browser(base: str, url: str, loads: int) -> list[float]:
 def finished_runs_phase(args: argparse.Namespace, user: Any, client: Any, folder: Path, processes: Any, start_web_node: Any) -> dict[str, Any]:
     """`processes`/`start_web_node`: platform_scale's process holder and Daphne starter."""
     from django.db import connection
+    from django.test import override_settings
 
-    from inflight.runs.models import Run
+    from inflight.runs.models import Run, RunGroup
 
     started = time.perf_counter()
     have = Run.objects.filter(name__startswith="finished").count()
@@ -210,6 +291,9 @@ def finished_runs_phase(args: argparse.Namespace, user: Any, client: Any, folder
     if have < args.finished_runs:  # a kept database (--db-dir) is loaded once
         template, names = _template_run(user, args.steps, args.metrics, Path(args.demo_run))
         added = clone_runs(template.pk, args.finished_runs - have - 1)
+    if not RunGroup.objects.filter(owner=user).exists():  # also a database kept from before sweeps were timed
+        finished_ids = list(Run.objects.filter(name__startswith="finished").order_by("id").values_list("pk", flat=True))
+        added["sweeps"] = len(make_sweeps(user, finished_ids[: max(SWEEP_SIZE, len(finished_ids) // 2)]))
     load_s = time.perf_counter() - started
     with connection.cursor() as cursor:
         if not added:
@@ -248,19 +332,23 @@ def finished_runs_phase(args: argparse.Namespace, user: Any, client: Any, folder
         out[f"{key}_p95_ms"] = round(_p95(times), 1)
         print(f"[finished] {key}: p50 {statistics.median(times):.0f} ms, p95 {_p95(times):.0f} ms over {len(times)} requests ({', '.join(urls)})")
     # A compare is the page and the snapshot of each of its runs (what compare.js fetches).
-    # compare.js fetches each run's snapshot of the charted metrics only: with no `metrics` in
-    # the address, those of its DEFAULTS the runs logged (else the first name).
-    compare_times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        response = client.get(views["compare_page"][0])
-        assert response.status_code == 200
-        logged = json.loads(response.content.decode().split('<script id="page-data" type="application/json">', 1)[1].split("</script>", 1)[0])["metric_names"]
-        charted = [name for name in logged if name in COMPARE_DEFAULT_METRICS] or logged[:1]
-        for run_id in ids:
-            assert client.get(f"/runs/{run_id}/snapshot.json", {"names": ",".join(charted)}).status_code == 200
-        compare_times.append((time.perf_counter() - start) * 1000)
+    compare_times = _timed_compare(client, views["compare_page"][0], args.repeats)
     out["compare_20_runs_p95_ms"] = round(_p95(compare_times), 1)
+    # Five sweeps compared as groups (each a mean with a band over its runs, time to target per group).
+    sweep_ids = list(RunGroup.objects.filter(owner=user).order_by("-id").values_list("pk", flat=True)[:COMPARED_SWEEPS])
+    group_url = f"/compare/?groups={','.join(map(str, sweep_ids))}&band=sd"
+    group_times = _timed_compare(client, group_url, args.repeats)
+    out["group_compare_p95_ms"] = round(_p95(group_times), 1)
+    print(f"[finished] compare of {len(sweep_ids)} sweeps as groups (page + a snapshot per run, {group_url}): "
+          f"p50 {statistics.median(group_times):.0f} ms, p95 {_p95(group_times):.0f} ms")
+    # A run's Timeline tab, the run private to this bench's run directory.
+    with override_settings(INFLIGHT_RUNS_DIR=folder / "runs"):
+        lines = give_timeline(ids[0], Path(args.demo_run))
+        timeline_times, spans = _timed_timeline(client, ids[0], args.repeats)
+    assert spans == lines, f"timeline.json answered {spans} spans of the {lines} the run's lanes hold"
+    out["timeline_p95_ms"] = round(_p95(timeline_times), 1)
+    print(f"[finished] Timeline tab of run {ids[0]} (the run page + timeline.json, {spans} spans of the demo run): "
+          f"p50 {statistics.median(timeline_times):.0f} ms, p95 {_p95(timeline_times):.0f} ms")
     out["run_list_p95_ms"] = max(out["run_list_p95_ms"], out["run_list_api_page_p95_ms"], out["run_list_by_figure_p95_ms"])
     out["leaderboard_2000_runs_p95_ms" if args.finished_runs == 2000 else f"leaderboard_{args.finished_runs}_runs_p95_ms"] = out.pop("leaderboard_p95_ms")
     print(f"[finished] compare of {len(ids)} runs (page + {len(ids)} snapshots): p50 {statistics.median(compare_times):.0f} ms, p95 {_p95(compare_times):.0f} ms")
