@@ -118,9 +118,13 @@ def time_to_target(runs: list[Run], target: Target) -> dict[int, dict[str, Any]]
     series: dict[int, list[tuple[int, float, float]]] = {}
     first_t: dict[int, float] = {}
     with connection.cursor() as cursor:
+        # Written as (run, name) pairs so that PostgreSQL walks the (run_id, name, step) index once per
+        # run; `run_id = ANY(...) AND name = ...` read every point of those runs through the run_id
+        # index and filtered the name (2,000-run bench: 780,000 rows read for 20,000, 3x the time).
         cursor.execute(
-            f"SELECT run_id, step, t, value FROM {table} WHERE run_id = ANY(%s) AND name = %s ORDER BY run_id, step, line",
-            [ids, HELDOUT_METRIC],
+            f"SELECT run_id, step, t, value FROM {table} WHERE (run_id, name) IN (SELECT r, %s FROM unnest(%s::bigint[]) AS r) "
+            "ORDER BY run_id, step, line",
+            [HELDOUT_METRIC, ids],
         )
         for run_id, step, t, value in cursor.fetchall():
             series.setdefault(run_id, []).append((step, t, value))
