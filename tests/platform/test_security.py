@@ -274,12 +274,15 @@ def test_the_yaml_alias_bomb_is_refused_fast_everywhere(server: str, owner) -> N
             times.append(time.perf_counter() - started)
             assert response.status_code == 400 and "aliases" in response.text, response.text[:300]
             assert len(response.content) < 200_000 and "x, x, x, x, x, x, x, x, x, x" not in response.text
-        assert min(times) < 0.1, times  # the whole request, page included
+        # The whole request, page included. The bound tells "refused before expanding" from "expanded"
+        # (9**10 items: minutes and gigabytes), not a speed: CI failed at 0.1 s with 113-121 ms while
+        # the two test halves shared the cores.
+        assert min(times) < 2.0, times
     from inflight.web.config_form import parse_yaml_config
 
     started = time.perf_counter()
     data, problem = parse_yaml_config(ALIAS_BOMB)
-    assert data is None and "aliases" in problem and time.perf_counter() - started < 0.1
+    assert data is None and "aliases" in problem and time.perf_counter() - started < 1.0
 
 
 # ---------------------------------------------------------------- 4. no debug page, deploy checks
