@@ -8,6 +8,7 @@ covers a minute and a half of back-off in a few seconds."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -73,14 +74,18 @@ def test_the_run_page_backs_off_while_its_socket_keeps_closing(daphne_server: st
             page.goto(f"{daphne_server}/accounts/login/?next=/runs/{run.pk}/")
             page.fill("#id_username", "owner")
             page.fill("#id_password", "owner-password-1")
+            # Paused: the page's time moves only by the test's ticks. A running fake clock also flows
+            # with real time, so on a loaded machine (slow round trips) the page's timers fired
+            # between ticks the test had not counted (CI-like run: a 1 s back-off measured as 900 ms).
             page.clock.install()
+            page.clock.pause_at(int(time.time() * 1000) + 1000)
             page.route_web_socket(re.compile(rf".*/ws/runs/{run.pk}/$"), server.handle)
             page.click("button[type=submit]")
             page.wait_for_url(re.compile(rf".*/runs/{run.pk}/$"))
             for _ in range(100):
                 if server.attempts and server.live_text() == "reconnecting":
                     break
-                page.wait_for_timeout(100)
+                server.advance(TICK_MS)
             assert server.attempts and server.live_text() == "reconnecting"
 
             # Accepted and closed at once, again and again: ~1, ~2, ~4, ~8 s apart (never every second).
