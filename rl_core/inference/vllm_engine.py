@@ -406,7 +406,8 @@ class VllmWeightReceiver:
             finally:
                 engine.run(llm.resume_generation())
             pause_s = time.perf_counter() - started
-            engine.steps.pause(time.time() - pause_s, time.time(), int(version))
+            ended = time.time()
+            engine.steps.pause(ended - pause_s, ended, int(version))
         engine.counters["weight_updates"] += 1
         engine.counters["last_update_pause_s"] = pause_s
         return pause_s

@@ -91,17 +91,13 @@ def leaderboard_sweeps(user: AbstractBaseUser, page_run_ids: list[int], target: 
     for run in page_runs:
         if run.group_id is not None:
             first_seen[run.group_id] = min(first_seen.get(run.group_id, len(order)), order[run.pk])
-    if not first_seen:
-        return time_to_target(page_runs, target), []
-    groups = {group.pk: group for group in groups_visible_to(user).filter(pk__in=list(first_seen))}
-    members: dict[int, list[Run]] = {pk: [] for pk in groups}
-    for run in runs_visible_to(user).filter(group_id__in=list(groups)).select_related(None).only("id", "config", "group_id", "status").order_by("id"):
-        members[run.group_id].append(run)
+    # A run the user sees is in a sweep the user sees (its owner's), so group_runs finds them all.
+    groups, members = group_runs(user, sorted(first_seen, key=first_seen.__getitem__)) if first_seen else ([], {})
     on_page = {run.pk for run in page_runs}
     per_run = time_to_target(page_runs + [run for runs in members.values() for run in runs if run.pk not in on_page], target)
     sweeps = [
-        {"id": pk, "name": groups[pk].name, **_status_counts(members[pk]),
-         "summary": group_time_to_target(per_run, [run.pk for run in members[pk]])}
-        for pk in sorted(groups, key=lambda pk: first_seen[pk])
+        {"id": group.pk, "name": group.name, **_status_counts(members[group.pk]),
+         "summary": group_time_to_target(per_run, [run.pk for run in members[group.pk]])}
+        for group in groups
     ]
     return per_run, sweeps
