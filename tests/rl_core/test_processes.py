@@ -136,11 +136,15 @@ def test_strict_tail_refuses_a_bad_line_instead_of_skipping_it(tmp_path: Path) -
 
 
 def _group_with_a_child(ignore_sigterm: bool) -> tuple[subprocess.Popen, int]:
-    """A session leader that starts a sleeping child of its own; (leader, child pid)."""
+    """A session leader that starts a sleeping child of its own; (leader, child pid).
+
+    The pid is printed only once the child ignores SIGTERM: a child still starting Python when the group's
+    SIGTERM arrives dies of it (CI saw that on a loaded machine), which is not what the test is about."""
+    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
     code = (
         "import signal, subprocess, sys, time;"
         + ("signal.signal(signal.SIGTERM, signal.SIG_IGN);" if ignore_sigterm else "")
-        + "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']);"
+        + f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE); c.stdout.readline();"
         "print(c.pid, flush=True); time.sleep(60)"
     )
     leader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
