@@ -13,26 +13,41 @@ of a continuation's prompt the reference engine does not recompute.
    tokens says how much prefill the engine skipped (it shares a prompt prefix with sequences still
    cached at the current weights; a finished turn's own K/V are not kept).
 
-    .venv/bin/python bench/tools.py [--trajectories 16] [--calls 2] [--group 8]
+3. Learning. The tools demo as a user runs it: `python -m rl_core run examples/tiny-cpu-tools.yaml`
+   on its model variant (rl_core/models/tiny_tools_model.py, built at var/models/tiny-tools if
+   missing), then the same config with `env.name=math` (the same task and model, no tool: a call
+   the policy writes is not run). `tools_heldout_gain` = the run's last held-out point minus its
+   step-0 point; `tools_vs_notools_final` = the tools run's last held-out point minus the no-tool
+   run's. `tool_overhead_share` = the mean of the run's `tool/wait_share` (wall time with at least
+   one call running, over the wall time of the step); `tools_decode_tokens_per_s_ratio` = the
+   tools run's mean `rollout/tokens_per_s` over the no-tool run's. Under `--smoke` the variant is
+   a one-step build and only the tools run runs, at the demo benches' smoke settings.
+
+    .venv/bin/python bench/tools.py [--trajectories 16] [--calls 2] [--group 8] [--learning-steps 40]
 
 RESULT lines: tool_call_seconds_mean, tools_sequential_s, tools_wall_s, tools_overlap_speedup,
 tool_wait_share (ToolClock busy time over wall), continuation_prompt_tokens,
-continuation_prefill_tokens_saved, continuation_prefill_saved_share.
+continuation_prefill_tokens_saved, continuation_prefill_saved_share; tools_heldout_start,
+tools_heldout_final, tools_heldout_gain, tool_call_share_start, tool_call_share_final,
+notools_heldout_final, tools_vs_notools_final, tool_overhead_share, tools_decode_tokens_per_s_ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import parse_bench_args, start_reference_server, tiny_or_given_model  # noqa: E402
+from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args, run_cli, start_reference_server, tiny_or_given_model  # noqa: E402
 
 from rl_core.common.contracts import GenerationResult, SamplingParams  # noqa: E402
-from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, RunConfig  # noqa: E402
+from rl_core.common.metric_names import TOOL_WAIT_SHARE  # noqa: E402
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, DEFAULT_TINY_TOOLS_MODEL_DIR, RunConfig  # noqa: E402
 from rl_core.envs.environments import MathPythonToolEnvironment  # noqa: E402
 from rl_core.envs.sandbox import ProcessSandbox  # noqa: E402
 from rl_core.envs.trajectories import HFTokenCodec, ToolClock, TrajectoryRunner  # noqa: E402
@@ -95,6 +110,44 @@ async def prefix_reuse(args: argparse.Namespace, model: Path) -> dict[str, float
             "continuation_prefill_saved_share": saved / total}
 
 
+TOOLS_CONFIG = REPO_ROOT / "examples" / "tiny-cpu-tools.yaml"
+
+
+def _series(records: list[dict], name: str) -> list[float]:
+    return [float(record[name]) for record in records if name in record]
+
+
+def learning(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
+    from rl_core.models.tiny_tools_model import ToolsWarmStartSpec, build_tiny_tools_model, ensure_tiny_tools_model
+
+    if args.smoke:  # the variant's code path at one step, into the scratch folder (the real one takes minutes)
+        model = build_tiny_tools_model(scratch / "tiny-tools", base=tiny_or_given_model(args.model), threads=2, log=lambda _: None,
+                                       spec=ToolsWarmStartSpec(max_steps=1, batch_size=4, eval_problems=1, eval_samples_per_problem=1))
+        overrides = [*SMOKE_DEMO_OVERRIDES]
+    else:
+        model = Path(args.tools_model)
+        if model.resolve() == (REPO_ROOT / DEFAULT_TINY_TOOLS_MODEL_DIR).resolve():
+            model = ensure_tiny_tools_model(model)
+        overrides = [f"trainer.max_steps={args.learning_steps}"]
+    overrides += [f"model.path={model}", f"seed={args.seed}"]
+    tools = run_cli(TOOLS_CONFIG, scratch / "tools", overrides)
+    heldout, calls = _series(tools, "success/heldout"), _series(tools, "tool/call_share")
+    window = max(1, len(calls) // 10)  # a tenth of the run's points at each end: one point is one group's noise
+    results = {"tools_heldout_start": heldout[0], "tools_heldout_final": heldout[-1], "tools_heldout_gain": heldout[-1] - heldout[0],
+               "tool_call_share_start": statistics.fmean(calls[:window]), "tool_call_share_final": statistics.fmean(calls[-window:]),
+               "tool_overhead_share": statistics.fmean(_series(tools, TOOL_WAIT_SHARE))}
+    print(f"tools run: held-out {' '.join(f'{value:.3f}' for value in heldout)}", flush=True)
+    if not args.smoke:
+        plain = run_cli(TOOLS_CONFIG, scratch / "notools", [*overrides, "env.name=math"])
+        plain_heldout = _series(plain, "success/heldout")
+        print(f"no-tool run: held-out {' '.join(f'{value:.3f}' for value in plain_heldout)}", flush=True)
+        decoding = [value for value in _series(tools, "rollout/tokens_per_s") if value > 0]
+        plain_decoding = [value for value in _series(plain, "rollout/tokens_per_s") if value > 0]
+        results.update({"notools_heldout_final": plain_heldout[-1], "tools_vs_notools_final": heldout[-1] - plain_heldout[-1],
+                        "tools_decode_tokens_per_s_ratio": statistics.fmean(decoding) / statistics.fmean(plain_decoding)})
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_TINY_MODEL_DIR, help="Model directory (its tokenizer; the server's model).")
@@ -105,10 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=8, help="Continuations sent together (a group).")
     parser.add_argument("--first-tokens", type=int, default=24, help="First turn's tokens.")
     parser.add_argument("--next-tokens", type=int, default=8, help="Continuation's tokens.")
+    parser.add_argument("--tools-model", default=DEFAULT_TINY_TOOLS_MODEL_DIR, help="The tools demo's model (its variant, built there if missing).")
+    parser.add_argument("--learning-steps", type=int, default=40, help="Optimizer steps of each learning run (the example's 40).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the learning runs.")
     args = parse_bench_args(parser, {"trajectories": 4, "calls": 1, "group": 4, "first_tokens": 12, "next_tokens": 4}, argv)
     model = tiny_or_given_model(args.model)
     results = asyncio.run(overlap(args, model))
     results.update(asyncio.run(prefix_reuse(args, model)))
+    with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
+        results.update(learning(args, Path(scratch)))
     for name, value in results.items():
         print(f"RESULT {name} {value:.4f}", flush=True)
     return 0

@@ -13,6 +13,7 @@ import sys
 # command -> (module, function, one-line help). The function takes the argv tail.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "bootstrap-tiny": ("rl_core.models.tiny_model", "main", "Build the tiny Qwen2-style model + tokenizer offline and warm-start it."),
+    "bootstrap-tiny-tools": ("rl_core.models.tiny_tools_model", "main", "Build the tools demo's variant of the tiny model (2-digit products, a few Python tool calls)."),
     "build-model": ("rl_core.models.model_shapes", "main", "Build a randomly initialised model of a published shape (qwen2.5-0.5b|1.5b|7b) offline."),
     "run": ("rl_core.launch.launcher", "main", "Run a whole RL run standalone: servers, actor, trainer."),
     "serve": ("rl_core.inference.server", "main", "Start one inference server (the PipelineRL HTTP contract)."),

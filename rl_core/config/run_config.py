@@ -22,6 +22,8 @@ from rl_core.config.monitoring import MonitoringConfig
 # Where the tiny model lives by default: the demo, the eval CLI, the README and
 # examples/tiny-cpu.yaml all use this one place (overridable for CI sandboxes).
 DEFAULT_TINY_MODEL_DIR = os.environ.get("INFLIGHT_TINY_MODEL", "var/models/tiny")
+# The tools demo's variant of it (rl_core/models/tiny_tools_model.py, examples/tiny-cpu-tools.yaml).
+DEFAULT_TINY_TOOLS_MODEL_DIR = os.environ.get("INFLIGHT_TINY_TOOLS_MODEL", "var/models/tiny-tools")
 # Where ../shared/data lives relative to the checkout (benchmarks, math datasets).
 DEFAULT_SHARED_DATA_DIR = os.environ.get("INFLIGHT_SHARED_DATA", "../shared/data")
 
@@ -48,7 +50,8 @@ class ModelConfig(_Section):
         "float32", description="Parameter dtype for inference and training (bfloat16 on GPUs, float32 on CPU)."
     )
     build_tiny_if_missing: bool = Field(
-        True, description="If `path` is the default tiny-model directory and it does not exist, build it first."
+        True, description="If `path` is the default directory of the tiny model (or of its tools variant) and it does not "
+        "exist, build it first (minutes on a CPU, once).",
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from rl_core.cluster.layout import ClusterError, RoleSlot
 from rl_core.cluster.placement import Placement, PlacementError, check_placement
 from rl_core.config.files import config_to_yaml
-from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, RunConfig
+from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, DEFAULT_TINY_TOOLS_MODEL_DIR, RunConfig
 from rl_core.rundir.layout import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, EndedReason, clear_previous_attempt
 from rl_core.rundir.metrics import MirrorUnavailable, check_mirror_sinks
 from rl_core.rundir.resume import ResumeError, record_resume
@@ -25,9 +25,11 @@ class LaunchError(RuntimeError):
 
 
 def builds_tiny_model(config: RunConfig) -> bool:
-    """Whether the run builds its model first: the default tiny model, missing, and allowed to be built."""
+    """Whether the run builds its model first: the default tiny model (or its tools variant), missing,
+    and allowed to be built."""
     path = Path(config.model.path).expanduser()
-    return not path.exists() and path.resolve() == Path(DEFAULT_TINY_MODEL_DIR).resolve() and config.model.build_tiny_if_missing
+    defaults = (Path(DEFAULT_TINY_MODEL_DIR).resolve(), Path(DEFAULT_TINY_TOOLS_MODEL_DIR).resolve())
+    return not path.exists() and path.resolve() in defaults and config.model.build_tiny_if_missing
 
 
 def resolve_model_path(config: RunConfig) -> Path:
@@ -35,9 +37,13 @@ def resolve_model_path(config: RunConfig) -> Path:
     path = Path(config.model.path).expanduser()
     if not path.exists():
         if builds_tiny_model(config):
+            print(f"building the tiny model at {path} (first run only)", flush=True)
+            if path.resolve() == Path(DEFAULT_TINY_TOOLS_MODEL_DIR).resolve():
+                from rl_core.models.tiny_tools_model import ensure_tiny_tools_model
+
+                return Path(ensure_tiny_tools_model(path)).resolve()
             from rl_core.models.tiny_model import ensure_tiny_model
 
-            print(f"building the tiny model at {path} (first run only)", flush=True)
             return Path(ensure_tiny_model(path)).resolve()
         raise LaunchError(f"model.path: {config.model.path} does not exist")
     if not (path / "config.json").is_file():
