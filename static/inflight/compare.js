@@ -25,14 +25,21 @@
     return run.snapshot_url + (names ? "?names=" + encodeURIComponent(names.join(",")) : "");
   }
   var generation = 0;
+  // Every run's snapshot in one request (compare/snapshots.json), in page.runs' order; a run's
+  // own snapshot.json is fetched alone when only that run changed (reloadRun below).
   function load(names) {
     var mine = ++generation;
-    return Promise.all(page.runs.map(function (run) {
-      return fetch(snapshotUrl(run, names), { credentials: "same-origin" }).then(function (r) {
-        if (!r.ok) throw new Error("run " + run.id + ": HTTP " + r.status);
-        return r.json();
-      });
-    })).then(function (snapshots) {
+    var url = page.snapshots_url + "?runs=" + page.runs.map(function (run) { return run.id; }).join(",") +
+      (names ? "&names=" + encodeURIComponent(names.join(",")) : "");
+    return fetch(url, { credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) {
+        return r.json().catch(function () { return {}; }).then(function (body) {
+          throw new Error("snapshots: HTTP " + r.status + (body.error ? ": " + body.error : ""));
+        });
+      }
+      return r.json();
+    }).then(function (answer) {
+      var snapshots = answer.snapshots;
       if (mine !== generation) return;  // a later pick's fetch supersedes this one
       states = snapshots.map(function (s) { return D.State.fromSnapshot(s); });
       var shared = Math.max.apply(null, states.map(function (s) { return s.shift; }));

@@ -221,6 +221,31 @@ def test_compare_shows_only_differing_config_fields(owner_client: Client, owner,
     assert owner_client.get(reverse("web:compare")).status_code == 200  # the picker alone
 
 
+def test_the_compare_loads_every_runs_snapshot_in_one_request_equal_to_each_runs_own(owner_client: Client, owner, other_user) -> None:
+    runs = [_run_with_metrics(owner, f"c{i}") for i in range(3)]
+    live_ingest.ingest_metrics(runs[1].pk, [PointIn(line=9, name="train/loss", step=1, t=2000.0, value=0.5)])
+    url = reverse("web:compare_snapshots")
+    order = [runs[2].pk, runs[0].pk, runs[1].pk]
+    for query in ({}, {"names": "reward/mean"}, {"names": "train/loss,reward/mean", "min_shift": "2"}):
+        answer = owner_client.get(url, {"runs": ",".join(map(str, order)), **query})
+        assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+        own = [owner_client.get(reverse("web:run_snapshot", args=[run_id]), query).json() for run_id in order]
+        assert answer.json()["snapshots"] == own  # in the asked order, each what its own snapshot.json says
+    page = owner_client.get(reverse("web:compare") + f"?runs={runs[0].pk},{runs[1].pk}").content.decode()
+    assert f'"snapshots_url": "{url}"' in page  # compare.js's first load asks there
+
+    theirs = services.create_run(other_user, "theirs", {})
+    refused = owner_client.get(url, {"runs": f"{runs[0].pk},{theirs.pk}"})
+    assert refused.status_code == 404 and f"#{theirs.pk}" in refused.json()["error"]
+    too_many = ",".join(str(i) for i in range(1, MAX_COMPARED_RUNS + 2))
+    for bad, field in ((too_many, "runs"), ("x", "runs"), ("", "runs")):
+        answer = owner_client.get(url, {"runs": bad})
+        assert answer.status_code == 400 and answer.json()["error"].startswith(field), answer.json()
+    answer = owner_client.get(url, {"runs": str(runs[0].pk), "min_shift": "-1"})
+    assert answer.status_code == 400 and answer.json()["error"].startswith("min_shift")
+    assert Client().get(url, {"runs": str(runs[0].pk)}).status_code == 401  # signed out: no series
+
+
 def test_leaderboard_sorts_and_refuses_unknown_keys(owner_client: Client, owner) -> None:
     low = _run_with_metrics(owner, "low")
     high = services.create_run(owner, "high", {})

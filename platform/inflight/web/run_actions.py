@@ -379,6 +379,7 @@ def compare(request: HttpRequest) -> HttpResponse:
              "step_offset": _lineage_offset(run, visible_ids), "parent": run.parent_id, "parent_step": run.parent_step}
             for run in runs
         ],
+        "snapshots_url": reverse("web:compare_snapshots"),  # the first load: every run's snapshot in one request
         "metrics": metrics, "x": x_axis, "smooth": smoothing,
         "groups": groups, "band": band, "band_words": group_compare.BANDS[band], "loose_runs": loose_ids,
         # The picker's names: compare.js then fetches each run's snapshot of the charted metrics

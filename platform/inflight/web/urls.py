@@ -22,6 +22,7 @@ urlpatterns = [
     path("runs/<int:run_id>/lag.json", lag_views.run_lag_json, name="run_lag"),
     path("runs/<int:run_id>/stop/", views.run_stop, name="run_stop"),
     path("compare/", run_actions.compare, name="compare"),
+    path("compare/snapshots.json", views.runs_snapshots_json, name="compare_snapshots"),
     path("leaderboard/", run_actions.leaderboard, name="leaderboard"),
     path("runs/<int:run_id>/clone/", run_actions.run_clone, name="run_clone"),
     path("runs/<int:run_id>/clone/diff.json", run_actions.run_clone_diff, name="run_clone_diff"),
