@@ -117,6 +117,11 @@ def _series(records: list[dict], name: str) -> list[float]:
     return [float(record[name]) for record in records if name in record]
 
 
+def _tenths(values: list[float]) -> list[list[float]]:
+    size = max(1, len(values) // 10)
+    return [values[start:start + size] for start in range(0, len(values), size)]
+
+
 def learning(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     from rl_core.models.tiny_tools_model import ToolsWarmStartSpec, build_tiny_tools_model, ensure_tiny_tools_model
 
@@ -136,7 +141,8 @@ def learning(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     results = {"tools_heldout_start": heldout[0], "tools_heldout_final": heldout[-1], "tools_heldout_gain": heldout[-1] - heldout[0],
                "tool_call_share_start": statistics.fmean(calls[:window]), "tool_call_share_final": statistics.fmean(calls[-window:]),
                "tool_overhead_share": statistics.fmean(_series(tools, TOOL_WAIT_SHARE))}
-    print(f"tools run: held-out {' '.join(f'{value:.3f}' for value in heldout)}", flush=True)
+    print(f"tools run: held-out {' '.join(f'{value:.3f}' for value in heldout)}; tool/call_share by tenths of the run "
+          f"{' '.join(f'{statistics.fmean(part):.2f}' for part in _tenths(calls))}", flush=True)
     if not args.smoke:
         plain = run_cli(TOOLS_CONFIG, scratch / "notools", [*overrides, "env.name=math"])
         plain_heldout = _series(plain, "success/heldout")

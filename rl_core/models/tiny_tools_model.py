@@ -49,7 +49,7 @@ from rl_core.config.run_config import (
 from rl_core.envs.environments import MathPythonToolEnvironment
 from rl_core.envs.problems import Problem, build_messages, load_task, synthetic_problems
 from rl_core.envs.sandbox import ToolResult
-from rl_core.models.tiny_model import IM_END, _batch_loss, ensure_tiny_model
+from rl_core.models.tiny_model import IM_END, _batch_loss, ensure_tiny_model, is_built
 
 TOOLS_SYSTEM_PROMPT = "Solve the problem. You may run Python in a ```python block. Put the final answer in \\boxed{}."
 # Products of two 2-digit numbers: 8,100 problems, 64 held out (never in the warm start).
@@ -205,11 +205,6 @@ def build_tiny_tools_model(out_dir: str | Path, *, base: str | Path = DEFAULT_TI
     finally:
         torch.set_num_threads(previous_threads)
     return out_dir
-
-
-def is_built(path: str | Path) -> bool:
-    path = Path(path)
-    return (path / "bootstrap.json").is_file() and (path / "model.safetensors").is_file()
 
 
 def ensure_tiny_tools_model(path: str | Path, *, seed: int = 0, log=print) -> Path:
