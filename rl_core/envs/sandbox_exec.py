@@ -1,7 +1,8 @@
-"""The launcher inside the Python tool's sandbox: `python -I .../sandbox_exec.py [limits] --workdir DIR`.
+"""The launcher inside the Python tool's sandbox: `python -I .../sandbox_exec.py [limits] --workdir DIR`,
+or `... --warm --control-fd N` for a launcher that serves many calls (see `_serve`).
 
-`rl_core.envs.sandbox` starts one of these per tool call (in its own session, with a minimal
-environment) and it confines itself before it runs DIR/main.py. It is run *by path* and imports
+`rl_core.envs.sandbox` starts one of these per tool call, or one per concurrent call that it keeps
+(in its own session, with a minimal environment), and it confines itself before it runs DIR/main.py. It is run *by path* and imports
 only the standard library, so nothing of the worker's import path (the repository, Django) is on
 the tool's `sys.path`. The confinement happens here, after exec, rather than in a `preexec_fn`:
 the workers are threaded, and Python run between fork and exec in a threaded program can
@@ -15,7 +16,8 @@ In order, each step best effort where the kernel may refuse it:
    kernel kills every process it left, even one that left the process group with `setsid`),
    new IPC and UTS namespaces. As root directly; otherwise inside a new user namespace.
 3. fork: the child is the PID namespace's init and runs the code; this process waits for it and
-   exits with its status (CPU_LIMIT_EXIT when the CPU rlimit killed it).
+   exits with its status (CPU_LIMIT_EXIT when the CPU rlimit killed it). A warm launcher's init
+   instead forks a process per call, which takes steps 4-6, and kills the rest after it.
 4. rlimits: CPU seconds, address space, processes (RLIMIT_NPROC: a fork bomb fails to fork),
    file size, no core dumps, open files.
 5. When root: drop to the given uid/gid (`nobody`) and no supplementary groups, so that the OS
@@ -110,14 +112,14 @@ def _unshare() -> dict[str, bool]:
     return {"network": False, "pid": False}
 
 
-def _set_limits(args: argparse.Namespace) -> None:
+def _set_limits(cpu_s: int, memory_mb: int, processes: int) -> None:
     # soft == hard: the kernel sends SIGKILL at the hard limit, which even a PID namespace's init
     # gets (SIGXCPU at a lower soft limit would be ignored by an init without a handler).
-    resource.setrlimit(resource.RLIMIT_CPU, (args.cpu_s, args.cpu_s))
-    memory = args.memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    memory = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (memory, memory))  # one file in the work dir: no bigger than the memory
-    resource.setrlimit(resource.RLIMIT_NPROC, (args.processes, args.processes))
+    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
@@ -134,20 +136,28 @@ def _python_dirs() -> list[str]:
     return sorted(d for d in dirs if os.path.isdir(d))
 
 
-def _drop_privileges(uid: int, gid: int, readable: list[str]) -> bool:
-    """setuid/setgid to uid/gid when root and that user can read `readable`; False when not dropped."""
+def _can_drop(uid: int, gid: int, readable: list[str]) -> bool:
+    """Whether this root process can become uid/gid and that user can still read `readable`."""
     if os.geteuid() != 0 or uid < 0:
         return False
-    os.setgroups([])
+    os.setgroups([])  # none of root's supplementary groups, in the check as after the drop
     os.setegid(gid)
     os.seteuid(uid)
     try:
-        usable = all(os.access(path, os.R_OK | os.X_OK, effective_ids=True) for path in readable)
+        return all(os.access(path, os.R_OK | os.X_OK, effective_ids=True) for path in readable)
     finally:
         os.seteuid(0)
         os.setegid(0)
-    if not usable:
+
+
+def _drop_privileges(uid: int, gid: int, readable: list[str], checked: bool = False) -> bool:
+    """setuid/setgid to uid/gid when root and that user can read `readable` (`checked`: the warm
+    launcher asked `_can_drop` once already); False when not dropped."""
+    if not checked and not _can_drop(uid, gid, readable):
         return False
+    if os.geteuid() != 0 or uid < 0:
+        return False
+    os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     return True
@@ -214,11 +224,11 @@ def _neuter_fork_exec() -> None:
     _posixsubprocess.fork_exec = fork_exec  # type: ignore[attr-defined]
 
 
-def _run_code(workdir: str, audit_hook: bool) -> int:
+def _run_code(workdir: str, audit_hook: bool, python_dirs: list[str] | None = None) -> int:
     path = os.path.join(workdir, "main.py")
     with open(path, encoding="utf-8") as file:
         source = file.read()
-    read_roots = tuple(_python_dirs()) + (workdir,)
+    read_roots = tuple(_python_dirs() if python_dirs is None else python_dirs) + (workdir,)
     sys.path[:] = [workdir] + [entry for entry in sys.path if entry and _within(os.path.realpath(entry), read_roots)]
     sys.dont_write_bytecode = True
     sys.argv = [path]
@@ -228,6 +238,8 @@ def _run_code(workdir: str, audit_hook: bool) -> int:
     sys.modules["__main__"] = main_module
     refusals: list[str] = []
     if audit_hook:
+        for name in _DENIED_IMPORTS:  # imported before the hook (e.g. by os.path.expanduser): the code imports it anew
+            sys.modules.pop(name, None)
         _neuter_fork_exec()
         sys.addaudithook(_make_hook(workdir, read_roots, refusals))
     try:
@@ -251,39 +263,181 @@ def _run_code(workdir: str, audit_hook: bool) -> int:
     return 0
 
 
-def _wait_for(child: int, cpu_s: int) -> int:
-    _, status, usage = os.wait4(child, 0)
+def _exit_status(status: int, usage: resource.struct_rusage, cpu_s: int | None) -> int:
+    """A waited-for call's exit status as the worker reads it (the module docstring's list)."""
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     sig = os.WTERMSIG(status)
     # The rlimit counts the scheduler's exact runtime, rusage the tick-sampled one, which can read
     # ~10% lower (0.93 s at a 1 s limit under load): half the limit tells the two kills apart.
-    if sig in (signal.SIGKILL, signal.SIGXCPU) and usage.ru_utime + usage.ru_stime >= cpu_s * 0.5:
-        print(f"sandbox: CPU time limit ({cpu_s} s) reached", file=sys.stderr)
+    if cpu_s and sig in (signal.SIGKILL, signal.SIGXCPU) and usage.ru_utime + usage.ru_stime >= cpu_s * 0.5:
         return CPU_LIMIT_EXIT
     return 128 + sig
 
 
+# --- The warm launcher (`--warm`): one per concurrent-call slot of a worker's sandbox --------------
+# Starting this launcher costs ~90 ms of CPU (an interpreter, its imports, new namespaces); a fork of
+# a started one ~2 ms. So the worker keeps one per slot: it confines itself once as above (network,
+# PID, IPC and UTS namespaces; it is the PID namespace's init) and then, per request on its control
+# socket, forks a process that sets the call's rlimits, drops to the sandbox user, and runs the code
+# with the audit hook. After the call, and when the worker asks (wall-time or output limit), it
+# SIGKILLs every other process of its PID namespace, so nothing a call started outlives it, and a
+# later call starts from this clean process again (its files went with its directory). It serves
+# only where the code runs as another user than itself (root dropping to `nobody`) in a PID
+# namespace of its own: otherwise the code could signal or trace it, and kill(-1) would not be
+# confined; the worker then starts one launcher per call as before.
+
+def _serve(args: argparse.Namespace, namespaces: dict[str, bool]) -> int:
+    """The warm launcher's loop: returns when the worker closes the socket; each call's forked
+    process ends in `_exit_now`."""
+    import json
+    import select
+    import socket
+    import traceback  # noqa: F401 - imported once here for every call's error, not in each call
+
+    control = socket.socket(fileno=args.control_fd)
+    dirs = _python_dirs()
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        pidfds = True
+    except (AttributeError, OSError):  # an old kernel: no way to wait for a call and the socket at once
+        pidfds = False
+    warm = namespaces["pid"] and os.getpid() == 1 and pidfds and _can_drop(args.uid, args.gid, dirs)
+    control.sendall(json.dumps({**namespaces, "dropped_privileges": warm, "uid": args.uid if warm else os.getuid(),
+                                "warm": warm}).encode())
+    if not warm:
+        return 0
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 4096, 2)
+        except OSError:
+            return 0
+        if not message:
+            return 0  # the worker is gone or done: this init's exit ends the namespace
+        request = json.loads(message)
+        if request.get("op") != "run" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            continue  # a kill for a call already over
+        child = os.fork()
+        if child == 0:
+            control.detach()  # its fd is closed below; the object must not close a number the code reuses
+            _exit_now(_call(request, fds, dirs, args))
+        for fd in fds:
+            os.close(fd)
+        reply = _watch(control, child, request, select, json)
+        _kill_the_rest()
+        if reply is None:
+            return 0
+        control.sendall(json.dumps(reply).encode())
+
+
+def _call(request: dict, fds: list[int], dirs: list[str], args: argparse.Namespace) -> int:
+    """In the forked process: the call's output pipes as stdout/stderr, nothing else open, limits,
+    the sandbox user, then the code."""
+    workdir = os.path.realpath(request["workdir"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    os.closerange(3, 1 << 16)  # the control socket, the passed pipes' numbers, anything inherited
+    os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+    _set_limits(int(request["cpu_s"]), int(request["memory_mb"]), int(request["processes"]))
+    if not _drop_privileges(args.uid, args.gid, dirs, checked=True):
+        os._exit(1)  # cannot happen after the launcher's check; never run code as root
+    os.chdir(workdir)
+    os.umask(0o077)
+    return _run_code(workdir, audit_hook=not args.no_audit_hook, python_dirs=dirs)
+
+
+def _exit_now(code: int) -> None:
+    """A call's process ends as Python's exit would for what the code can see (its atexit
+    functions, its non-daemon threads joined, its output flushed), without finalizing the
+    interpreter it shares with the launcher: that teardown was ~20 ms of a ~30 ms call."""
+    import atexit
+
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()  # what Py_Finalize calls first: joins the non-daemon threads
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - a closed or broken stream: nothing more to say
+                pass
+        os._exit(code)
+
+
+def _watch(control, child: int, request: dict, select, json) -> dict | None:  # modules passed in: imported in _serve
+    """Waits for the call's process to exit, killing it when the worker says so; its reply, or None
+    when the worker closed the socket."""
+    pidfd = os.pidfd_open(child)
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    try:
+        while True:
+            for fd, _ in poller.poll():
+                if fd == pidfd:
+                    _, status, usage = os.wait4(child, 0)
+                    return {"call": request["call"], "exit": _exit_status(status, usage, int(request["cpu_s"]))}
+                message = control.recv(4096)
+                if not message:
+                    return None
+                if json.loads(message).get("op") == "kill":
+                    os.kill(child, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+
+
+def _kill_the_rest() -> None:
+    """SIGKILL every process of this PID namespace but its init (this process), and reap them."""
+    if os.getpid() != 1:
+        return  # never: outside its own PID namespace kill(-1) would reach every process it may signal
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return  # nothing left
+        while True:  # a dying process's children are reparented here before it can be reaped
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="sandbox_exec.py", description="Confine this process, then run WORKDIR/main.py.")
-    parser.add_argument("--workdir", required=True, help="the private temporary directory: cwd, the only writable place")
+    parser.add_argument("--workdir", help="the private temporary directory: cwd, the only writable place (not with --warm)")
     parser.add_argument("--parent", type=int, required=True, help="the worker's pid, checked to be this process's parent (0: no check); the sandbox dies with its parent")
-    parser.add_argument("--cpu-s", type=int, required=True, help="RLIMIT_CPU seconds")
-    parser.add_argument("--memory-mb", type=int, required=True, help="RLIMIT_AS in MiB")
-    parser.add_argument("--processes", type=int, required=True, help="RLIMIT_NPROC")
+    parser.add_argument("--cpu-s", type=int, help="RLIMIT_CPU seconds (not with --warm: per request)")
+    parser.add_argument("--memory-mb", type=int, help="RLIMIT_AS in MiB (not with --warm: per request)")
+    parser.add_argument("--processes", type=int, help="RLIMIT_NPROC (not with --warm: per request)")
     parser.add_argument("--uid", type=int, default=-1, help="when root: the uid to drop to (-1: stay)")
     parser.add_argument("--gid", type=int, default=-1, help="when root: the gid to drop to")
     parser.add_argument("--no-audit-hook", action="store_true", help="tests only: show what the OS layers hold alone")
     parser.add_argument("--probe", action="store_true", help="confine, then print which layers took as JSON instead of running code")
+    parser.add_argument("--warm", action="store_true", help="serve calls from the worker on --control-fd (see _serve)")
+    parser.add_argument("--control-fd", type=int, default=-1, help="with --warm: the worker's end of a SOCK_SEQPACKET socket pair")
     args = parser.parse_args(argv)
-    workdir = os.path.realpath(args.workdir)
+    if args.warm and args.control_fd < 0:
+        parser.error("--warm needs --control-fd")
+    if not args.warm and None in (args.workdir, args.cpu_s, args.memory_mb, args.processes):
+        parser.error("--workdir, --cpu-s, --memory-mb and --processes are required without --warm")
     _die_with_parent(args.parent)
     namespaces = _unshare()
     child = os.fork()  # in a new PID namespace only children enter it: the child is its init
     if child:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides how the sandbox stops
-        return _wait_for(child, args.cpu_s)
-    _set_limits(args)
+        _, status, usage = os.wait4(child, 0)
+        return _exit_status(status, usage, args.cpu_s)
+    if args.warm:
+        _die_with_parent(0)  # this init dies with the launcher above it, and so the namespace
+        return _serve(args, namespaces)
+    workdir = os.path.realpath(args.workdir)
+    _set_limits(args.cpu_s, args.memory_mb, args.processes)
     dropped = _drop_privileges(args.uid, args.gid, [*_python_dirs(), workdir])
     os.chdir(workdir)
     os.umask(0o077)

@@ -5,7 +5,8 @@ without blocking the event loop.
 Most escapes are checked twice: with the default sandbox (where the audit hook refuses them)
 and with the hook off, to show the OS layer under it holds alone — those run under an
 interpreter the sandbox user can read (/usr/bin/python3) and skip where the machine does not
-give that layer (not root, no namespaces)."""
+give that layer (not root, no namespaces). Every test runs twice more: with warm launchers (the
+default: each call forked from a started, confined launcher) and with a launcher per call."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pwd
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,8 +29,23 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 FAST = SandboxLimits(wall_s=10.0)  # a shared 2-core machine: room for a slow interpreter start
 
 
+WARM = True  # set per test by `launchers`
+
+
+@pytest.fixture(autouse=True, params=["warm", "cold"])
+def launchers(request: pytest.FixtureRequest) -> str:
+    global WARM
+    WARM = request.param == "warm"
+    return request.param
+
+
+def sandbox_of(**options: object) -> ProcessSandbox:
+    """A ProcessSandbox of this test's launcher mode."""
+    return ProcessSandbox(warm=WARM, **options)  # type: ignore[arg-type]
+
+
 def run(code: str, limits: SandboxLimits = FAST, sandbox: ProcessSandbox | None = None) -> ToolResult:
-    return asyncio.run((sandbox or ProcessSandbox()).run(code, limits))
+    return asyncio.run((sandbox or sandbox_of()).run(code, limits))
 
 
 def assert_goes_on(sandbox: ProcessSandbox | None = None) -> None:
@@ -44,11 +61,11 @@ def os_layer(need: str) -> ProcessSandbox:
     isolation = probe_isolation(SYSTEM_PYTHON)
     if not getattr(isolation, need):
         pytest.skip(f"this machine does not give the sandbox {need}: {isolation}")
-    return ProcessSandbox(python=SYSTEM_PYTHON, audit_hook=False)
+    return sandbox_of(python=SYSTEM_PYTHON, audit_hook=False)
 
 
 def test_ordinary_math_is_ok() -> None:
-    result = run_python("print(37*48)")
+    result = run("print(37*48)")
     assert result == ToolResult(status="ok", stdout="1776\n", stderr="", seconds=result.seconds, exit_code=0)
 
 
@@ -56,7 +73,7 @@ def test_sympy_is_ok() -> None:
     pytest.importorskip("sympy")
     # On this interpreter (the default may be the system's, without sympy: see default_python).
     result = run("import sympy\nx = sympy.symbols('x')\nprint(sympy.solve(x**2 - 5*x + 6, x))",
-                 SandboxLimits(wall_s=60.0, cpu_s=30), sandbox=ProcessSandbox(python=sys.executable))
+                 SandboxLimits(wall_s=60.0, cpu_s=30), sandbox=sandbox_of(python=sys.executable))
     assert (result.status, result.stdout, result.stderr) == ("ok", "[2, 3]\n", "")
 
 
@@ -96,11 +113,15 @@ def test_a_child_left_behind_is_killed() -> None:
     # The code exits at once, leaving a child that left its process group; without the group
     # kill and the PID namespace it would sleep on. Hook off so that it may fork.
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
-    result = run(code, sandbox=ProcessSandbox(audit_hook=False))
+    sandbox = sandbox_of(audit_hook=False)
+    result = run(code, sandbox=sandbox)
     assert (result.status, result.stdout) == ("ok", "parent done\n")
+    launcher = 2 if sandbox.warm else 0  # a warm launcher and its namespace's init stay for the next call
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _sandbox_processes():
+    while time.monotonic() < deadline and len(_sandbox_processes()) != launcher:
         time.sleep(0.1)
+    assert len(_sandbox_processes()) == launcher
+    asyncio.run(sandbox.aclose())
     assert not _sandbox_processes()
 
 
@@ -201,7 +222,7 @@ def test_opening_a_socket_is_refused(listener: socket.socket) -> None:
 def test_a_socket_without_the_hook_finds_no_network(listener: socket.socket) -> None:
     if not probe_isolation().network:
         pytest.skip("no network namespace on this machine")
-    result = run(_connect_code(listener), sandbox=ProcessSandbox(audit_hook=False))
+    result = run(_connect_code(listener), sandbox=sandbox_of(audit_hook=False))
     assert result.status == "error" and "sent" not in result.stdout and not _accepted(listener)
 
 
@@ -228,7 +249,7 @@ def test_its_directory_is_writable_and_removed_afterwards() -> None:
 
 
 async def test_calls_run_concurrently_without_blocking_the_loop() -> None:
-    sandbox = ProcessSandbox(max_concurrent=8)
+    sandbox = sandbox_of(max_concurrent=8)
     sleep = SandboxLimits(wall_s=30.0)
     started = time.monotonic()
     assert (await sandbox.run("import time\ntime.sleep(1)", sleep)).status == "ok"
@@ -253,7 +274,7 @@ async def test_calls_run_concurrently_without_blocking_the_loop() -> None:
 
 
 async def test_the_semaphore_caps_concurrency() -> None:
-    sandbox = ProcessSandbox(max_concurrent=1)
+    sandbox = sandbox_of(max_concurrent=1)
     started = time.monotonic()
     results = await asyncio.gather(*(sandbox.run("import time\ntime.sleep(1)", FAST) for _ in range(3)))
     assert all(r.status == "ok" for r in results)
@@ -301,3 +322,101 @@ async def test_a_killed_call_whose_output_was_left_unread_is_reaped() -> None:
     os.killpg(process.pid, signal.SIGKILL)
     await asyncio.wait_for(sandbox._reap(process), timeout=15)
     assert process.returncode == -signal.SIGKILL
+
+
+# --- Warm launchers: what forking every call from one started launcher must not change ----------
+
+warm_only = pytest.mark.parametrize("launchers", ["warm"], indirect=True)
+
+
+def _launcher_pids(sandbox: ProcessSandbox) -> list[int]:
+    return [launcher.process.pid for launcher in sandbox._idle]
+
+
+@warm_only
+def test_a_call_starts_from_the_clean_launcher_not_from_the_call_before() -> None:
+    sandbox = sandbox_of(max_concurrent=1)
+    first = run("import json, os\njson.left_behind = 1\nos.environ['LEFT'] = '1'\nprint(os.getpid())", sandbox=sandbox)
+    second = run("import json, os\nprint(hasattr(json, 'left_behind'), 'LEFT' in os.environ, os.getpid())",
+                 sandbox=sandbox)
+    assert first.status == second.status == "ok"
+    assert second.stdout.split()[:2] == ["False", "False"]
+    assert len(_launcher_pids(sandbox)) == 1  # both calls went through the one launcher
+
+
+@warm_only
+def test_a_call_cannot_stop_its_launcher() -> None:
+    # Hook off: only the OS holds. The launcher is its PID namespace's init (pid 1) and root; the
+    # code is `nobody`, so signalling or tracing it is denied.
+    sandbox = os_layer("dropped_privileges")
+    assert_goes_on(sandbox)
+    launcher = _launcher_pids(sandbox)
+    result = run("import os, signal\nos.kill(1, signal.SIGKILL)", sandbox=sandbox)
+    assert result.status == "error" and "PermissionError" in result.stderr
+    run("import os, signal\nos.kill(-1, signal.SIGKILL)", sandbox=sandbox)  # every process it may signal
+    assert_goes_on(sandbox)
+    assert _launcher_pids(sandbox) == launcher
+
+
+@warm_only
+def test_a_root_sandbox_user_gets_a_launcher_per_call() -> None:
+    # A warm launcher serves only code that runs as another user than itself; staying root
+    # (user=None) falls back to one launcher per call, still confined.
+    if os.geteuid() != 0:
+        pytest.skip("without root the code never runs as another user: warm launchers never serve")
+    sandbox = sandbox_of(user=None)
+    assert run("import os\nprint(os.getuid())", sandbox=sandbox).stdout == "0\n"
+    assert sandbox.warm is False and not _launcher_pids(sandbox)
+
+
+@warm_only
+def test_a_launcher_lost_mid_call_is_a_tool_error_and_the_next_call_gets_a_new_one() -> None:
+    sandbox = sandbox_of(max_concurrent=1)
+    assert_goes_on(sandbox)
+    [lost] = _launcher_pids(sandbox)
+
+    async def call_and_kill() -> ToolResult:
+        call = asyncio.ensure_future(sandbox.run("import time\ntime.sleep(20)", SandboxLimits(wall_s=30.0)))
+        await asyncio.sleep(1.0)
+        os.killpg(lost, signal.SIGKILL)
+        return await call
+
+    started = time.monotonic()
+    result = asyncio.run(call_and_kill())
+    assert result.status == "error" and "lost" in result.stderr and time.monotonic() - started < 15
+    assert_goes_on(sandbox)
+    assert _launcher_pids(sandbox) not in ([], [lost])
+
+
+@warm_only
+async def test_a_cancelled_call_closes_its_launcher() -> None:
+    sandbox = sandbox_of(max_concurrent=1)
+    assert (await sandbox.run("print(1)", FAST)).status == "ok"
+    call = asyncio.ensure_future(sandbox.run("import time\ntime.sleep(20)", SandboxLimits(wall_s=30.0)))
+    await asyncio.sleep(1.0)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert not _launcher_pids(sandbox)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _sandbox_processes():
+        await asyncio.sleep(0.1)
+    assert not _sandbox_processes()  # the sleeping call went with its launcher
+
+
+@warm_only
+def test_a_launcher_that_died_with_the_thread_that_started_it_is_replaced() -> None:
+    # PR_SET_PDEATHSIG follows the thread that started the launcher, not the worker process.
+    sandbox = sandbox_of(max_concurrent=1)
+    results: list[ToolResult] = []
+    thread = threading.Thread(target=lambda: results.append(run("print(1)", sandbox=sandbox)))
+    thread.start()
+    thread.join()
+    assert results[0].stdout == "1\n"
+    [gone] = _launcher_pids(sandbox)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sandbox._idle[0].process.poll() is None:
+        time.sleep(0.05)
+    assert sandbox._idle[0].process.poll() is not None  # killed with its thread
+    assert_goes_on(sandbox)
+    assert _launcher_pids(sandbox) not in ([], [gone])
