@@ -2,18 +2,23 @@
 of a continuation's prompt the reference engine does not recompute.
 
 1. Overlap. `--trajectories` trajectories at once through `envs/trajectories.TrajectoryRunner`, each
-   making `--calls` real sandbox calls (`envs/sandbox.ProcessSandbox`, a fresh process per call,
+   making `--calls` real sandbox calls (`envs/sandbox.ProcessSandbox`, a process per call forked from its warm launcher,
    `--code` as the tool's work), the model's turns answered at once by a scripted stand-in (so the
    figure is the tool path's own). Sequential cost = the calls' summed seconds; wall time = what the
    actor waits. `tools_overlap_speedup` = sequential / wall: how far awaiting the sandbox lets
    trajectories overlap (bounded by the sandbox's `max_concurrent` and the cores).
-2. Prefix reuse. A real reference server (tiny model): a group of G first turns, then G
+2. Call cost. `--cost-calls` calls of a demo-sized tool call (`print(84 * 54)`), `--max-concurrent`
+   at a time, through the sandbox as the actor gets it (each call forked from a warm launcher) and
+   with a launcher started per call (the fallback where warm launchers do not serve), one after the
+   other: the machine's busy CPU (/proc/stat, so anything else running counts too) and the wall
+   time per call, the launchers' start left out. `tool_call_cpu_cold_over_warm` = the ratio.
+3. Prefix reuse. A real reference server (tiny model): a group of G first turns, then G
    continuations sent together as token prompts (prompt + model tokens + a tool output), as the
    actor sends them; the server's `prompt_tokens_shared` counter against the continuations' prompt
    tokens says how much prefill the engine skipped (it shares a prompt prefix with sequences still
    cached at the current weights; a finished turn's own K/V are not kept).
 
-3. Learning. The tools demo as a user runs it: `python -m rl_core run examples/tiny-cpu-tools.yaml`
+4. Learning. The tools demo as a user runs it: `python -m rl_core run examples/tiny-cpu-tools.yaml`
    on its model variant (rl_core/models/tiny_tools_model.py, built at var/models/tiny-tools if
    missing), then the same config with `env.name=math` (the same task and model, no tool: a call
    the policy writes is not run). `tools_heldout_gain` = the run's last held-out point minus its
@@ -26,7 +31,8 @@ of a continuation's prompt the reference engine does not recompute.
     .venv/bin/python bench/tools.py [--trajectories 16] [--calls 2] [--group 8] [--learning-steps 40]
 
 RESULT lines: tool_call_seconds_mean, tools_sequential_s, tools_wall_s, tools_overlap_speedup,
-tool_wait_share (ToolClock busy time over wall), continuation_prompt_tokens,
+tool_wait_share (ToolClock busy time over wall), tool_call_cpu_ms_warm, tool_call_cpu_ms_cold,
+tool_call_cpu_cold_over_warm, tool_call_wall_ms_warm, tool_call_wall_ms_cold, continuation_prompt_tokens,
 continuation_prefill_tokens_saved, continuation_prefill_saved_share; tools_heldout_start,
 tools_heldout_final, tools_heldout_gain, tool_call_share_start, tool_call_share_final,
 notools_heldout_final, tools_vs_notools_final, tool_overhead_share, tools_decode_tokens_per_s_ratio.
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -49,7 +56,7 @@ from rl_core.common.contracts import GenerationResult, SamplingParams  # noqa: E
 from rl_core.common.metric_names import TOOL_WAIT_SHARE  # noqa: E402
 from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, DEFAULT_TINY_TOOLS_MODEL_DIR, RunConfig  # noqa: E402
 from rl_core.envs.environments import MathPythonToolEnvironment  # noqa: E402
-from rl_core.envs.sandbox import ProcessSandbox  # noqa: E402
+from rl_core.envs.sandbox import ProcessSandbox, SandboxLimits  # noqa: E402
 from rl_core.envs.trajectories import HFTokenCodec, ToolClock, TrajectoryRunner  # noqa: E402
 from rl_core.inference.client import InferenceClient  # noqa: E402
 
@@ -86,6 +93,33 @@ async def overlap(args: argparse.Namespace, model: Path) -> dict[str, float]:
     return {"tool_call_seconds_mean": sum(seconds) / len(seconds), "tools_sequential_s": sum(seconds),
             "tools_wall_s": wall, "tools_overlap_speedup": sum(seconds) / wall,
             "tool_wait_share": min(1.0, clock.take_busy_s() / wall)}
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting on I/O) since boot."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+async def call_cost(args: argparse.Namespace) -> dict[str, float]:
+    results: dict[str, float] = {}
+    limits = SandboxLimits()
+    for mode in ("warm", "cold"):
+        sandbox = ProcessSandbox(max_concurrent=args.max_concurrent, warm=mode == "warm")
+        # Started once per run in the product: the launchers' start is not a call's cost.
+        await asyncio.gather(*(sandbox.run("pass", limits) for _ in range(args.max_concurrent)))
+        if mode == "warm" and not sandbox.warm:
+            print("call cost: warm launchers do not serve on this machine (not root?): both figures are per-call launchers")
+        cpu, started = _busy_cpu_s(), time.monotonic()
+        done = await asyncio.gather(*(sandbox.run("print(84 * 54)", limits) for _ in range(args.cost_calls)))
+        wall, cpu = time.monotonic() - started, _busy_cpu_s() - cpu
+        await sandbox.aclose()
+        assert {(result.status, result.stdout) for result in done} == {("ok", "4536\n")}, done[0]
+        results[f"tool_call_cpu_ms_{mode}"] = 1000 * cpu / args.cost_calls
+        results[f"tool_call_wall_ms_{mode}"] = 1000 * statistics.fmean(result.seconds for result in done)
+    results["tool_call_cpu_cold_over_warm"] = results["tool_call_cpu_ms_cold"] / results["tool_call_cpu_ms_warm"]
+    return results
 
 
 async def prefix_reuse(args: argparse.Namespace, model: Path) -> dict[str, float]:
@@ -161,15 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2, help="Tool calls per trajectory (env.max_turns).")
     parser.add_argument("--max-concurrent", type=int, default=4, help="The sandbox's concurrent calls.")
     parser.add_argument("--code", default="print(sum(i * i for i in range(200_000)))", help="Each call's Python.")
+    parser.add_argument("--cost-calls", type=int, default=64, help="Calls of the call-cost part, per mode.")
     parser.add_argument("--group", type=int, default=8, help="Continuations sent together (a group).")
     parser.add_argument("--first-tokens", type=int, default=24, help="First turn's tokens.")
     parser.add_argument("--next-tokens", type=int, default=8, help="Continuation's tokens.")
     parser.add_argument("--tools-model", default=DEFAULT_TINY_TOOLS_MODEL_DIR, help="The tools demo's model (its variant, built there if missing).")
     parser.add_argument("--learning-steps", type=int, default=40, help="Optimizer steps of each learning run (the example's 40).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the learning runs.")
-    args = parse_bench_args(parser, {"trajectories": 4, "calls": 1, "group": 4, "first_tokens": 12, "next_tokens": 4}, argv)
+    args = parse_bench_args(parser, {"trajectories": 4, "calls": 1, "cost_calls": 8, "group": 4, "first_tokens": 12,
+                                     "next_tokens": 4}, argv)
     model = tiny_or_given_model(args.model)
     results = asyncio.run(overlap(args, model))
+    results.update(asyncio.run(call_cost(args)))
     results.update(asyncio.run(prefix_reuse(args, model)))
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as scratch:
         results.update(learning(args, Path(scratch)))
