@@ -76,7 +76,7 @@ _BASE_ENV = {
 class SandboxLimits:
     """What one tool call may use; the defaults are the env section's defaults."""
 
-    wall_s: float = 5.0  # wall-time limit; the whole process group is killed at it
+    wall_s: float = 5.0  # wall-time limit; every process of the call is killed at it
     cpu_s: int = 5  # RLIMIT_CPU
     memory_mb: int = 512  # RLIMIT_AS
     output_bytes: int = 16_384  # stdout+stderr kept; more is cut and the call is an error ("output_limit")
