@@ -291,7 +291,6 @@ def _serve(args: argparse.Namespace, namespaces: dict[str, bool]) -> int:
     """The warm launcher's loop: returns when the worker closes the socket; each call's forked
     process ends in `_exit_now`."""
     import json
-    import select
     import socket
     import traceback  # noqa: F401 - imported once here for every call's error, not in each call
 
@@ -325,7 +324,7 @@ def _serve(args: argparse.Namespace, namespaces: dict[str, bool]) -> int:
             _exit_now(_call(request, fds, dirs, args))
         for fd in fds:
             os.close(fd)
-        reply = _watch(control, child, request, select, json)
+        reply = _watch(control, child, request)
         _kill_the_rest()
         if reply is None:
             return 0
@@ -370,9 +369,12 @@ def _exit_now(code: int) -> None:
         os._exit(code)
 
 
-def _watch(control, child: int, request: dict, select, json) -> dict | None:  # modules passed in: imported in _serve
+def _watch(control, child: int, request: dict) -> dict | None:  # noqa: ANN001 - a socket.socket (imported in _serve)
     """Waits for the call's process to exit, killing it when the worker says so; its reply, or None
     when the worker closed the socket."""
+    import json  # already loaded by _serve: a lookup, not an import
+    import select
+
     pidfd = os.pidfd_open(child)
     poller = select.poll()
     poller.register(control, select.POLLIN)
