@@ -15,8 +15,9 @@ of a continuation's prompt the reference engine does not recompute.
 3. Prefix reuse. A real reference server (tiny model): a group of G first turns, then G
    continuations sent together as token prompts (prompt + model tokens + a tool output), as the
    actor sends them; the server's `prompt_tokens_shared` counter against the continuations' prompt
-   tokens says how much prefill the engine skipped (it shares a prompt prefix with sequences still
-   cached at the current weights; a finished turn's own K/V are not kept).
+   tokens says how much prefill the engine skipped, and `prompt_tokens_retained` how much of it
+   came from the finished turns' own K/V, kept for their continuations (`multiturn_prefix_reuse`;
+   the rest is a prompt prefix shared with other sequences cached at the current weights).
 
 4. Learning. The tools demo as a user runs it: `python -m rl_core run examples/tiny-cpu-tools.yaml`
    on its model variant (rl_core/models/tiny_tools_model.py, built at var/models/tiny-tools if
@@ -33,7 +34,7 @@ of a continuation's prompt the reference engine does not recompute.
 RESULT lines: tool_call_seconds_mean, tools_sequential_s, tools_wall_s, tools_overlap_speedup,
 tool_wait_share (ToolClock busy time over wall), tool_call_cpu_ms_warm, tool_call_cpu_ms_cold,
 tool_call_cpu_cold_over_warm, tool_call_wall_ms_warm, tool_call_wall_ms_cold, continuation_prompt_tokens,
-continuation_prefill_tokens_saved, continuation_prefill_saved_share; tools_heldout_start,
+continuation_prefill_tokens_saved, continuation_prefill_saved_share, multiturn_prefix_reuse; tools_heldout_start,
 tools_heldout_final, tools_heldout_gain, tool_call_share_start, tool_call_share_final,
 notools_heldout_final, tools_vs_notools_final, tool_overhead_share, tools_decode_tokens_per_s_ratio.
 """
@@ -132,16 +133,18 @@ async def prefix_reuse(args: argparse.Namespace, model: Path) -> dict[str, float
             firsts = await client.generate(messages, SamplingParams(temperature=1.0, max_new_tokens=args.first_tokens),
                                            n=args.group, prompt_id="bench-tools")
             tool = codec.encode("\n```output\n42\n```\n")
-            before = (await client.health())["counters"]["prompt_tokens_shared"]
+            before = (await client.health())["counters"]
             prompts = [first.prompt_token_ids + first.token_ids + tool for first in firsts]
             continuation = SamplingParams(temperature=1.0, max_new_tokens=args.next_tokens)
             await asyncio.gather(*(client.generate([], continuation, prompt_token_ids=p) for p in prompts))
-            saved = (await client.health())["counters"]["prompt_tokens_shared"] - before
+            after = (await client.health())["counters"]
     finally:
         server.stop()
     total = sum(len(p) for p in prompts)
+    saved = after["prompt_tokens_shared"] - before["prompt_tokens_shared"]
+    retained = after["prompt_tokens_retained"] - before["prompt_tokens_retained"]
     return {"continuation_prompt_tokens": float(total), "continuation_prefill_tokens_saved": float(saved),
-            "continuation_prefill_saved_share": saved / total}
+            "continuation_prefill_saved_share": saved / total, "multiturn_prefix_reuse": retained / total}
 
 
 TOOLS_CONFIG = REPO_ROOT / "examples" / "tiny-cpu-tools.yaml"

@@ -455,8 +455,8 @@ class Actor:
         the deltas since the last reading as spec/* metrics. In a multi-turn env also
         `env/prefix_reuse_tokens`: prompt tokens whose K/V the engines copied instead of computing
         (`prompt_tokens_shared`; the reference engine shares a prompt prefix with sequences still
-        cached at the current weights, so a continuation saves what it shares with its group's
-        running samples; a finished turn's own K/V are not kept)."""
+        cached at the current weights, and keeps a finished turn's K/V for its continuation, so a
+        continuation prefills little more than the tool's output)."""
         from rl_core.inference.spec_metrics import spec_metrics_from_counters
 
         totals: dict[str, float] = {}

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 ENGINE_COUNTERS = (
     "requests_submitted", "requests_finished", "requests_aborted", "prompt_tokens", "prompt_tokens_shared",
     "generated_tokens", "steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_verify_steps",
-    "weight_updates", "last_update_pause_s", "decode_rows_shared",
+    "weight_updates", "last_update_pause_s", "decode_rows_shared", "prompt_tokens_retained",
 )
 
 
@@ -54,6 +54,13 @@ class EngineConfig:
         metadata={"help": "Cost of one extra forward pass, in padded tokens: rows of different widths run in "
                   "separate forwards when padding them together would cost more than this (see width_groups)."},
     )
+    retained_sequences: int = field(
+        default=16,
+        metadata={"help": "Finished sequences whose K/V stay cached (in as many extra slots, the least recently "
+                  "used overwritten first) so that a request continuing one — a tool call's next turn, whose prompt "
+                  "is the turn's prompt + tokens + the tool's output — copies them instead of prefilling them again. "
+                  "Only K/V computed at the current weights are copied. 0: none kept."},
+    )
     share_identical_decodes: bool = field(
         default=True,
         metadata={"help": "Decode sequences with the same prompt and tokens so far (admitted in the same step) "
@@ -76,4 +83,5 @@ def engine_config_for(config: RunConfig, server_index: int = 0) -> EngineConfig:
         spec_step_token_budget=inference.spec_step_token_budget,
         forward_overhead_tokens=inference.forward_overhead_tokens,
         share_identical_decodes=inference.share_identical_decodes,
+        retained_sequences=inference.retained_sequences,
     )

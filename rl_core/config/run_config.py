@@ -160,6 +160,11 @@ class InferenceConfig(_Section):
         description="Reference engine: samples whose prompt and tokens so far are identical (a group's attempts before "
         "they diverge) share one forward row per decode step; each still draws its own token. Same outputs, less compute.",
     )
+    retained_sequences: int = Field(
+        _ENGINE_DEFAULTS.retained_sequences, ge=0,
+        description="Reference engine: finished sequences whose K/V stay cached in extra slots, so a tool call's next turn "
+        "prefills only the tool's output (K/V of the current weights only; 0 = none). vLLM: see prefix_caching.",
+    )
     cpu_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
     enforce_eager: bool = Field(False, description="vLLM on GPU: no CUDA graphs / torch.compile (always eager on CPU).")
     prefix_caching: bool = Field(

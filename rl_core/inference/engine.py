@@ -11,7 +11,8 @@ their KV caches intact (PipelineRL's in-flight update: those K/V stay as the old
 weights computed them). Each token records the engine `version` of the step
 that sampled it. A request admitted after an update never copies a prompt's K/V
 computed at an older version (`split_shared_prompts`, `split_shared_prefixes`):
-every token it yields is the new weights' own.
+every token it yields is the new weights' own. A finished sequence's K/V stay cached for a while
+(`RetainedPrefixes`, same version rule), so a tool call's next turn prefills only the tool's output.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rl_core.kernels.cpu import use_onednn_linear
 from rl_core.config.engine import ENGINE_COUNTERS, Drafter, EngineConfig
 from rl_core.inference.sampling import PositionUniforms, check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.inference.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prefixes, split_shared_prompts
+from rl_core.inference.kv_cache import RetainedPrefix, RetainedPrefixes
 from rl_core.inference.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
 from rl_core.models.model_io import model_dtype, synchronize_device, use_tf32_matmul  # the device wait before an update's clock stops
 from rl_core.inference.shared_decode import extended_history_hash, prompt_history_hash, representatives
@@ -94,9 +96,10 @@ class ReferenceEngine:
         max_positions = int(getattr(text_config, "max_position_embeddings", 4096) or 4096)
         self.max_seq_len = int(self.config.max_seq_len or min(max_positions, 4096))
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        batch, retained = self.config.max_batch_size, self.config.retained_sequences
         self.cache = SlotKVCache(
             num_layers=text_config.num_hidden_layers,
-            num_slots=self.config.max_batch_size,
+            num_slots=batch + retained,  # the running sequences' slots first, then the finished ones kept
             num_kv_heads=getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads,
             head_dim=head_dim,
             dtype=self.dtype,
@@ -122,7 +125,8 @@ class ReferenceEngine:
         self._waiting: list[_Sequence] = []
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
-        self._free_slots = list(range(self.config.max_batch_size))
+        self._free_slots = list(range(batch))
+        self._retained = RetainedPrefixes(range(batch, batch + retained))
         self._pause_requests = 0
         self._paused_ack = False
         self._stopping = False
@@ -376,12 +380,16 @@ class ReferenceEngine:
                     if followers:
                         with self._cond:
                             followers_first(leaders, [follower for follower, _ in followers])
-                    pioneers, dependents = split_shared_prefixes(leaders, decoding, version)
+                    kept: list[_Sequence | RetainedPrefix] = [*decoding, *self._retained.current(version)]
+                    pioneers, dependents = split_shared_prefixes(leaders, kept, version)
                     if pioneers:
                         self._prefill(pioneers, version)
-                    if dependents:  # the start of their prompt (system prompt, template) is cached: the rest
+                    if dependents:  # the start of their prompt (system prompt, template, a finished turn) is cached: the rest
                         for seq, source, length in dependents:
                             self._share_prompt(source, seq, length)
+                            if isinstance(source, RetainedPrefix):
+                                self._retained.used(source)
+                                self.counters["prompt_tokens_retained"] += length
                         self._prefill([seq for seq, _, _ in dependents], version)
                     for follower, source in followers:
                         # Same prompt as a sequence already in the cache: copy its prompt K/V
@@ -408,6 +416,7 @@ class ReferenceEngine:
             with self._cond:
                 self.counters["steps"] += 1
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
+                self._keep_finished(done, version)
                 finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
             self._resolve(finished)
 
@@ -426,6 +435,14 @@ class ReferenceEngine:
             self._running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def _keep_finished(self, done: list[_Sequence], version: int) -> None:
+        """Keep the K/V of sequences that finished this step, if every one was computed at `version`
+        (admitted at it: the weights cannot have changed since), for a request that continues them."""
+        with torch.inference_mode():  # the cache's tensors were made inside the step's inference mode
+            for seq in done:
+                if seq.finish_reason in ("stop", "length") and seq.prompt_kv_version == version:
+                    self._retained.keep(self.cache, seq.slot, (seq.prompt_token_ids + seq.token_ids)[: seq.cache_len], version)
 
     def _finish_locked(self, seq: _Sequence, reason: str) -> tuple[_Sequence, GenerationResult]:
         seq.finish_reason = reason
@@ -484,7 +501,7 @@ class ReferenceEngine:
         )
         return output.logits.float()
 
-    def _share_prompt(self, source: _Sequence, target: _Sequence, length: int) -> None:
+    def _share_prompt(self, source: _Sequence | RetainedPrefix, target: _Sequence, length: int) -> None:
         self.cache.copy_prefix(source.slot, target.slot, length)
         target.cache_len = length
         self.counters["prompt_tokens_shared"] += length

@@ -9,7 +9,8 @@ keys/values at each sequence's own positions and hands back the keys/values of
 exactly the slots in the batch. `batch_inputs` builds a forward's ids, positions
 and 4-D attention mask from the same positions, so no sequence ever sees another's
 tokens or a stale entry — which is what makes batched decoding give the same tokens as decoding
-each sequence alone.
+each sequence alone. Slots past the running ones hold finished sequences' K/V for requests that
+continue them (`RetainedPrefixes`: a tool call's next turn).
 
 The object duck-types the part of `transformers.Cache` the decoder layers use
 (`update`), so it works with any HF causal LM whose attention goes through
@@ -18,6 +19,8 @@ The object duck-types the part of `transformers.Cache` the decoder layers use
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Protocol, Sequence, TypeVar
 
 import torch
@@ -280,6 +283,61 @@ def split_shared_prefixes(
             pioneers.append(seq)
             sources.setdefault(tuple(prompt), seq)
     return pioneers, dependents
+
+
+@dataclass
+class RetainedPrefix:
+    """The K/V a finished sequence left in a retention slot: `prompt_token_ids` are the tokens they
+    cover (named so `split_shared_prefixes` reads them as a source's prefix), every one computed at
+    weight version `prompt_kv_version`."""
+
+    prompt_token_ids: list[int]
+    prompt_kv_version: int
+    slot: int
+
+
+class RetainedPrefixes:
+    """Finished sequences' K/V kept in slots of their own for requests that continue them.
+
+    A tool call's next turn is a new request whose prompt is the finished turn's prompt + its tokens
+    + the tool's output: with the turn's K/V kept, `split_shared_prefixes` copies all but the tool's
+    output instead of prefilling the trajectory's history again (vLLM's prefix cache does the same).
+    The same version rule holds as for running sources: only K/V computed at the current weights are
+    handed out, so a sequence that ran across an update is not kept, and an update lets every kept
+    one go. The least recently kept or used is overwritten first. The engine's loop thread alone
+    calls these (`keep` inside the step's inference mode)."""
+
+    def __init__(self, slots: range) -> None:
+        self._free = list(slots)
+        self._held: OrderedDict[tuple[int, ...], RetainedPrefix] = OrderedDict()  # oldest first
+
+    def keep(self, cache: SlotKVCache, source_slot: int, tokens: Sequence[int], version: int) -> None:
+        """Copy the first `len(tokens)` cached positions of `source_slot` (whose K/V are `tokens`'s,
+        computed at `version`) into a retention slot."""
+        key = tuple(tokens)
+        if len(key) < MIN_SHARED_PREFIX or not (self._free or self._held):
+            return
+        if key in self._held:  # the same history twice (a group's identical short answers)
+            self._held.move_to_end(key)
+            return
+        slot = self._free.pop() if self._free else self._held.popitem(last=False)[1].slot
+        cache.copy_prefix(source_slot, slot, len(key))
+        self._held[key] = RetainedPrefix(list(key), version, slot)
+
+    def current(self, version: int) -> list[RetainedPrefix]:
+        """The kept K/V computed at `version`; older ones are let go (their slots reused)."""
+        for key in [key for key, kept in self._held.items() if kept.prompt_kv_version != version]:
+            self._free.append(self._held.pop(key).slot)
+        return list(self._held.values())
+
+    def used(self, kept: RetainedPrefix) -> None:
+        """`kept` was just copied from: last to be overwritten."""
+        key = tuple(kept.prompt_token_ids)
+        if key in self._held:
+            self._held.move_to_end(key)
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 # --- which slot each running sequence holds ------------------------------------------

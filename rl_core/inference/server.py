@@ -37,7 +37,7 @@ from rl_core.weights.sync import DEFAULT_BUCKET_BYTES, MAX_STREAMS, WeightReceiv
 
 
 # Cumulative engine counters /health reports beside the spec_* ones (the actor logs their deltas).
-HEALTH_COUNTERS = ("prompt_tokens_shared",)
+HEALTH_COUNTERS = ("prompt_tokens_shared", "prompt_tokens_retained")
 
 
 class _Body(BaseModel):
@@ -135,6 +135,7 @@ class EngineCollector:
         "spec_accepted_tokens": ("inflight_spec_accepted_tokens", "Speculative tokens accepted."),
         "spec_verify_steps": ("inflight_spec_verify_steps", "Sequence-steps that verified a non-empty draft."),
         "weight_updates": ("inflight_weight_updates", "In-flight weight updates applied."),
+        "prompt_tokens_retained": ("inflight_prompt_tokens_retained", "Of the prompt tokens shared, those copied from a finished sequence's kept K/V (a tool call's next turn)."),
         "decode_rows_shared": ("inflight_decode_rows_shared", "Decode rows not computed: the sequence's history was another's this step."),
     }
     GAUGES = {

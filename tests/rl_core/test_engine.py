@@ -219,6 +219,54 @@ def test_a_common_start_computed_before_a_weight_update_is_not_shared(engine: Re
     engine.abort("long")
 
 
+def test_a_finished_turns_kv_is_kept_for_the_request_that_continues_it(engine: ReferenceEngine, hf_model, prompts) -> None:
+    """A tool call's next turn: the prompt is the finished turn's prompt + tokens + the tool's output.
+    Its history's K/V are copied from the finished turn (all but the last sampled token, whose K/V
+    were never computed), and the answer is the one the whole prompt gets prefilled alone."""
+    first = engine.generate([prompts[1]], GREEDY)[0]
+    continuation = prompts[1] + first.token_ids + prompts[3]
+    before = engine.stats()
+    result = engine.generate([continuation], GREEDY)[0]
+    after = engine.stats()
+    assert result.token_ids == hf_greedy(hf_model, continuation, GREEDY.max_new_tokens)
+    assert after["prompt_tokens_retained"] - before["prompt_tokens_retained"] == len(prompts[1]) + len(first.token_ids) - 1
+    assert after["prompt_tokens_shared"] - before["prompt_tokens_shared"] == len(prompts[1]) + len(first.token_ids) - 1
+
+
+def test_a_finished_turns_kv_from_older_weights_is_not_copied(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
+    """Neither a turn that finished before an update nor one that ran across it (its K/V are half
+    old weights') lends its K/V: each continuation is prefilled whole at the new weights."""
+    fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    before_update = engine.generate([prompts[1]], GREEDY)[0]
+    across = engine.submit(prompts[4], SamplingParams(temperature=0.0, max_new_tokens=60))
+    wait_for(lambda: engine.stats()["generated_tokens"] > len(before_update.token_ids))
+    new_state = perturbed_state(fresh, seed=3)
+    engine.update_weights(new_state.items(), version=1)
+    across_update = across.result(timeout=120)
+    assert set(across_update.token_versions) == {0, 1}
+    fresh.load_state_dict(new_state, strict=False)
+    for prompt, first in ((prompts[1], before_update), (prompts[4], across_update)):
+        continuation = prompt + first.token_ids + prompts[3]
+        assert engine.generate([continuation], GREEDY)[0].token_ids == hf_greedy(fresh, continuation, GREEDY.max_new_tokens)
+    assert engine.stats()["prompt_tokens_retained"] == 0
+
+
+def test_kept_turns_are_bounded_and_the_least_recently_kept_goes_first(model_dir: Path, hf_model, prompts) -> None:
+    engine = ReferenceEngine.from_pretrained(model_dir, config=EngineConfig(max_batch_size=4, initial_cache_len=16, retained_sequences=2))
+    engine.start()
+    try:
+        firsts = [engine.generate([prompt], GREEDY)[0] for prompt in (prompts[1], prompts[3], prompts[4])]  # one after another
+        retained = []
+        for prompt, first in zip((prompts[1], prompts[4]), (firsts[0], firsts[2])):
+            continuation = prompt + first.token_ids + prompts[2]
+            before = engine.stats()["prompt_tokens_retained"]
+            assert engine.generate([continuation], GREEDY)[0].token_ids == hf_greedy(hf_model, continuation, GREEDY.max_new_tokens)
+            retained.append(engine.stats()["prompt_tokens_retained"] - before)
+        assert retained == [0, len(prompts[4]) + len(firsts[2].token_ids) - 1]  # the first turn's slot went to the third
+    finally:
+        engine.stop()
+
+
 def test_update_weights_then_matches_fresh_model(engine: ReferenceEngine, model_dir: Path, prompts) -> None:
     fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     new_state = perturbed_state(fresh, seed=1)

@@ -272,14 +272,15 @@ def test_every_engine_setting_of_a_run_config_reaches_the_engine_config() -> Non
     config = RunConfig.model_validate({
         "seed": 7,
         "inference": {"max_batch_size": 5, "max_seq_len": 300, "initial_cache_len": 33, "max_prefill_tokens": 99,
-                      "spec_step_token_budget": 12, "forward_overhead_tokens": 3, "share_identical_decodes": False},
+                      "spec_step_token_budget": 12, "forward_overhead_tokens": 3, "share_identical_decodes": False,
+                      "retained_sequences": 4},
         "accelerations": {"histospec": {"enabled": True, "initial_draft_len": 3, "max_draft_len": 9}},
     })
     engine = engine_config_for(config, server_index=2)
     assert dataclasses.asdict(engine) == {
         "max_batch_size": 5, "max_seq_len": 300, "initial_cache_len": 33, "max_prefill_tokens": 99, "seed": 9,
         "initial_draft_len": 3, "max_draft_len": 9, "spec_step_token_budget": 12, "forward_overhead_tokens": 3,
-        "share_identical_decodes": False,
+        "share_identical_decodes": False, "retained_sequences": 4,
     }
     defaults = engine_config_for(RunConfig())
     assert dataclasses.asdict(defaults) == dataclasses.asdict(EngineConfig())  # the config's defaults are the engine's
