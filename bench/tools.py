@@ -24,8 +24,11 @@ of a continuation's prompt the reference engine does not recompute.
    missing), then the same config with `env.name=math` (the same task and model, no tool: a call
    the policy writes is not run). `tools_heldout_gain` = the run's last held-out point minus its
    step-0 point; `tools_vs_notools_final` = the tools run's last held-out point minus the no-tool
-   run's. `tool_overhead_share` = the mean of the run's `tool/wait_share` (wall time with at least
-   one call running, over the wall time of the step); `tools_decode_tokens_per_s_ratio` = the
+   run's. `tool_overhead_share` = the mean of the run's `tool/wait_share` (wall time with a call
+   running and no generation request of the actor in flight, over the window's wall time: the
+   actor waits on the tool); `tool_busy_share` = the mean of `tool/busy_share` (wall time with at
+   least one call running, decoding of other samples or not: this figure was `tool_overhead_share`
+   until 2026-11-28); `tools_decode_tokens_per_s_ratio` = the
    tools run's mean `rollout/tokens_per_s` over the no-tool run's. Under `--smoke` the variant is
    a one-step build and only the tools run runs, at the demo benches' smoke settings.
 
@@ -36,7 +39,8 @@ tool_wait_share (ToolClock busy time over wall), tool_call_cpu_ms_warm, tool_cal
 tool_call_cpu_cold_over_warm, tool_call_wall_ms_warm, tool_call_wall_ms_cold, continuation_prompt_tokens,
 continuation_prefill_tokens_saved, continuation_prefill_saved_share, multiturn_prefix_reuse; tools_heldout_start,
 tools_heldout_final, tools_heldout_gain, tool_call_share_start, tool_call_share_final,
-notools_heldout_final, tools_vs_notools_final, tool_overhead_share, tools_decode_tokens_per_s_ratio.
+notools_heldout_final, tools_vs_notools_final, tool_overhead_share, tool_busy_share,
+tools_decode_tokens_per_s_ratio.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import REPO_ROOT, SMOKE_DEMO_OVERRIDES, parse_bench_args, run_cli, start_reference_server, tiny_or_given_model  # noqa: E402
 
 from rl_core.common.contracts import GenerationResult, SamplingParams  # noqa: E402
-from rl_core.common.metric_names import TOOL_WAIT_SHARE  # noqa: E402
+from rl_core.common.metric_names import TOOL_BUSY_SHARE, TOOL_WAIT_SHARE  # noqa: E402
 from rl_core.config.run_config import DEFAULT_TINY_MODEL_DIR, DEFAULT_TINY_TOOLS_MODEL_DIR, RunConfig  # noqa: E402
 from rl_core.envs.environments import MathPythonToolEnvironment  # noqa: E402
 from rl_core.envs.sandbox import ProcessSandbox, SandboxLimits  # noqa: E402
@@ -93,7 +97,7 @@ async def overlap(args: argparse.Namespace, model: Path) -> dict[str, float]:
     assert statuses == {"ok"}, statuses
     return {"tool_call_seconds_mean": sum(seconds) / len(seconds), "tools_sequential_s": sum(seconds),
             "tools_wall_s": wall, "tools_overlap_speedup": sum(seconds) / wall,
-            "tool_wait_share": min(1.0, clock.take_busy_s() / wall)}
+            "tool_wait_share": min(1.0, clock.take().busy_s / wall)}
 
 
 def _busy_cpu_s() -> float:
@@ -177,7 +181,8 @@ def learning(args: argparse.Namespace, scratch: Path) -> dict[str, float]:
     window = max(1, len(calls) // 10)  # a tenth of the run's points at each end: one point is one group's noise
     results = {"tools_heldout_start": heldout[0], "tools_heldout_final": heldout[-1], "tools_heldout_gain": heldout[-1] - heldout[0],
                "tool_call_share_start": statistics.fmean(calls[:window]), "tool_call_share_final": statistics.fmean(calls[-window:]),
-               "tool_overhead_share": statistics.fmean(_series(tools, TOOL_WAIT_SHARE))}
+               "tool_overhead_share": statistics.fmean(_series(tools, TOOL_WAIT_SHARE)),
+               "tool_busy_share": statistics.fmean(_series(tools, TOOL_BUSY_SHARE))}
     print(f"tools run: held-out {' '.join(f'{value:.3f}' for value in heldout)}; tool/call_share by tenths of the run "
           f"{' '.join(f'{statistics.fmean(part):.2f}' for part in _tenths(calls))}", flush=True)
     if not args.smoke:

@@ -50,7 +50,7 @@ from rl_core.actor.discarded import DiscardedSamples
 from rl_core.actor.submission import EvalKind, EvalSchedule, PromptSource, ZeroAdvantageGroups, make_plan, make_throttle
 from rl_core.envs.problems import Problem, TaskData
 from rl_core.envs.environments import Environment, load_environment
-from rl_core.envs.trajectories import HFTokenCodec, ToolClock, Trajectory, TrajectoryRunner
+from rl_core.envs.trajectories import HFTokenCodec, ToolClock, ToolSpans, Trajectory, TrajectoryRunner
 
 METRICS_EVERY_S = 2.0
 CONNECTION_RETRIES = 2  # resends of a request whose HTTP connection dropped (see Actor.generate_on)
@@ -108,9 +108,9 @@ class Window:
         self.tool_seconds += trajectory.tool_seconds
         (self.success_with_tool if trajectory.tool_calls else self.success_without_tool).append(float(success))
 
-    def env_metrics(self, tool_busy_s: float, elapsed_s: float) -> dict[str, float]:
+    def env_metrics(self, tools: ToolSpans, elapsed_s: float) -> dict[str, float]:
         """The `tool/*` and `env/*` figures of the window (only what it has samples for)."""
-        metrics = {mn.TOOL_WAIT_SHARE: min(1.0, tool_busy_s / elapsed_s)}
+        metrics = {mn.TOOL_WAIT_SHARE: min(1.0, tools.waiting_s / elapsed_s), mn.TOOL_BUSY_SHARE: min(1.0, tools.busy_s / elapsed_s)}
         if self.trajectories:
             metrics.update({
                 mn.TOOL_CALLS_PER_SAMPLE: self.tool_calls / self.trajectories,
@@ -203,6 +203,9 @@ class Actor:
         httpx.ReadError (the server logs ClientDisconnect and never starts it). One request per
         response (tail batching) keeps many such connections idling, and runs died of it."""
         self.server_loads[server] += n
+        clock = self.runner.clock if self.runner is not None else None  # a tool's wait is a call with none in flight
+        if clock is not None:
+            clock.generation_started()
         try:
             for attempt in range(CONNECTION_RETRIES + 1):
                 prefix = request_id_prefix if attempt == 0 or request_id_prefix is None else f"{request_id_prefix}-retry{attempt}"
@@ -220,6 +223,8 @@ class Actor:
             raise AssertionError("unreachable")
         finally:
             self.server_loads[server] -= n
+            if clock is not None:
+                clock.generation_finished()
 
     def least_loaded(self) -> int:
         return min(range(len(self.clients)), key=lambda i: (self.server_loads[i], i))
@@ -444,7 +449,7 @@ class Actor:
         if resampled:
             metrics["rollout/resampled_zero_advantage_groups"] = float(resampled)
         if self.runner is not None:
-            metrics.update(w.env_metrics(self.runner.clock.take_busy_s(), elapsed))
+            metrics.update(w.env_metrics(self.runner.clock.take(), elapsed))
         metrics.update(self.router.metrics())
         metrics.update(self.plan.metrics())
         self.sink.log(self.version, metrics)

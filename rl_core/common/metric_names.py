@@ -38,6 +38,7 @@ TOOL_ERROR_SHARE: Final = "tool/error_share"
 TOOL_TIMEOUT_SHARE: Final = "tool/timeout_share"
 TOOL_SECONDS_MEAN: Final = "tool/seconds_mean"
 TOOL_WAIT_SHARE: Final = "tool/wait_share"
+TOOL_BUSY_SHARE: Final = "tool/busy_share"
 ENV_TURNS_PER_SAMPLE: Final = "env/turns_per_sample"
 SUCCESS_WITH_TOOL: Final = "rollout/success_with_tool"
 SUCCESS_WITHOUT_TOOL: Final = "rollout/success_without_tool"
@@ -79,7 +80,8 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     TOOL_ERROR_SHARE: "share of tool calls that ended with status error (the code raised)",
     TOOL_TIMEOUT_SHARE: "share of tool calls stopped at the wall-clock limit (env.tool_wall_s)",
     TOOL_SECONDS_MEAN: "seconds one tool call ran, mean",
-    TOOL_WAIT_SHARE: "share of rollout wall time spent waiting on tools",
+    TOOL_WAIT_SHARE: "share of rollout wall time spent waiting on tools: a call running and no generation request in flight",
+    TOOL_BUSY_SHARE: "share of rollout wall time with a tool call running (other samples decode meanwhile)",
     ENV_TURNS_PER_SAMPLE: "turns per sample (model and tool turns), mean",
     SUCCESS_WITH_TOOL: "success rate of the samples that called the tool",
     SUCCESS_WITHOUT_TOOL: "success rate of the samples that answered without a tool call",

@@ -65,33 +65,60 @@ class HFTokenCodec:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
 
-class ToolClock:
-    """Wall time during which at least one tool call is running: `tool/wait_share`'s numerator
-    (calls overlap, so their summed seconds would count one wait several times)."""
+@dataclass(frozen=True)
+class ToolSpans:
+    """Seconds of one metrics window: `busy_s` with at least one tool call running (calls overlap,
+    so their summed seconds would count one span several times), `waiting_s` the part of it with no
+    generation request of the actor in flight: its servers have nothing of it to decode, so the
+    rollout waits on the tool. While a call runs beside decoding of other samples it only costs CPU."""
 
-    def __init__(self) -> None:
+    busy_s: float
+    waiting_s: float
+
+
+class ToolClock:
+    """Counts the tool calls running (`start`/`stop`, the trajectory runner) and the actor's
+    generation requests in flight (`generation_started`/`_finished`, every request the actor
+    sends), and adds up `ToolSpans` between two `take`s."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.running = 0
-        self.busy_s = 0.0
-        self._since = 0.0
+        self.generating = 0
+        self._busy_s = 0.0
+        self._waiting_s = 0.0
+        self._now = now
+        self._since = now()
+
+    def _advance(self) -> None:
+        now = self._now()
+        if self.running:
+            self._busy_s += now - self._since
+            if not self.generating:
+                self._waiting_s += now - self._since
+        self._since = now
 
     def start(self) -> None:
-        if self.running == 0:
-            self._since = time.monotonic()
+        self._advance()
         self.running += 1
 
     def stop(self) -> None:
+        self._advance()
         self.running -= 1
-        if self.running == 0:
-            self.busy_s += time.monotonic() - self._since
 
-    def take_busy_s(self) -> float:
-        """Busy seconds since the last call (a call still running counts up to now)."""
-        now = time.monotonic()
-        busy = self.busy_s + (now - self._since if self.running else 0.0)
-        self.busy_s = 0.0
-        if self.running:
-            self._since = now
-        return busy
+    def generation_started(self) -> None:
+        self._advance()
+        self.generating += 1
+
+    def generation_finished(self) -> None:
+        self._advance()
+        self.generating -= 1
+
+    def take(self) -> ToolSpans:
+        """The spans since the last `take` (calls still running count up to now)."""
+        self._advance()
+        spans = ToolSpans(self._busy_s, self._waiting_s)
+        self._busy_s = self._waiting_s = 0.0
+        return spans
 
 
 @dataclass

@@ -26,7 +26,7 @@ from rl_core.envs.environments import (
 )
 from rl_core.envs.problems import Problem, TaskData
 from rl_core.envs.sandbox import ToolResult
-from rl_core.envs.trajectories import HFTokenCodec, ToolClock, TrajectoryRunner, tokens_through
+from rl_core.envs.trajectories import HFTokenCodec, ToolClock, ToolSpans, TrajectoryRunner, tokens_through
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_ROOT = REPO_ROOT / "examples" / "custom_env"
@@ -189,7 +189,28 @@ async def test_tool_calls_of_one_trajectory_do_not_block_the_others(tiny_model: 
     elapsed = loop.time() - started
     assert all(t.tool_calls == 1 for t in both)
     assert elapsed < 0.9, elapsed
-    assert 0.45 <= clock.take_busy_s() < 0.9
+    spans = clock.take()
+    assert 0.45 <= spans.busy_s < 0.9
+    assert spans.waiting_s == spans.busy_s  # no generation request went through the clock: all of it was waiting
+
+
+def test_a_tool_call_beside_a_generation_in_flight_is_busy_but_not_waiting() -> None:
+    """`tool/wait_share` counts only what the actor waits on: a call running while none of its
+    generation requests is in flight. `tool/busy_share` counts every second with a call running."""
+    now = [100.0]
+    clock = ToolClock(now=lambda: now[0])
+    clock.generation_started()
+    now[0] += 1.0  # a request in flight, no call: neither
+    clock.start()
+    now[0] += 0.3  # the call runs beside the request: the server decodes other samples
+    clock.generation_finished()
+    now[0] += 0.2  # nothing in flight: the rollout waits on the call
+    clock.stop()
+    now[0] += 0.1  # no call: neither
+    assert clock.take() == ToolSpans(busy_s=pytest.approx(0.5), waiting_s=pytest.approx(0.2))
+    clock.start()
+    now[0] += 0.4  # a call still running when the window closes counts up to then
+    assert clock.take() == ToolSpans(busy_s=pytest.approx(0.4), waiting_s=pytest.approx(0.4))
 
 
 # --- the actor: stream lines and metrics -----------------------------------------------------

@@ -40,6 +40,7 @@ TOOL_LABELS: dict[str, str] = {
     m.TOOL_ERROR_SHARE: "calls ending in an error",
     m.TOOL_TIMEOUT_SHARE: "calls timed out",
     m.TOOL_WAIT_SHARE: "rollout time waiting on tools",
+    m.TOOL_BUSY_SHARE: "rollout time with a call running",
     m.TOOL_SECONDS_MEAN: "seconds per call (mean)",
     m.ENV_PREFIX_REUSE_TOKENS: "prefix tokens reused",
 }
@@ -58,7 +59,7 @@ TOOL_CHARTS: list[dict[str, object]] = [
                  m.SUCCESS_WITH_TOOL, m.SUCCESS_WITHOUT_TOOL, learning_signal=True),
     _tools_chart("tool_counts", "Tool calls and turns per sample (mean)", "per sample", m.TOOL_CALLS_PER_SAMPLE, m.ENV_TURNS_PER_SAMPLE),
     _tools_chart("tool_shares", "Tool use, errors, timeouts and waiting (shares)", "share",
-                 m.TOOL_CALL_SHARE, m.TOOL_ERROR_SHARE, m.TOOL_TIMEOUT_SHARE, m.TOOL_WAIT_SHARE),
+                 m.TOOL_CALL_SHARE, m.TOOL_ERROR_SHARE, m.TOOL_TIMEOUT_SHARE, m.TOOL_WAIT_SHARE, m.TOOL_BUSY_SHARE),
     _tools_chart("tool_seconds", "Tool call duration", "seconds", m.TOOL_SECONDS_MEAN),
     _tools_chart("tool_prefix", "Prefix reused across turns (server cache)", "tokens", m.ENV_PREFIX_REUSE_TOKENS),
 ]
