@@ -35,7 +35,8 @@ def tool_metrics(steps: int) -> list[dict]:
         steps, reward__mean=lambda s: 0.2 + 0.03 * s, train__loss=lambda s: 1.0 / s,
         tool__calls_per_sample=lambda s: 0.5 + 0.05 * s, env__turns_per_sample=lambda s: 2.0 + 0.1 * s,
         tool__call_share=lambda s: 0.3 + 0.02 * s, tool__error_share=lambda s: 0.2 - 0.005 * s,
-        tool__timeout_share=lambda s: 0.05, tool__wait_share=lambda s: 0.1 + 0.01 * (s % 3),
+        tool__timeout_share=lambda s: 0.05, tool__wait_share=lambda s: 0.02 + 0.01 * (s % 3),
+        tool__busy_share=lambda s: 0.2 + 0.01 * (s % 3),
         tool__seconds_mean=lambda s: 0.2 + 0.01 * (s % 4), env__prefix_reuse_tokens=lambda s: 40.0 + 3 * s,
         rollout__success_with_tool=lambda s: 0.3 + 0.03 * s, rollout__success_without_tool=lambda s: 0.2 + 0.01 * s,
     )
@@ -72,7 +73,8 @@ def test_a_tool_run_shows_its_tools_charts_and_its_trajectories_as_turns(daphne_
         assert page.locator(f"#charts-section-tools #chart-{chart} .main-svg").count() >= 1, chart
     legend = page.locator("#chart-tool_success .legend").text_content()
     assert "samples that called the tool" in legend and "samples that answered without it" in legend, legend
-    assert "calls timed out" in page.locator("#chart-tool_shares .legend").text_content()
+    shares_legend = page.locator("#chart-tool_shares .legend").text_content()
+    assert "calls timed out" in shares_legend and "rollout time with a call running" in shares_legend, shares_legend
     # The title's hover help says what each series is, in metric_names' words.
     assert "stopped at the wall-clock limit" in page.locator("#chart-tool_shares h3").get_attribute("title")
     assert page.locator("#run-env").inner_text() == "env math_python_tool"
