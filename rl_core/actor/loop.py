@@ -165,6 +165,7 @@ class Actor:
         self.sampling = SamplingParams(
             temperature=config.sampling.temperature, top_p=config.sampling.top_p,
             max_new_tokens=config.sampling.max_new_tokens,
+            stop=self.env.stop_texts(0) if self.runner is not None else [],  # a first turn stops where its call ends
         )
         self.server_loads = [0.0] * len(clients)  # sequences in flight per server (rollouts + evals)
         # Where the trainer and the stream are (the throttle's inputs).

@@ -35,6 +35,10 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 64
     stop_token_ids: list[int] = field(default_factory=list)
+    # Texts that end a completion once its generated text contains one (vLLM's `stop`): the token
+    # that completed it is the last one returned, and the result's `stop_reason` names it. A
+    # multi-turn env's call delimiters, so a turn ends where its call does instead of decoding on.
+    stop: list[str] = field(default_factory=list)
     seed: int | None = None
     # Admission order at a busy engine: lower first, then arrival (vLLM's convention). An
     # evaluation asks for EVAL_PRIORITY so its point is not queued behind later rollouts.
@@ -54,6 +58,7 @@ class GenerationResult:
     token_versions: list[int]
     finish_reason: str  # "stop" | "length" | "abort"
     text: str = ""
+    stop_reason: str | None = None  # the `SamplingParams.stop` text that ended it, if one did
 
     @property
     def num_versions(self) -> int:

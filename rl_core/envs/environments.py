@@ -7,7 +7,8 @@ An `Environment` answers four questions, and nothing else:
 - `on_model_turn(text, tool_calls)`: a model turn's text is either a tool call (`ToolCall`: the code
   to run and where in the text the call ends, so what the model wrote after it is dropped) or
   final (None); `run_tool(call)` runs it and `tool_output_text(call, result)` is what the policy
-  reads back as the tool turn;
+  reads back as the tool turn; `stop_texts(tool_calls)` (optional) are the texts where a call may
+  end, so a turn stops there instead of decoding past its call (one that ends no call goes on);
 - `score(problem, texts)`: the rewards of finished trajectories, from the text the *model* wrote
   (tool output never counts: a printed `\\boxed{}` is not an answer).
 
@@ -88,6 +89,12 @@ class Environment:
         """None: the turn is final. `tool_calls`: calls this trajectory has made so far."""
         return None
 
+    def stop_texts(self, tool_calls: int) -> list[str]:
+        """Texts at which a model turn is stopped (`SamplingParams.stop`) after `tool_calls` calls:
+        where a call may end. The trajectory runner goes on with the turn where one ends no call
+        (a fence that opens one). None (the default): every turn runs to its end."""
+        return []
+
     async def run_tool(self, call: ToolCall) -> ToolResult:
         raise NotImplementedError(f"{self.name} has no tool")
 
@@ -138,6 +145,12 @@ class MathPythonToolEnvironment(MathEnvironment):
         # CPU seconds follow the wall limit: a call can use no more CPU than it has time for.
         return SandboxLimits(wall_s=self.env.tool_wall_s, cpu_s=max(1, int(self.env.tool_wall_s + 0.999)),
                              memory_mb=self.env.tool_memory_mb, output_bytes=self.env.tool_output_bytes)
+
+    def stop_texts(self, tool_calls: int) -> list[str]:
+        if tool_calls >= self.env.max_turns:
+            return []  # the answer turn: nothing to stop for
+        # A fence both opens and closes a block: the runner goes on after the opening one.
+        return ["```"] if self.format == "fenced" else ["</tool_call>"]
 
     def on_model_turn(self, text: str, tool_calls: int) -> ToolCall | None:
         if tool_calls >= self.env.max_turns:

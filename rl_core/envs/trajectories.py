@@ -14,7 +14,10 @@ continuation asks for what is left, and a tool output is cut to leave the model 
 
 A model turn that holds a tool call is cut where the call ends (`ToolCall.end`, to the first
 token reaching it): what the model wrote after its code block (an imagined output) is dropped,
-not trained. The engine has no stop strings, so those tokens were decoded and are wasted.
+not trained. Requests carry the env's `stop_texts` (`SamplingParams.stop`: where a call may end),
+so the engine stops a turn at its call instead of decoding an imagined output to the budget; a
+stop that ends no call (the fence that opens a block) is continued as the same turn: a request for
+the prompt + the turn so far, whose K/V the engine kept.
 """
 
 from __future__ import annotations
@@ -201,14 +204,23 @@ class TrajectoryRunner:
         trajectory = Trajectory(prompt_token_ids=list(first.prompt_token_ids))
         budget = sampling.max_new_tokens
         result = first
+        ids: list[int] = []  # the model turn so far (a stop that ended no call splits it in requests)
+        logprobs: list[float] = []
+        versions: list[int] = []
         while True:
-            ids = list(result.token_ids)
+            ids, logprobs, versions = ids + list(result.token_ids), logprobs + list(result.logprobs), versions + list(result.token_versions)
             text = codec.decode(ids)
             call = env.on_model_turn(text, trajectory.tool_calls) if result.finish_reason != "abort" else None
+            room = budget - len(trajectory.token_ids) - len(ids)
+            if call is None and result.stop_reason in env.stop_texts(trajectory.tool_calls) and room > 0:
+                # Stopped where a call may end, but none did (the fence that opens a block): the turn goes on.
+                result = await self._continue(trajectory, ids, generate, sampling, room)
+                continue
             keep = len(ids) if call is None else tokens_through(ids, call.end, codec.decode)
             if keep < len(ids):
                 text = codec.decode(ids[:keep])
-            trajectory.add_model_turn(ids[:keep], list(result.logprobs[:keep]), list(result.token_versions[:keep]), text)
+            trajectory.add_model_turn(ids[:keep], logprobs[:keep], versions[:keep], text)
+            ids, logprobs, versions = [], [], []
             if call is None:
                 trajectory.finish_reason = result.finish_reason
                 return trajectory
@@ -223,10 +235,16 @@ class TrajectoryRunner:
                 self.clock.stop()
             output = codec.encode(env.tool_output_text(call, outcome))[: room - 1]
             trajectory.add_tool_turn(output, outcome.status, float(outcome.seconds))
-            prompt = trajectory.prompt_token_ids + trajectory.token_ids
-            trajectory.continued_prompt_tokens += len(prompt)
-            # A seeded request (an evaluation) gets a seed of its own per continuation: the same seed
-            # again would draw the k samples' continuations from one stream of random numbers.
-            seed = None if sampling.seed is None else (sampling.seed + len(prompt)) & 0xFFFFFFFF
-            result = await generate(prompt, replace(sampling, max_new_tokens=budget - len(trajectory.token_ids),
-                                                    stop_token_ids=list(sampling.stop_token_ids), seed=seed))
+            result = await self._continue(trajectory, [], generate, sampling, budget - len(trajectory.token_ids))
+
+    async def _continue(self, trajectory: Trajectory, turn_ids: list[int], generate: ContinueFn, sampling: SamplingParams,
+                        room: int) -> GenerationResult:
+        """The next request of a trajectory: its prompt + every token so far + `turn_ids` (the model
+        turn under way, if a stop ended no call), for the `room` tokens left of its budget."""
+        prompt = trajectory.prompt_token_ids + trajectory.token_ids + turn_ids
+        trajectory.continued_prompt_tokens += len(prompt)
+        # A seeded request (an evaluation) gets a seed of its own per continuation: the same seed
+        # again would draw the k samples' continuations from one stream of random numbers.
+        seed = None if sampling.seed is None else (sampling.seed + len(prompt)) & 0xFFFFFFFF
+        return await generate(prompt, replace(sampling, max_new_tokens=room, stop_token_ids=list(sampling.stop_token_ids),
+                                              stop=self.env.stop_texts(trajectory.tool_calls), seed=seed))

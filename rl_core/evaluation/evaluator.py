@@ -298,6 +298,7 @@ async def evaluate(
                 top_p=sampling.top_p,
                 max_new_tokens=sampling.max_new_tokens,
                 stop_token_ids=list(sampling.stop_token_ids),
+                stop=runner.env.stop_texts(0) if runner is not None else [],  # a first turn stops where its call ends
                 seed=problem_seed(seed if sampling.seed is None else sampling.seed, problem.id),
                 priority=EVAL_PRIORITY,
             )

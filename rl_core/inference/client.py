@@ -105,6 +105,8 @@ class InferenceClient:
             body["seed"] = sampling.seed
         if sampling.stop_token_ids:
             body["stop_token_ids"] = list(sampling.stop_token_ids)
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
         if prompt_id is not None:
             body["prompt_id"] = prompt_id
         if prompt_token_ids is not None:
@@ -126,6 +128,7 @@ class InferenceClient:
                         token_versions=[int(version) for version in choice["token_versions"]],
                         finish_reason=str(choice["finish_reason"]),
                         text=choice["message"]["content"] or "",
+                        stop_reason=choice["stop_reason"] if isinstance(choice.get("stop_reason"), str) else None,
                     )
                 )
         except (KeyError, TypeError, ValueError) as exc:

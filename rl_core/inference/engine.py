@@ -64,6 +64,8 @@ class _Sequence:
     history_hash: int = 0  # of prompt + tokens so far (shared_decode.py)
     abort_requested: bool = False
     finish_reason: str | None = None
+    stop_reason: str | None = None  # the stop text that ended it (SamplingParams.stop)
+    stop_window: int = 0  # generated tokens whose text is searched for a stop text (0: none asked)
 
 
 @dataclass
@@ -195,6 +197,10 @@ class ReferenceEngine:
     ) -> Future[GenerationResult]:
         prompt = [int(token) for token in prompt_token_ids]
         check_request(prompt, params, self.vocab_size, self.max_seq_len)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop: stop texts need the engine's tokenizer (this engine was built without one)")
+        if any(not text for text in params.stop):
+            raise ValueError("stop: an empty stop text would end every completion at once")
         request_id = request_id or uuid.uuid4().hex
         with self._cond:
             if self._stopping or self._thread is None:
@@ -217,6 +223,8 @@ class ReferenceEngine:
                 stop_ids=self.default_stop_ids | frozenset(int(t) for t in params.stop_token_ids),
                 draft_length=DraftLengthController(self.config.initial_draft_len, self.config.max_draft_len),
                 history_hash=prompt_history_hash(prompt),
+                # A token is at least one character (a few decode to none: parts of one UTF-8 character).
+                stop_window=max(len(text) for text in params.stop) + 4 if params.stop else 0,
             )
             seq.future.set_running_or_notify_cancel()
             # Behind every waiting request of the same or a lower priority value: FIFO per priority.
@@ -462,6 +470,7 @@ class ReferenceEngine:
             logprobs=list(seq.logprobs),
             token_versions=list(seq.token_versions),
             finish_reason=reason,
+            stop_reason=seq.stop_reason,
         )
         return seq, result
 
@@ -624,6 +633,19 @@ class ReferenceEngine:
         self.counters["generated_tokens"] += 1
         if token in seq.stop_ids:
             seq.finish_reason = "stop"
+        elif seq.stop_window and self._stop_text(seq) is not None:
+            seq.finish_reason = "stop"
         elif len(seq.token_ids) >= seq.params.max_new_tokens or seq.cache_len + 1 >= self.max_seq_len:
             seq.finish_reason = "length"
         return seq.finish_reason is not None
+
+    def _stop_text(self, seq: _Sequence) -> str | None:
+        """The stop text the newest token completed, if any (recorded as the sequence's
+        `stop_reason`). Only the last tokens are decoded: a stop text found before would have ended
+        the sequence then, so one found now ends in the newest token."""
+        tail = self.tokenizer.decode(seq.token_ids[-seq.stop_window :], skip_special_tokens=False)
+        for text in seq.params.stop:
+            if text in tail:
+                seq.stop_reason = text
+                return text
+        return None

@@ -69,6 +69,9 @@ class ChatCompletionRequest(_Body):
     top_logprobs: int | None = Field(None, ge=0, le=0, description="Only 0 is supported (no alternatives are kept).")
     stream: bool = Field(False, description="Streaming is not supported; must be false.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra token ids that end a completion.")
+    stop: str | list[str] | None = Field(
+        None, description="Texts that end a completion once its generated text contains one (OpenAI's and vLLM's `stop`); "
+        "the token that completed it is the last returned (its text included), and the choice's `stop_reason` names it.")
     prompt_id: str | None = Field(None, description="History key (HistoSpec / HistoPipe): the same problem shares it across epochs.")
     request_id: str | None = Field(None, description="Prefix of the engine request ids (`<request_id>-<i>`), for POST /abort.")
     priority: int = Field(0, description="Admission order when the engine is full: lower first, then arrival (as vLLM's `priority`).")
@@ -224,6 +227,7 @@ def create_app(engine: ReferenceEngine, model_name: str, receiver: WeightReceive
                     top_p=body.top_p,
                     max_new_tokens=max_tokens,
                     stop_token_ids=list(body.stop_token_ids),
+                    stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
                     seed=None if body.seed is None else body.seed + index,
                     priority=body.priority,
                 )
@@ -363,6 +367,7 @@ def _completion_json(
                 "index": index,
                 "message": {"role": "assistant", "content": result.text},
                 "finish_reason": result.finish_reason,
+                "stop_reason": result.stop_reason,
                 "logprobs": logprobs,
                 "token_ids": result.token_ids,
                 "token_versions": result.token_versions,

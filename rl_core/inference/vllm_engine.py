@@ -236,6 +236,7 @@ class VllmEngine:
         sampling = VllmSamplingParams(
             n=1, temperature=float(params.temperature), top_p=float(params.top_p), max_tokens=int(params.max_new_tokens),
             stop_token_ids=[int(t) for t in params.stop_token_ids], seed=params.seed, logprobs=0,
+            stop=list(params.stop) or None, include_stop_str_in_output=True,  # as the reference engine: the text that stopped it stays
         )
         task = self.loop.create_task(self._generate(request_id, prompt, sampling))
         if not self._in_flight:
@@ -269,7 +270,8 @@ class VllmEngine:
         if reason == "abort":
             self.counters["requests_aborted"] += 1
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        return GenerationResult(request_id, prompt, token_ids, logprobs, versions, reason, text)
+        stop_reason = completion.stop_reason if completion is not None and isinstance(completion.stop_reason, str) else None
+        return GenerationResult(request_id, prompt, token_ids, logprobs, versions, reason, text, stop_reason)
 
     def abort(self, request_id: str) -> bool:
         if request_id not in self._in_flight:

@@ -633,3 +633,9 @@ def test_width_groups_splits_only_when_padding_costs_more_than_a_forward() -> No
     assert width_groups([5, 1], overhead_tokens=0) == [[1], [0]]
     assert sorted(sum(width_groups([3, 9, 1, 17, 2, 2, 5], 4), [])) == list(range(7))  # every row exactly once
     assert width_groups([], 16) == []
+
+
+def test_an_empty_stop_text_is_refused(engine: ReferenceEngine, prompts) -> None:
+    with pytest.raises(ValueError, match="empty stop text"):
+        engine.submit(prompts[0], SamplingParams(stop=["```", ""]))
+    assert engine.in_flight_ids() == []

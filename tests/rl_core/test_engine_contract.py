@@ -123,6 +123,32 @@ def test_a_turn_sent_back_as_a_token_prompt_is_continued_as_a_multi_turn_traject
     assert after_tool.token_versions == [version] * len(after_tool.token_ids)
 
 
+def test_a_stop_text_ends_a_completion_at_the_token_that_completes_it(server, untrained_tiny_model: Path) -> None:
+    """`stop` (a multi-turn env's call delimiters): the completion ends with the token whose text
+    completes the first occurrence of a stop text, `stop_reason` names it, and the tokens are the
+    ones the unstopped completion had."""
+    from transformers import AutoTokenizer
+
+    decode = AutoTokenizer.from_pretrained(untrained_tiny_model).decode
+
+    async def scenario():
+        async with InferenceClient(server.url) as client:
+            (whole,) = await client.generate(MESSAGES, SamplingParams(temperature=0.0, max_new_tokens=16))
+            texts = [decode(whole.token_ids[:k]) for k in range(len(whole.token_ids) + 1)]
+            # The shortest text ending after the fourth token that first appears there.
+            stop = next(texts[k][-width:] for k in range(4, len(texts)) for width in (2, 3, 4)
+                        if len(texts[k]) >= width and texts[k][-width:] not in texts[k - 1])
+            (stopped,) = await client.generate(MESSAGES, SamplingParams(temperature=0.0, max_new_tokens=16, stop=[stop, "\x00never"]))
+            (unstopped,) = await client.generate(MESSAGES, SamplingParams(temperature=0.0, max_new_tokens=16, stop=["\x00never"]))
+            return whole, texts, stop, stopped, unstopped
+
+    whole, texts, stop, stopped, unstopped = asyncio.run(asyncio.wait_for(scenario(), 120))
+    first = next(k for k, text in enumerate(texts) if stop in text)
+    assert stopped.token_ids == whole.token_ids[:first] and stopped.finish_reason == "stop" and stopped.stop_reason == stop
+    assert len(stopped.logprobs) == len(stopped.token_ids)
+    assert unstopped.token_ids == whole.token_ids and unstopped.stop_reason is None
+
+
 @pytest.mark.parametrize(
     ("body", "status", "mentions"),
     [

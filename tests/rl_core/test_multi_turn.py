@@ -108,10 +108,41 @@ class FakeSandbox:
         return ToolResult(status="ok", stdout=self.stdout, stderr="", seconds=self.delay_s, exit_code=0)
 
 
-def result_of(codec: HFTokenCodec, prompt: list[int], text: str, version: int, finish: str = "stop") -> GenerationResult:
+def result_of(codec: HFTokenCodec, prompt: list[int], text: str, version: int, finish: str = "stop",
+              stop_reason: str | None = None) -> GenerationResult:
     ids = codec.encode(text)
     return GenerationResult(request_id="r", prompt_token_ids=prompt, token_ids=ids, logprobs=[-0.5] * len(ids),
-                            token_versions=[version] * len(ids), finish_reason=finish, text=text)
+                            token_versions=[version] * len(ids), finish_reason=finish, text=text, stop_reason=stop_reason)
+
+
+async def test_a_turn_stops_where_its_call_ends_and_goes_on_past_the_fence_that_opens_it(tiny_model: Path) -> None:
+    """Requests carry the env's stop texts while calls are left: a turn stopped at the fence that
+    opens a block (no call yet) is continued as the same model turn (prompt + the turn so far);
+    stopped at the fence that closes it, the call runs; the answer turn has no stop texts."""
+    codec = HFTokenCodec.from_pretrained(str(tiny_model))
+    sandbox = FakeSandbox()
+    env = MathPythonToolEnvironment(tool_config(tiny_model, max_turns=1), sandbox=sandbox)
+    assert env.stop_texts(0) == ["```"] and env.stop_texts(1) == []
+    runner = TrajectoryRunner(env, codec, ToolClock())
+    prompt = codec.encode("<|im_start|>user\nCompute 6 * 7.<|im_end|>\n<|im_start|>assistant\n")
+    opening = result_of(codec, prompt, "Let me run ```", version=0, stop_reason="```")
+    requests: list[tuple[list[int], SamplingParams]] = []
+
+    async def generate(prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
+        requests.append((prompt_ids, sampling))
+        if len(requests) == 1:
+            return result_of(codec, prompt_ids, "python\nprint(6 * 7)\n```", version=1, stop_reason="```")
+        return result_of(codec, prompt_ids, "\\boxed{42}", version=1)
+
+    trajectory = await runner.complete(opening, generate, SamplingParams(max_new_tokens=64, stop=env.stop_texts(0)))
+    turn_ids = opening.token_ids + codec.encode("python\nprint(6 * 7)\n```")
+    assert requests[0][0] == prompt + opening.token_ids and requests[0][1].stop == ["```"]
+    assert requests[0][1].max_new_tokens == 64 - len(opening.token_ids)
+    assert sandbox.codes == ["print(6 * 7)\n"]
+    assert [turn["kind"] for turn in trajectory.turns] == ["model", "tool", "model"]
+    assert trajectory.token_ids[: len(turn_ids)] == turn_ids and trajectory.model_texts[0] == "Let me run ```python\nprint(6 * 7)\n```"
+    assert trajectory.token_versions[: len(turn_ids)] == [0] * len(opening.token_ids) + [1] * (len(turn_ids) - len(opening.token_ids))
+    assert requests[1][0] == prompt + trajectory.token_ids[: trajectory.turns[2]["start"]] and requests[1][1].stop == []
 
 
 async def test_trajectory_tokens_mask_versions_and_budget(tiny_model: Path) -> None:
