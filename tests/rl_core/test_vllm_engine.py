@@ -67,7 +67,8 @@ class _FakeLLM:
 
     async def generate(self, prompt, sampling, request_id):
         logprobs = [{5: SimpleNamespace(logprob=-0.25)}, {6: SimpleNamespace(logprob=-1.5)}]
-        completion = SimpleNamespace(token_ids=[5, 6], logprobs=logprobs, weight_versions=self.spans, finish_reason="stop")
+        completion = SimpleNamespace(token_ids=[5, 6], logprobs=logprobs, weight_versions=self.spans, finish_reason="stop",
+                                     stop_reason=None)  # vLLM: None, a stop token id or a stop text
         yield SimpleNamespace(outputs=[completion])
 
 
