@@ -32,7 +32,7 @@ import torch
 from rl_core.common.contracts import GenerationResult, SamplingParams
 from rl_core.kernels.cpu import use_onednn_linear
 from rl_core.config.engine import ENGINE_COUNTERS, Drafter, EngineConfig
-from rl_core.inference.sampling import PositionUniforms, check_request, eos_token_ids, sample_rows, verify_drafts, width_groups
+from rl_core.inference.sampling import PositionUniforms, check_request, completed_stop_text, eos_token_ids, sample_rows, verify_drafts, width_groups
 from rl_core.inference.kv_cache import ENGINE_ATTENTION, SlotKVCache, register_engine_attention, split_shared_prefixes, split_shared_prompts
 from rl_core.inference.kv_cache import RetainedPrefix, RetainedPrefixes
 from rl_core.inference.kv_cache import compact_slots, followers_first  # which slot each running sequence holds
@@ -65,7 +65,6 @@ class _Sequence:
     abort_requested: bool = False
     finish_reason: str | None = None
     stop_reason: str | None = None  # the stop text that ended it (SamplingParams.stop)
-    stop_window: int = 0  # generated tokens whose text is searched for a stop text (0: none asked)
 
 
 @dataclass
@@ -199,8 +198,6 @@ class ReferenceEngine:
         check_request(prompt, params, self.vocab_size, self.max_seq_len)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop: stop texts need the engine's tokenizer (this engine was built without one)")
-        if any(not text for text in params.stop):
-            raise ValueError("stop: an empty stop text would end every completion at once")
         request_id = request_id or uuid.uuid4().hex
         with self._cond:
             if self._stopping or self._thread is None:
@@ -223,8 +220,6 @@ class ReferenceEngine:
                 stop_ids=self.default_stop_ids | frozenset(int(t) for t in params.stop_token_ids),
                 draft_length=DraftLengthController(self.config.initial_draft_len, self.config.max_draft_len),
                 history_hash=prompt_history_hash(prompt),
-                # A token is at least one character (a few decode to none: parts of one UTF-8 character).
-                stop_window=max(len(text) for text in params.stop) + 4 if params.stop else 0,
             )
             seq.future.set_running_or_notify_cancel()
             # Behind every waiting request of the same or a lower priority value: FIFO per priority.
@@ -424,7 +419,7 @@ class ReferenceEngine:
             with self._cond:
                 self.counters["steps"] += 1
                 done = [seq for seq in admitted + decoding if seq.finish_reason is not None]
-                self._keep_finished(done, version)
+                self._retained.keep_finished(self.cache, done, version)
                 finished = [self._finish_locked(seq, seq.finish_reason) for seq in done]
             self._resolve(finished)
 
@@ -443,14 +438,6 @@ class ReferenceEngine:
             self._running.append(seq)
             admitted.append(seq)
         return admitted
-
-    def _keep_finished(self, done: list[_Sequence], version: int) -> None:
-        """Keep the K/V of sequences that finished this step, if every one was computed at `version`
-        (admitted at it: the weights cannot have changed since), for a request that continues them."""
-        with torch.inference_mode():  # the cache's tensors were made inside the step's inference mode
-            for seq in done:
-                if seq.finish_reason in ("stop", "length") and seq.prompt_kv_version == version:
-                    self._retained.keep(self.cache, seq.slot, (seq.prompt_token_ids + seq.token_ids)[: seq.cache_len], version)
 
     def _finish_locked(self, seq: _Sequence, reason: str) -> tuple[_Sequence, GenerationResult]:
         seq.finish_reason = reason
@@ -633,19 +620,12 @@ class ReferenceEngine:
         self.counters["generated_tokens"] += 1
         if token in seq.stop_ids:
             seq.finish_reason = "stop"
-        elif seq.stop_window and self._stop_text(seq) is not None:
-            seq.finish_reason = "stop"
+        elif seq.params.stop and (text := completed_stop_text(self._decode_all, seq.token_ids, seq.params.stop)) is not None:
+            seq.finish_reason, seq.stop_reason = "stop", text
         elif len(seq.token_ids) >= seq.params.max_new_tokens or seq.cache_len + 1 >= self.max_seq_len:
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
-    def _stop_text(self, seq: _Sequence) -> str | None:
-        """The stop text the newest token completed, if any (recorded as the sequence's
-        `stop_reason`). Only the last tokens are decoded: a stop text found before would have ended
-        the sequence then, so one found now ends in the newest token."""
-        tail = self.tokenizer.decode(seq.token_ids[-seq.stop_window :], skip_special_tokens=False)
-        for text in seq.params.stop:
-            if text in tail:
-                seq.stop_reason = text
-                return text
-        return None
+    def _decode_all(self, token_ids: list[int]) -> str:
+        """Text of generated tokens, special ones included (what a stop text is searched in)."""
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))

@@ -285,6 +285,17 @@ def split_shared_prefixes(
     return pioneers, dependents
 
 
+class _Finished(Protocol):
+    """A sequence as `RetainedPrefixes.keep_finished` reads it (the engine's)."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    prompt_kv_version: int
+    finish_reason: str | None
+    slot: int
+    cache_len: int
+
+
 @dataclass
 class RetainedPrefix:
     """The K/V a finished sequence left in a retention slot: `prompt_token_ids` are the tokens they
@@ -305,13 +316,22 @@ class RetainedPrefixes:
     The same version rule holds as for running sources: only K/V computed at the current weights are
     handed out, so a sequence that ran across an update is not kept, and an update lets every kept
     one go. The least recently kept or used is overwritten first. The engine's loop thread alone
-    calls these (`keep` inside the step's inference mode)."""
+    calls these."""
 
     def __init__(self, slots: range) -> None:
         self._free = list(slots)
         self._held: OrderedDict[tuple[int, ...], RetainedPrefix] = OrderedDict()  # oldest first
 
-    def keep(self, cache: SlotKVCache, source_slot: int, tokens: Sequence[int], version: int) -> None:
+    def keep_finished(self, cache: SlotKVCache, done: Sequence[_Finished], version: int) -> None:
+        """Keep the K/V of sequences that finished in the step run at `version` (ended, not aborted
+        or failed), where every one was computed at it: admitted at it, the weights cannot have
+        changed since."""
+        with torch.inference_mode():  # the cache's tensors were made inside the step's inference mode
+            for seq in done:
+                if seq.finish_reason in ("stop", "length") and seq.prompt_kv_version == version:
+                    self._keep(cache, seq.slot, (seq.prompt_token_ids + seq.token_ids)[: seq.cache_len], version)
+
+    def _keep(self, cache: SlotKVCache, source_slot: int, tokens: Sequence[int], version: int) -> None:
         """Copy the first `len(tokens)` cached positions of `source_slot` (whose K/V are `tokens`'s,
         computed at `version`) into a retention slot."""
         key = tuple(tokens)

@@ -13,6 +13,7 @@ speculation (up to float rounding between forwards of different widths).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -210,11 +211,21 @@ def check_request(prompt: list[int], params: SamplingParams, vocab_size: int, ma
         raise ValueError(f"temperature must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if any(not text for text in params.stop):
+        raise ValueError("stop: an empty stop text would end every completion at once")
     if len(prompt) + params.max_new_tokens > max_seq_len:
         raise ValueError(
             f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
             f"the engine's max_seq_len {max_seq_len}"
         )
+
+
+def completed_stop_text(decode: Callable[[list[int]], str], token_ids: list[int], stop: Sequence[str]) -> str | None:
+    """The `SamplingParams.stop` text the newest of `token_ids` completed, if any. Only the last
+    tokens are decoded (a token is at least one character; a few decode to none, parts of one UTF-8
+    character): a stop text found before would have ended the sequence then."""
+    tail = decode(token_ids[-(max(len(text) for text in stop) + 4) :])
+    return next((text for text in stop if text in tail), None)
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer: Any | None) -> set[int]:
