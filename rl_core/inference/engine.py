@@ -383,7 +383,7 @@ class ReferenceEngine:
                     if followers:
                         with self._cond:
                             followers_first(leaders, [follower for follower, _ in followers])
-                    kept: list[_Sequence | RetainedPrefix] = [*decoding, *self._retained.current(version)]
+                    kept: list[_Sequence | RetainedPrefix] = [*decoding, *(self._retained.current(version) if leaders else [])]
                     pioneers, dependents = split_shared_prefixes(leaders, kept, version)
                     if pioneers:
                         self._prefill(pioneers, version)
