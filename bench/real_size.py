@@ -87,7 +87,8 @@ class RunSampler:
     @staticmethod
     def role_of(process: psutil.Process) -> str:
         try:
-            arguments = process.cmdline()
+            # One title for a role forked by the run's fork server (setproctitle), argv for a fresh one.
+            arguments = " ".join(process.cmdline()).split()
         except psutil.Error:
             return "other"
         for argument in arguments:

@@ -115,9 +115,24 @@ class RoleHost(Protocol):
     def close(self) -> None: ...
 
 
+class RoleForker(Protocol):
+    """Starts some roles without a fresh interpreter (launch/role_forks.RoleForks: forked from
+    one that imported torch once); `LocalHost` asks it first."""
+
+    def can_fork(self, name: str, command: list[str], env: dict[str, str]) -> bool: ...
+
+    def start(self, name: str, command: list[str], env: dict[str, str], log_file: Path) -> RoleProcess:
+        """Raises OSError when it cannot (the role is then started fresh)."""
+        ...
+
+
 class LocalHost:
     """Every role a child process of the launcher, on this node: nothing to reserve, nothing to
-    lose, and the roles' own figures sampled here."""
+    lose, and the roles' own figures sampled here. With `forks`, the roles it can fork are forked
+    from a warm interpreter (launch/role_forks.py); the rest start fresh."""
+
+    def __init__(self, forks: RoleForker | None = None) -> None:
+        self.forks = forks
 
     def prepare(self, waiting: Callable[[str | None], None], reserved: Callable[[], None]) -> str:
         reserved()  # this node is the run's already
@@ -138,9 +153,15 @@ class LocalHost:
     def role_nodes(self, names: list[str]) -> list[int] | None:
         return None
 
-    def start(self, name: str, command: list[str], env: dict[str, str], log_file: Path) -> subprocess.Popen[bytes]:
-        log: IO[bytes] = open(log_file, "ab")
+    def start(self, name: str, command: list[str], env: dict[str, str], log_file: Path) -> RoleProcess:
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", **env)
+        if self.forks is not None and self.forks.can_fork(name, command, full_env):
+            try:
+                return self.forks.start(name, command, full_env, log_file)
+            except OSError as exc:  # no fork server: every role from now on starts fresh, as it did before
+                print(f"{exc}; starting the run's roles as fresh processes", flush=True)
+                self.forks = None
+        log: IO[bytes] = open(log_file, "ab")
         # Ctrl-C reaches the whole foreground group; the launcher alone decides how to stop.
         command = die_with_parent(command, ignore_sigint=True)
         try:

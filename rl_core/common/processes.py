@@ -185,7 +185,8 @@ def run_event_loop(main: Coroutine[Any, Any, _Result]) -> _Result:
     return uvloop.run(main)
 
 
-def _set_parent_death_signal(parent_pid: int) -> None:
+def set_parent_death_signal(parent_pid: int) -> None:
+    """SIGTERM this process when `parent_pid` (its parent now) dies; exit at once if it died already."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -204,7 +205,7 @@ def main(argv: list[str]) -> int:
         parser.error("no COMMAND after --")
     if args.ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # SIG_IGN survives exec
-    _set_parent_death_signal(args.parent)
+    set_parent_death_signal(args.parent)
     os.execvp(command[0], command)
     return 127  # not reached: execvp replaces this process or raises
 

@@ -59,6 +59,7 @@ from rl_core.launch.preflight import (
     validate_inputs,
 )
 from rl_core.launch.provenance import record_launch
+from rl_core.launch.role_forks import RoleForks, fork_roles_enabled
 from rl_core.cluster.role_hosts import LocalHost, LostRoles, RoleHost, RoleProcess
 from rl_core.launch.watchdog import RoleHung, Watchdog
 from rl_core.rundir.layout import (
@@ -509,6 +510,11 @@ def main(argv: list[str]) -> int:
             host = RayHost(config, slots, run_dir)
         else:
             placement = place_run(config, detect_gpus())
+            if fork_roles_enabled():
+                # Starts importing torch for the roles now, while the run directory is prepared.
+                forks = RoleForks(model_path)
+                forks.warm()
+                host = LocalHost(forks)
         # Children read config.yaml; they get the model as an absolute path.
         config.model.path = str(model_path)
         prepare_run_dir(run_dir, config, args.resume)

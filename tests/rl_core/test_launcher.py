@@ -78,6 +78,12 @@ def children_of(pid: int) -> list[psutil.Process]:
         return []
 
 
+def command_words(process: psutil.Process) -> list[str]:
+    """The words of a process's command line. A role forked by the run's fork server shows its
+    command as one title (setproctitle: `python -m rl_core serve ...`), a fresh one as argv."""
+    return " ".join(process.cmdline()).split()
+
+
 def assert_all_gone(processes: list[psutil.Process], timeout_s: float = 30) -> None:
     gone, alive = psutil.wait_procs(processes, timeout=timeout_s)
     assert not alive, f"orphans left alive: {[(p.pid, p.cmdline()) for p in alive]}"
@@ -208,7 +214,7 @@ def test_server_killed_mid_run_fails_naming_it_and_keeps_metrics(tiny_model: Pat
     launcher = start_run(config, out)
     try:
         wait_for(lambda: trained_steps(out) >= 1, 180, "a first training step")
-        server = next(p for p in children_of(launcher.pid) if "serve" in p.cmdline())
+        server = next(p for p in children_of(launcher.pid) if "serve" in command_words(p))
         others = [p for p in children_of(launcher.pid) if p.pid != server.pid]
         server.send_signal(signal.SIGKILL)
         assert launcher.wait(60) == 1
@@ -231,10 +237,15 @@ def test_sigterm_cancels_and_leaves_no_child(tiny_model: Path, tmp_path: Path) -
     try:
         wait_for(lambda: status(out).get("state") == "running", 180, "state running")
         children = children_of(launcher.pid)
-        assert {"serve", "trainer", "actor"} <= {word for p in children for word in p.cmdline()}
-        # Placement applied for real: the CPU run's server and trainer see no GPU.
-        placed = [p for p in children if {"serve", "trainer"} & set(p.cmdline())]
-        assert len(placed) == 2 and all(p.environ().get("CUDA_VISIBLE_DEVICES") == "" for p in placed)
+        assert {"serve", "trainer", "actor"} <= {word for p in children for word in command_words(p)}
+        # The CPU run's server and trainer are forked from the run's fork server, which hides the
+        # GPUs from itself (what a forked role sees is the environment it is given: test_role_forks;
+        # the CPU roles are given CUDA_VISIBLE_DEVICES="": test_placement). /proc/PID/environ of a
+        # forked process is its fork server's start-up environment, so it is not read here.
+        placed = [p for p in children if {"serve", "trainer"} & set(command_words(p))]
+        fork_servers = {p.ppid() for p in placed}
+        assert len(placed) == 2 and len(fork_servers) == 1
+        assert "multiprocessing.forkserver" in " ".join(psutil.Process(fork_servers.pop()).cmdline())
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(60) == 130
     finally:

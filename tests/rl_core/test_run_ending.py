@@ -13,7 +13,7 @@ import pytest
 
 from rl_core.rundir.layout import read_status
 from tests.metrics_file import read_metrics
-from tests.rl_core.test_launcher import assert_all_gone, children_of, start_run, status, trained_steps, wait_for, write_config
+from tests.rl_core.test_launcher import assert_all_gone, children_of, command_words, start_run, status, trained_steps, wait_for, write_config
 
 
 @pytest.mark.slow
@@ -48,7 +48,7 @@ def test_a_stopped_role_is_reported_then_fails_the_run_naming_it(tiny_model: Pat
     try:
         wait_for(lambda: trained_steps(out) >= 1, 240, "a first training step")
         command_word = "serve" if role.startswith("server") else "trainer"
-        stopped = next(p for p in children_of(launcher.pid) if command_word in p.cmdline() and "rl_core" in " ".join(p.cmdline()))
+        stopped = next(p for p in children_of(launcher.pid) if command_word in command_words(p) and "rl_core" in command_words(p))
         others = [p for p in children_of(launcher.pid) if p.pid != stopped.pid]
         stopped_at = time.monotonic()
         stopped.send_signal(signal.SIGSTOP)  # alive, its port open, answering nothing

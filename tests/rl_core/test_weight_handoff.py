@@ -38,7 +38,7 @@ from rl_core.weights.segments import remove_run_segments, run_segment_tag, run_s
 from rl_core.models.model_io import synchronize_device
 from rl_core.weights.sync import ParamSpec, WeightSyncError
 from engine_kinds import start_server  # tests/rl_core is on sys.path (rootdir-relative test modules)
-from test_launcher import children_of, start_run, status, trained_steps, wait_for, write_config
+from test_launcher import children_of, command_words, start_run, status, trained_steps, wait_for, write_config
 from tests.metrics_file import read_metrics
 
 
@@ -319,7 +319,7 @@ def test_a_run_with_a_killed_side_ends_failed_with_no_segment_left(untrained_tin
     launcher = start_run(config, out)
     try:
         wait_for(lambda: trained_steps(out) >= 2, 240, "two training steps")
-        target = next(p for p in children_of(launcher.pid) if victim in p.cmdline())
+        target = next(p for p in children_of(launcher.pid) if victim in command_words(p))
         target.send_signal(signal.SIGKILL)
         assert launcher.wait(90) == 1
     finally:
