@@ -125,6 +125,10 @@ class RoleForker(Protocol):
         """Raises OSError when it cannot (the role is then started fresh)."""
         ...
 
+    def close(self) -> None:
+        """Once every role it started has ended."""
+        ...
+
 
 class LocalHost:
     """Every role a child process of the launcher, on this node: nothing to reserve, nothing to
@@ -191,4 +195,5 @@ class LocalHost:
         return None
 
     def close(self) -> None:
-        pass
+        if self.forks is not None:
+            self.forks.close()

@@ -500,8 +500,13 @@ def main(argv: list[str]) -> int:
     config = load_config_or_exit(args.config, args.overrides)
     run_dir = Path(args.out).resolve()
     host: RoleHost | None = None
+    forks: RoleForks | None = None
     try:
         model_path = resolve_model_path(config)
+        if fork_roles_enabled() and not config.cluster.enabled:
+            # The roles' imports start now, while the run is checked and its directory prepared.
+            forks = RoleForks(model_path)
+            forks.warm()
         validate_inputs(config)
         if config.cluster.enabled:
             placement, slots = place_cluster_run(config)
@@ -510,16 +515,14 @@ def main(argv: list[str]) -> int:
             host = RayHost(config, slots, run_dir)
         else:
             placement = place_run(config, detect_gpus())
-            if fork_roles_enabled():
-                # Starts importing torch for the roles now, while the run directory is prepared.
-                forks = RoleForks(model_path)
-                forks.warm()
-                host = LocalHost(forks)
+            host = LocalHost(forks)
         # Children read config.yaml; they get the model as an absolute path.
         config.model.path = str(model_path)
         prepare_run_dir(run_dir, config, args.resume)
         record_launch(run_dir, resume=args.resume)  # rl_core/launch/provenance.py: code, packages, host, command
     except LaunchError as exc:
+        if forks is not None:
+            forks.close()
         print(f"cannot start the run: {exc}", file=sys.stderr)
         return 2
     return Launcher(config, run_dir, model_path, args.resume, console=not args.quiet, placement=placement, host=host).run()

@@ -49,6 +49,7 @@ WARM_MODULES = (
     "rl_core.inference.server",
     "rl_core.trainer.loop",
     "rl_core.actor.main",
+    "rl_core.launch.role_forks",  # run_role, what each fork runs first
 )
 NO_GPU_ROLES = frozenset({"actor"})  # roles that never touch a GPU whatever the placement
 
@@ -118,6 +119,11 @@ class RoleForks:
     def warm(self) -> None:
         self.context.set_forkserver_preload(self.preload)
         forkserver.ensure_running()
+
+    def close(self) -> None:
+        """Stop the fork server and wait for it (once the roles have ended): its CPU and its roles'
+        are then counted to the launcher, as a fresh role's are (getrusage's children)."""
+        forkserver._forkserver._stop()  # type: ignore[attr-defined]  # the standard library's own stop (its tests use it)
 
     def can_fork(self, name: str, command: list[str], env: dict[str, str]) -> bool:
         """`command` is this interpreter's `-m` of one of `modules`, and the role can see no GPU."""

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rl_core.cluster.role_hosts import LocalHost
@@ -63,6 +64,15 @@ def test_a_forked_role_ends_as_popen_reports_it(tmp_path: Path) -> None:
     lock_log = tmp_path / "lock.log"
     assert forks.start("actor", [*PROBE, "lock"], dict(os.environ), lock_log).wait(60) == 0
     assert lock_log.read_text().strip() == "None"
+
+
+def test_closing_the_host_stops_and_reaps_its_fork_server(tmp_path: Path) -> None:
+    host = LocalHost(probe_forks())
+    assert host.start("actor", [*PROBE, "report", "0"], {}, tmp_path / "r.log").wait(60) == 0
+    fork_servers = [p for p in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    assert len(fork_servers) == 1
+    host.close()
+    assert not fork_servers[0].is_running()  # reaped here: its CPU and its roles' count to this process
 
 
 def test_forked_roles_die_with_a_killed_launcher(tmp_path: Path) -> None:
