@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import io
 import os
 import runpy
 import signal
@@ -37,6 +36,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from rl_core.common.processes import output_to_log
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -130,24 +131,18 @@ def run_forked(script: Path, log_path: Path) -> int:
     code = 1
     try:
         os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True,
-                                      errors="backslashreplace")
-        os.environ["PYTHONUNBUFFERED"] = "1"
+        output_to_log(log_path, append=False)
         os.chdir(REPO_ROOT)
         sys.argv = [str(script), "--smoke"]
         sys.path[0] = str(BENCH_DIR)  # as for `python bench/NAME.py`
         runpy.run_path(str(script), run_name="__main__")
         code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, (int, type(None))):
+    except SystemExit as exc:  # as Python ends on it: an int is the status, None 0, anything else printed and 1
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
             print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:  # noqa: BLE001 - printed as Python prints an uncaught exception
         traceback.print_exc()
     finally:

@@ -15,6 +15,8 @@
   shared-memory segments Python's multiprocessing made in those groups (vLLM's message queues:
   ~420 MB of /dev/shm per server) are removed once nothing maps them: a SIGKILL also kills the
   resource tracker that would have removed them, and /dev/shm is RAM.
+- `output_to_log`: a forked child's stdin, stdout and stderr pointed where a fresh child's would be
+  (a run's forked roles, the bench smoke's forked benches).
 - `freeze_startup_objects` and `run_event_loop`: what a run's long-lived processes (server,
   trainer, actor) do once they are loaded, so that the interpreter costs less per step.
 
@@ -31,11 +33,13 @@ import argparse
 import asyncio
 import ctypes
 import gc
+import io
 import os
 import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any, Coroutine, Iterable, Protocol, TypeVar
 
 _PR_SET_PDEATHSIG = 1
@@ -183,6 +187,26 @@ def run_event_loop(main: Coroutine[Any, Any, _Result]) -> _Result:
     except ImportError:  # e.g. Windows, where uvloop does not exist
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def output_to_log(log_file: str | Path, append: bool = True) -> None:
+    """In a forked child: stdin from /dev/null, stdout and stderr (file descriptors 1 and 2, and
+    Python's objects on them) appended to `log_file` — or written from its start with
+    `append=False` — unbuffered, as a fresh `PYTHONUNBUFFERED=1` child started with its output
+    redirected there would write them."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True,
+                                  errors="backslashreplace")
+    os.environ["PYTHONUNBUFFERED"] = "1"
 
 
 def set_parent_death_signal(parent_pid: int) -> None:

@@ -21,7 +21,6 @@ not of the experiment: a role behaves the same either way, so the run config doe
 from __future__ import annotations
 
 import atexit
-import io
 import json
 import multiprocessing
 import os
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import setproctitle
 
-from rl_core.common.processes import set_parent_death_signal
+from rl_core.common.processes import output_to_log, set_parent_death_signal
 
 FORK_ROLES_ENV = "INFLIGHT_FORK_ROLES"
 # What every forked role would import itself: torch, transformers' model and tokenizer loading,
@@ -158,16 +157,7 @@ def run_role(module: str, argv: list[str], env: dict[str, str], log_file: str) -
         forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]
     set_parent_death_signal(os.getppid())  # the fork server, which exits with the launcher
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the launcher decides
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    # PYTHONUNBUFFERED, as the launcher gives a fresh role: the log shows each line as it is written.
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True, line_buffering=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, line_buffering=True,
-                                  errors="backslashreplace")
+    output_to_log(log_file)  # unbuffered, as the launcher gives a fresh role PYTHONUNBUFFERED=1
     # Before the environment is replaced: setproctitle finds the room it may write in from it.
     # `ps` and /proc/PID/cmdline show the role's own command, as for a fresh one, not the fork server's.
     setproctitle.setproctitle(" ".join([sys.executable, "-m", module, *argv]))

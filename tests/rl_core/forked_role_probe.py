@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
@@ -18,7 +19,7 @@ def main(argv: list[str]) -> int:
             "argv0": sys.argv[0], "argv": sys.argv[1:], "name": __name__,
             "probe_env": os.environ.get("PROBE_ENV"), "launcher_only": os.environ.get("LAUNCHER_ONLY"),
             "start_method": multiprocessing.get_start_method(),
-            "cmdline": open("/proc/self/cmdline").read().replace("\0", " ").strip(), "sigint_ignored": __import__("signal").getsignal(2) == __import__("signal").SIG_IGN,
+            "cmdline": Path("/proc/self/cmdline").read_text().replace("\0", " ").strip(), "sigint_ignored": __import__("signal").getsignal(2) == __import__("signal").SIG_IGN,
         }))
         print("to stderr", file=sys.stderr)
         return int(arg)
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
         return 0
     if action == "lock":
         lock = multiprocessing.RLock()
-        print(getattr(lock, "_semlock").name)  # None: unlinked at once, as under the fork start method
+        print(lock._semlock.name)  # None: unlinked at once, as under the fork start method
         return 0
     return 2
 
