@@ -5,8 +5,8 @@ figure from it.
 A bench is every `bench/*.py` except the helper modules below: a new bench is in the smoke the
 moment it is added. Each must exit 0 and print at least one `RESULT <name> <value>` line. Its
 output goes to var/logs/bench-smoke/NAME.log; its RESULT lines and time are printed here; a failed
-bench prints its output's tail. Two benches run at a time (the machine has two cores; most of a
-smoke is process start-up and waiting on services, so two overlap well), the slowest first.
+bench prints its output's tail. Two benches run at a time (the machine has two cores and the
+smoke is CPU-bound: three at a time is no faster, bench/RESULTS.md), the slowest first.
 Ends with `bench-smoke: N passed, M failed` and exits 1 when any failed, naming them.
 
 Each bench is forked from this process, which imported torch, transformers and the engine once

@@ -110,8 +110,8 @@ class RoleForks:
     def __init__(self, model_path: str | Path | None = None, python: str = sys.executable,
                  preload: list[str] | None = None, modules: tuple[str, ...] = ("rl_core",)) -> None:
         self.python = python
-        self.preload = list(WARM_MODULES) if preload is None else preload
-        self.preload += model_modules(model_path) if model_path is not None else []
+        self.preload = [*(WARM_MODULES if preload is None else preload),
+                        *(model_modules(model_path) if model_path is not None else [])]
         self.modules = modules  # the packages whose `python -m` commands are forked
         self.context = multiprocessing.get_context("forkserver")
 
