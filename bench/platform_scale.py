@@ -159,6 +159,13 @@ def service_cpu_s() -> dict[str, float]:
     return totals
 
 
+def own_cpu_s() -> float:
+    """CPU seconds of this process: during a live phase, mostly its `ReplayWriter` thread (the
+    simulated engines' writes, which share the cores with what the bench measures)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def web_env(port: int) -> dict[str, str]:
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "inflight.settings", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
             "CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{port}"}
@@ -269,7 +276,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
                 raise SystemExit(f"clients did not start:\n{processes.log_tail(f'clients-{label}')}")
             time.sleep(0.2)
         time.sleep(1.0 if args.smoke else 3.0)  # the last pages fetch their snapshots (--smoke: 5 pages, each in ms)
-        cpu_before = {**{name: processes.cpu_of(name) for name in processes.children}, **service_cpu_s()}
+        cpu_before = {**{name: processes.cpu_of(name) for name in processes.children}, **service_cpu_s(), "writers": own_cpu_s()}
         writer = ReplayWriter(shape, [Path(run["run_dir"]) for run in runs], stagger_s=args.stagger_s, with_rollouts=not args.no_rollouts)
         started = time.monotonic()
         writer.start()
@@ -296,7 +303,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         time.sleep(args.settle_s)  # the last pushes reach the pages (pacing, reconnects)
         stop_clients.write_text("stop")
         processes.children[f"clients-{label}"].wait(300)
-        cpu_after = {**{name: processes.cpu_s.get(name, processes.cpu_of(name)) for name in processes.children}, **service_cpu_s()}
+        cpu_after = {**{name: processes.cpu_s.get(name, processes.cpu_of(name)) for name in processes.children}, **service_cpu_s(), "writers": own_cpu_s()}
         final_progress = [json.loads(p.read_text()) for p in progress_files if p.exists()]
         ingest_delays = [ms for progress in final_progress for ms in progress.get("ingest_delays_ms", [])]
         ingest_written_at = [t for progress in final_progress for t in progress.get("ingest_written_at", [])]
@@ -347,6 +354,9 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "errors": [e for r in records for e in r["errors"]][:5],
         "backlog": backlog, "cpu": {name: cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after},
         "lines_written": writer.written_lines(),
+        # Every line ingest delivered, by kind: what its capacity is measured in.
+        "lines_delivered": {"metrics": writer.written_lines(), "evals": len(shape.evals) * len(runs),
+                            "rollouts": len(shape.rollout_lines) * len(runs) if not args.no_rollouts else 0},
         "latency_timeline": latency_timeline, "ingest_timeline": ingest_timeline,
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
@@ -391,6 +401,16 @@ def report_live(result: dict[str, Any]) -> None:
     print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
     wall = max(result["wall_s"], 1e-9)
     print(f"[{label}] CPU (cores busy on average): " + ", ".join(f"{name} {cpu / wall:.2f}" for name, cpu in sorted(result["cpu"].items())))
+    delivered = result["lines_delivered"]
+    print(f"[{label}] ingest capacity: {ingest_lines_per_cpu_s(result):.0f} lines per CPU-second of the ingest processes and PostgreSQL "
+          f"({', '.join(f'{count} {kind}' for kind, count in delivered.items())} lines delivered)")
+
+
+def ingest_lines_per_cpu_s(result: dict[str, Any]) -> float:
+    """Lines delivered (metrics, evaluations, rollout stream) per CPU-second ingest cost: its
+    processes' and PostgreSQL's (whose CPU also serves the web node's reads: a lower bound)."""
+    cpu = sum(seconds for name, seconds in result["cpu"].items() if name.startswith("ingest-") or name == "postgres")
+    return sum(result["lines_delivered"].values()) / max(cpu, 1e-9)
 
 
 def main() -> int:
@@ -547,6 +567,7 @@ def _run_bench(args: argparse.Namespace, recording_future: Future | None, shared
             print(f"RESULT two_web_nodes_complete {both_complete}")
             print(f"RESULT two_nodes_push_p95_ms {two['p95']:.1f}")
         print(f"RESULT ingest_backlog_max_lines {max(b for _, b in one['backlog'])}")
+        print(f"RESULT ingest_lines_per_cpu_s {ingest_lines_per_cpu_s(one):.0f}")
         print(f"RESULT web_node_cpu_cores_one_node {sum(c for n, c in one['cpu'].items() if n.startswith('web-')) / one['wall_s']:.2f}")
     if "finished" in results:
         for key, value in results["finished"].items():

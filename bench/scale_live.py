@@ -209,8 +209,8 @@ def run_ingest(spec: dict[str, Any]) -> None:
         def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
             timed("evaluation", super().evaluation, line_no, record, problem_rows)
 
-        def rollouts(self, records: Any) -> None:
-            timed("rollouts", super().rollouts, records)
+        def rollouts(self, records: Any, lines_read: int) -> None:
+            timed("rollouts", super().rollouts, records, lines_read)
 
         def cancel_requested(self) -> bool:
             return timed("cancel_flag", super().cancel_requested)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import ValidationError
@@ -52,7 +52,8 @@ class RedisStreamTail:
         except OSError:
             return None
 
-    def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], str, int]:
+    def peek(self, max_lines: int = 5000, wanted: Callable[[int], bool] | None = None) -> tuple[list[tuple[int, dict[str, Any]]], str, int]:
+        """As `JsonlTail.peek`, `wanted` included: an entry it declines is passed over unparsed."""
         import redis
 
         try:
@@ -69,11 +70,12 @@ class RedisStreamTail:
         records: list[tuple[int, dict[str, Any]]] = []
         offset, line_no = self.offset, self.line_no
         for entry_id, fields in entries:
-            record = parse_record(fields.get(b"json") or fields.get("json") or b"")
-            if record is not None:
-                records.append((line_no, record))
-            else:
-                self.bad_lines += 1
+            if wanted is None or wanted(line_no):
+                record = parse_record(fields.get(b"json") or fields.get("json") or b"")
+                if record is not None:
+                    records.append((line_no, record))
+                else:
+                    self.bad_lines += 1
             line_no += 1
             offset = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return records, offset, line_no

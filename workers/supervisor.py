@@ -65,8 +65,14 @@ class Reporter(Protocol):
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
         """One evals.jsonl line with its per-problem rows."""
 
-    def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        """Rollout stream lines with their 0-based line numbers (the rollout viewer)."""
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> None:
+        """Rollout stream lines with their 0-based line numbers (the rollout viewer), and how many
+        lines of the stream were read so far (those passed over by `rollout_lines_wanted`
+        included: `records` may be empty)."""
+
+    def rollout_lines_wanted(self) -> Callable[[int], bool] | None:
+        """Which stream lines `rollouts` needs (by line number); the others are passed over
+        unparsed. None: all of them."""
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         """train_logprobs.jsonl lines whose stream lines were delivered (importance ratios)."""
@@ -103,8 +109,11 @@ class NullReporter:
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
         pass
 
-    def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> None:
         pass
+
+    def rollout_lines_wanted(self) -> Callable[[int], bool] | None:
+        return None
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         pass
@@ -326,9 +335,9 @@ class RunSupervisor:
                 return
 
     def _deliver_rollouts(self) -> None:
-        records, offset, line_no = self.rollouts_tail.peek(max_lines=2000)
-        if records:
-            self.reporter.rollouts(records)
+        records, offset, line_no = self.rollouts_tail.peek(max_lines=2000, wanted=self.reporter.rollout_lines_wanted())
+        if line_no > self.rollouts_tail.line_no:
+            self.reporter.rollouts(records, line_no)
         self.rollouts_tail.commit(offset, line_no)
 
     def _deliver_discarded(self) -> None:

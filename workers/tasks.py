@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from celery import shared_task
@@ -110,14 +110,18 @@ class PlatformReporter:
         except Exception:  # noqa: BLE001
             logger.exception("run %s: alert evaluation failed", self.run_id)
 
-    def rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        self._ingest_rollouts(records, discarded=False)
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> None:
+        self._ingest_rollouts(records, discarded=False, lines_read=lines_read)
+
+    def rollout_lines_wanted(self) -> Callable[[int], bool] | None:
+        # Known once the store was read (the first batch): until then every line is parsed.
+        return None if self._rollout_state is None else self._rollout_state.lines_wanted()
 
     def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
         # The same store, grid and state as the stream's samples: one bound on what a run keeps.
         self._ingest_rollouts(records, discarded=True)
 
-    def _ingest_rollouts(self, records: list[tuple[int, dict[str, Any]]], discarded: bool) -> None:
+    def _ingest_rollouts(self, records: list[tuple[int, dict[str, Any]]], discarded: bool, lines_read: int | None = None) -> None:
         from inflight.rollouts.services import RolloutIngestState, ingest_rollouts
         from inflight.rollouts.tokens import decoder_for_model
 
@@ -125,7 +129,7 @@ class PlatformReporter:
         model_path = str((config.get("model") or {}).get("path") or "")
         if self._rollout_state is None:
             self._rollout_state = RolloutIngestState.from_config(config)
-        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path), self._rollout_state, discarded)
+        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path), self._rollout_state, discarded, lines_read)
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         from inflight.rollouts.services import attach_train_logprobs

@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,11 @@ class JsonlTail:
     # is neither counted nor logged again.
     _checked_to: int = field(default=0, repr=False)
 
-    def peek(self, max_lines: int = 5000) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
-        """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances."""
+    def peek(self, max_lines: int = 5000, wanted: Callable[[int], bool] | None = None) -> tuple[list[tuple[int, dict[str, Any]]], int, int]:
+        """(records, new_offset, new_line_no) of complete lines after `offset`; commit() advances.
+        `wanted(line_no)` False: the line is passed over unread (not parsed, not returned, never
+        counted bad): the rollout viewer keeps one trainer step in N, and parsing the other lines
+        was a tenth of an ingest process's time at 200 live runs (bench/platform_scale.py, py-spy)."""
         try:
             with open(self.path, "rb") as handle:
                 handle.seek(self.offset)
@@ -58,14 +61,17 @@ class JsonlTail:
             end = chunk.find(b"\n", start)
             if end < 0:
                 break  # a torn last line: wait until the writer finishes it
-            record = parse_record(chunk[start:end])
+            if wanted is not None and not wanted(line_no):
+                record = None
+            else:
+                record = parse_record(chunk[start:end])
+                if record is None and self.strict:
+                    raise ValueError(f"{self.path} line {line_no} (byte {self.offset + start}): not a JSON object")
+                if record is None and line_no >= self._checked_to:
+                    self.bad_lines += 1
+                    logger.warning("%s line %d is not a JSON object; skipped", self.path.name, line_no)
             if record is not None:
                 records.append((line_no, record))
-            elif self.strict:
-                raise ValueError(f"{self.path} line {line_no} (byte {self.offset + start}): not a JSON object")
-            elif line_no >= self._checked_to:
-                self.bad_lines += 1
-                logger.warning("%s line %d is not a JSON object; skipped", self.path.name, line_no)
             line_no += 1
             start = end + 1
             offset = self.offset + start

@@ -122,6 +122,33 @@ def test_a_poll_costs_the_database_only_what_its_lines_need(owner: Any, tmp_path
     assert sent == []
 
 
+def test_stream_lines_off_the_grid_are_passed_over_unparsed(owner: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the store's stride is known, the worker reads only the lines it can keep: at 200 live
+    runs parsing the other four in five was a tenth of an ingest process's time."""
+    from rl_core.common import jsonl_tail
+    from rl_core.rundir.layout import ROLLOUTS_FILE
+    from workers.supervisor import RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner)  # 4 samples per step, every 5th step kept
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    stream = tmp_path / ROLLOUTS_FILE
+    append(stream, [rollout(line) for line in range(4)])  # step 1: read, and the store with it
+    assert supervisor.deliver() is True
+    parsed: list[bytes] = []
+    parse = jsonl_tail.parse_record
+    monkeypatch.setattr(jsonl_tail, "parse_record", lambda raw: parsed.append(raw) or parse(raw))
+    append(stream, [rollout(line) for line in range(4, 24)])  # steps 2-6: only step 5 is kept
+    assert supervisor.deliver() is True
+    assert len(parsed) == 4  # lines 16-19
+    assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == [16, 17, 18, 19]
+    assert supervisor.rollouts_tail.line_no == 24 and supervisor.rollouts_tail.bad_lines == 0
+    # Lines passed over still count as seen by the store (the next kept batch writes the count).
+    append(stream, [rollout(line) for line in range(24, 40)])  # steps 7-10: step 10 kept
+    assert supervisor.deliver() is True
+    assert RolloutStore.objects.get(run=run).lines_seen == 40
+
+
 def test_the_kept_alert_state_fires_once_per_episode_and_survives_a_restart(owner: Any) -> None:
     def line(n: int, **values: float) -> tuple[int, dict[str, Any]]:
         return n, {"t": 1.0 + n, "step": n, "train/loss": 1.0, **values}

@@ -205,11 +205,11 @@ def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner
     class FlakyReporter(PlatformReporter):
         fail = True
 
-        def rollouts(self, records):
+        def rollouts(self, records, lines_read):
             if self.fail:
                 self.fail = False
                 raise ConnectionError("database away")
-            return super().rollouts(records)
+            return super().rollouts(records, lines_read)
 
     supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=FlakyReporter(run.pk), cwd=tmp_path)
     assert supervisor.deliver() is False  # refused: nothing committed, the tail did not move

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from django.db import connection, transaction
 
@@ -188,6 +188,15 @@ class RolloutIngestState:
     def from_config(cls, run_config: dict[str, Any]) -> RolloutIngestState:
         return cls(*store_settings(run_config))
 
+    def lines_wanted(self) -> Callable[[int], bool] | None:
+        """Whether a stream line can be stored, by its number alone: on the stride's grid. None
+        while the stride is unknown (every line may be). The stride only grows, so a line off
+        it now is off it for good: the worker need not even parse it."""
+        stride, samples_per_step = self.stride, self.samples_per_step
+        if stride is None:
+            return None
+        return lambda line: step_of_line(line, samples_per_step) % stride == 0
+
     @classmethod
     def for_run(cls, run_id: int) -> RolloutIngestState:
         config = Run.objects.filter(pk=run_id).values_list("config", flat=True).first()
@@ -206,13 +215,15 @@ RETURNING stride, stored, seq, lines_seen
 
 
 def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], decoder: TokenDecoder,
-                    state: RolloutIngestState | None = None, discarded: bool = False) -> int:
+                    state: RolloutIngestState | None = None, discarded: bool = False, lines_read: int | None = None) -> int:
     """Store the kept samples among `records` ((stream line, RolloutSample json) pairs); returns
     how many rows were added. A malformed line is skipped (ValueError/KeyError/TypeError) —
     retrying could not fix it. `state`: the run's `RolloutIngestState` kept by its supervisor
     (read from the run when not given). `discarded`: the records are lines of
-    stream/discarded.jsonl (with their line there), kept on the same step grid as the stream's."""
-    if not records:
+    stream/discarded.jsonl (with their line there), kept on the same step grid as the stream's.
+    `lines_read`: stream lines read so far, those the worker passed over unparsed
+    (`RolloutIngestState.lines_wanted`) included; `records` may then be empty."""
+    if not records and not lines_read:
         return 0
     state = state if state is not None else RolloutIngestState.for_run(run_id)
     placed: list[tuple[int, int | None, dict[str, Any]]] = []  # (stream line, discard line, record)
@@ -223,7 +234,7 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
             continue
     lines = [line for line, _, _ in placed]
     # Stream lines seen count the stream only: a discarded sample is not one of its lines.
-    seen = state.lines_seen if discarded else max(state.lines_seen, max(line for line, _ in records) + 1)
+    seen = state.lines_seen if discarded else max(state.lines_seen, lines_read or 0, max((line for line, _ in records), default=-1) + 1)
     if state.stride is not None and not any(step_of_line(line, state.samples_per_step) % state.stride == 0 for line in lines):
         if time.monotonic() - state.written_at >= state.LINES_SEEN_EVERY_S:
             RolloutStore.objects.filter(run_id=run_id, lines_seen__lt=seen).update(lines_seen=seen)
