@@ -315,6 +315,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
                 sent_by_type.setdefault(kind, [0, 0])
                 sent_by_type[kind][0] += count
                 sent_by_type[kind][1] += size
+        runs_per_write = [n for progress in final_progress for n in progress.get("runs_per_write", [])]
         call_ms: dict[str, list[float]] = {}
         for progress in final_progress:
             for kind, values in progress.get("call_ms", {}).items():
@@ -361,7 +362,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
-        "sent_by_type": sent_by_type,
+        "sent_by_type": sent_by_type, "runs_per_write": runs_per_write,
         "published_p50": percentile(published, 50), "published_p95": percentile(published, 95),
         "ingest_p50": percentile(ingest_delays, 50), "ingest_p95": percentile(ingest_delays, 95), "unsent_max": unsent_max,
     }
@@ -391,6 +392,10 @@ def report_live(result: dict[str, Any]) -> None:
           f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
     print(f"[{label}] ingest threads' reporter calls (count, total s, p99 ms, max ms): "
           + ", ".join(f"{kind} {n}/{total:.1f}s/{p99:.0f}/{worst:.0f}" for kind, (n, total, p99, worst) in result["ingest_calls"].items()))
+    writes = result["runs_per_write"]
+    if writes:
+        print(f"[{label}] metrics writer statements: {len(writes)}, runs per statement mean {sum(writes) / len(writes):.1f}, "
+              f"p50 {percentile(writes, 50):.0f}, max {max(writes)}")
     print(f"[{label}] pushes sent to run groups (count, forwarded KB): "
           + ", ".join(f"{kind} {count}/{size / 1024:.0f}" for kind, (count, size) in sorted(result["sent_by_type"].items())))
     if result["panel_requests"] or result["panel_errors"]:

@@ -200,23 +200,50 @@ def run_ingest(spec: dict[str, Any]) -> None:
             call_ms.setdefault(kind, []).append((time.perf_counter() - started) * 1000.0)
 
     class TimedReporter(PlatformReporter):
-        def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-            timed("metrics", super().metrics, records)
-            now = time.time()
-            ingest_delays_ms.extend((now - float(record.get("t", now))) * 1000.0 for _, record in records)
-            ingest_written_at.extend(float(record.get("t", now)) for _, record in records)
+        def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> Any:
+            # Handed to the process's metrics writer (timed: the hand-over), settled on a later poll
+            # (timed: the alert rules after it); a line's ingest delay ends when its statement did.
+            delivery = timed("metrics", super().metrics, records)
+            settle = delivery.settle
+
+            def timed_settle() -> None:
+                timed("metrics_settle", settle)
+                stored_at = delivery.pending.stored_at or time.time()
+                ingest_delays_ms.extend((stored_at - float(record.get("t", stored_at))) * 1000.0 for _, record in records)
+                ingest_written_at.extend(float(record.get("t", stored_at)) for _, record in records)
+
+            delivery.settle = timed_settle
+            return delivery
 
         def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
             timed("evaluation", super().evaluation, line_no, record, problem_rows)
 
-        def rollouts(self, records: Any, lines_read: int) -> None:
-            timed("rollouts", super().rollouts, records, lines_read)
+        def rollouts(self, records: Any, lines_read: int) -> Any:
+            # Handed to the process's rollout writer (timed: the hand-over); `rollouts_written`: from
+            # the hand-over until the writer stored it (its queue included).
+            handed_at = time.perf_counter()
+            delivery = timed("rollouts", super().rollouts, records, lines_read)
+            delivery.future.add_done_callback(
+                lambda _: call_ms.setdefault("rollouts_written", []).append((time.perf_counter() - handed_at) * 1000.0))
+            return delivery
 
         def cancel_requested(self) -> bool:
             return timed("cancel_flag", super().cancel_requested)
 
         def tick(self) -> None:
             timed("alert_tick", super().tick)
+
+    # And how many runs each statement of the process's metrics writer carried.
+    from inflight.live import ingest as live_ingest
+
+    runs_per_write: list[int] = []
+    write_guarded = live_ingest._write_guarded
+
+    def counted_write(batches: list[Any]) -> None:
+        runs_per_write.append(len(batches))
+        write_guarded(batches)
+
+    live_ingest._write_guarded = counted_write
 
     # And when each metrics push was in Redis (the channel layer's publish returned): from the line's `t`.
     published_ms: list[float] = []
@@ -297,7 +324,8 @@ def run_ingest(spec: dict[str, Any]) -> None:
         time.sleep(1.0)
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
                                             "ingest_delays_ms": ingest_delays_ms, "ingest_written_at": ingest_written_at, "unsent_max": unsent_max,
-                                            "call_ms": call_ms, "published_ms": published_ms, "sent_by_type": sent_by_type}))
+                                            "call_ms": call_ms, "published_ms": published_ms, "sent_by_type": sent_by_type,
+                                            "runs_per_write": runs_per_write}))
     from inflight.live.broadcast import flush_broadcasts
 
     flush_broadcasts(300)  # a worker lives on and sends them all; this process must not end first

@@ -53,22 +53,35 @@ logger = logging.getLogger(__name__)
 SUPERVISOR_LOG = f"{LOGS_DIR}/supervisor_child.log"
 
 
+class Delivery(Protocol):
+    """Lines a reporter took but may still be writing (metrics, rollouts): the supervisor asks
+    `ready()` on later polls and moves its tail past the lines only once `settle()` returned
+    (it raises when they were not stored: they are read and sent again)."""
+
+    def ready(self) -> bool:
+        """Whether the write is over (stored or failed)."""
+
+    def settle(self) -> None:
+        """What follows a stored write (alert rules, the stall clock); raises if it failed."""
+
+
 class Reporter(Protocol):
     """Where supervision results go: the whole interface a supervisor calls (`PlatformReporter`
     in workers/tasks.py stores them; `NullReporter` drops them). Any method may raise (e.g. the
     database is away): the supervisor keeps what it could not deliver and tries again on the
     next poll."""
 
-    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        """Records of metrics.jsonl with their 0-based line numbers (the idempotency key)."""
+    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> Delivery | None:
+        """Records of metrics.jsonl with their 0-based line numbers (the idempotency key). None:
+        stored already; a `Delivery`: being written (the supervisor's other work goes on)."""
 
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
         """One evals.jsonl line with its per-problem rows."""
 
-    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> None:
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> Delivery | None:
         """Rollout stream lines with their 0-based line numbers (the rollout viewer), and how many
         lines of the stream were read so far (those passed over by `rollout_lines_wanted`
-        included: `records` may be empty)."""
+        included: `records` may be empty). None: stored; a `Delivery`: being written."""
 
     def rollout_lines_wanted(self) -> Callable[[int], bool] | None:
         """Which stream lines `rollouts` needs (by line number); the others are passed over
@@ -77,8 +90,9 @@ class Reporter(Protocol):
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         """train_logprobs.jsonl lines whose stream lines were delivered (importance ratios)."""
 
-    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        """stream/discarded.jsonl lines (samples the actor did not train, with why) and their 0-based line numbers."""
+    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> Delivery | None:
+        """stream/discarded.jsonl lines (samples the actor did not train, with why) and their
+        0-based line numbers. None: stored; a `Delivery`: being written."""
 
     def running(self, pid: int) -> None:
         """The child reported `running` in status.json."""
@@ -103,14 +117,14 @@ class NullReporter:
     """A `Reporter` that keeps nothing and never cancels: a supervisor with no platform behind
     it (tests, benches); subclasses override what they record."""
 
-    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        pass
+    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> Delivery | None:
+        return None
 
     def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
         pass
 
-    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> None:
-        pass
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> Delivery | None:
+        return None
 
     def rollout_lines_wanted(self) -> Callable[[int], bool] | None:
         return None
@@ -118,8 +132,8 @@ class NullReporter:
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         pass
 
-    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        pass
+    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> Delivery | None:
+        return None
 
     def running(self, pid: int) -> None:
         pass
@@ -220,6 +234,9 @@ class RunSupervisor:
     checkpoints_mtime_ns: int | None = field(default=None, init=False)
     checkpoints_looked: bool = field(default=False, init=False)
     failing_since: dict[str, float] = field(default_factory=dict, init=False)
+    # Lines the reporter is still writing, by tail ("metrics", "rollouts"), and where that tail goes
+    # once they are stored.
+    in_flight: dict[str, tuple[Delivery, Any, int]] = field(default_factory=dict, init=False)
 
     def _failed(self, what: str, detail: str) -> None:
         """One warning when `what` starts failing (the database is away), not one per poll."""
@@ -309,14 +326,39 @@ class RunSupervisor:
         train_logprobs = self.deliver_train_logprobs()
         discarded = self._attempt("discarded rollout delivery", lambda: f"will retry from line {self.discarded_tail.line_no}",
                                   self._deliver_discarded)
-        return metrics and evals and rollouts and train_logprobs and discarded
+        return metrics and evals and rollouts and train_logprobs and discarded and not self.in_flight
+
+    def _settled(self, kind: str, tail: Any) -> bool:
+        """Whether `kind`'s tail is free to read on: no write of its lines under way. A finished
+        write is settled here (raising if it failed: the same lines are read and sent again on the
+        next poll) and the tail moved past its lines."""
+        entry = self.in_flight.get(kind)
+        if entry is None:
+            return True
+        delivery, offset, line_no = entry
+        if not delivery.ready():
+            return False
+        del self.in_flight[kind]
+        delivery.settle()
+        tail.commit(offset, line_no)
+        return True
+
+    def _handed_over(self, kind: str, tail: Any, delivery: Delivery | None, offset: Any, line_no: int) -> None:
+        """Move `tail` past lines the reporter took: now if it stored them (None, or a ready
+        delivery), else once its write is settled on a later poll (the other deliveries go on)."""
+        if delivery is not None and not delivery.ready():
+            self.in_flight[kind] = (delivery, offset, line_no)
+            return
+        if delivery is not None:
+            delivery.settle()
+        tail.commit(offset, line_no)
 
     def _deliver_metrics(self) -> None:
+        if not self._settled("metrics", self.metrics_tail):
+            return
         records, offset, line_no = self.metrics_tail.peek()
         records = [(n, r) for n, r in records if not is_superseded(self.resumes, METRICS_FILE, n, _step_of(r))]
-        if records:
-            self.reporter.metrics(records)
-        self.metrics_tail.commit(offset, line_no)
+        self._handed_over("metrics", self.metrics_tail, self.reporter.metrics(records) if records else None, offset, line_no)
 
     def _deliver_evaluations(self) -> None:
         # One evaluation at a time: a failure re-sends only the ones not yet stored.
@@ -335,16 +377,17 @@ class RunSupervisor:
                 return
 
     def _deliver_rollouts(self) -> None:
+        if not self._settled("rollouts", self.rollouts_tail):
+            return
         records, offset, line_no = self.rollouts_tail.peek(max_lines=2000, wanted=self.reporter.rollout_lines_wanted())
-        if line_no > self.rollouts_tail.line_no:
-            self.reporter.rollouts(records, line_no)
-        self.rollouts_tail.commit(offset, line_no)
+        delivery = self.reporter.rollouts(records, line_no) if line_no > self.rollouts_tail.line_no else None
+        self._handed_over("rollouts", self.rollouts_tail, delivery, offset, line_no)
 
     def _deliver_discarded(self) -> None:
+        if not self._settled("discarded", self.discarded_tail):
+            return
         records, offset, line_no = self.discarded_tail.peek(max_lines=2000)
-        if records:
-            self.reporter.discarded_rollouts(records)
-        self.discarded_tail.commit(offset, line_no)
+        self._handed_over("discarded", self.discarded_tail, self.reporter.discarded_rollouts(records) if records else None, offset, line_no)
 
     def deliver_train_logprobs(self) -> bool:
         """The trainer's per-token logprobs, attached to stored rollouts (importance ratios).
@@ -485,7 +528,7 @@ class RunSupervisor:
         try:
             deadline = time.monotonic() + self.drain_timeout_s
             while not self.deliver() and time.monotonic() < deadline:
-                time.sleep(min(2.0, self.poll_s * 4))
+                time.sleep(0.02 if self.in_flight and not self.failing_since else min(2.0, self.poll_s * 4))
         finally:
             if restarted is not None:
                 restarted.terminate()

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from typing import Any, Callable
 
 import yaml
@@ -55,6 +56,35 @@ class SupervisedRunStatuses:
             return self._statuses[run_id]
 
 
+class FutureDelivery:
+    """A `workers.supervisor.Delivery` of a write done on a writer thread (`concurrent.futures`)."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        self.future = future
+
+    def ready(self) -> bool:
+        return self.future.done()
+
+    def settle(self) -> None:
+        self.future.result()
+
+
+class MetricsDelivery:
+    """A `workers.supervisor.Delivery` of metrics lines: ready once the writer is done with them;
+    settling stores them the transactional way if the writer could not (`PendingMetrics.result`)
+    and then runs what follows a stored batch."""
+
+    def __init__(self, reporter: PlatformReporter, records: list[tuple[int, dict[str, Any]]], pending: ingest.PendingMetrics) -> None:
+        self.reporter, self.records, self.pending = reporter, records, pending
+
+    def ready(self) -> bool:
+        return self.pending.ready()
+
+    def settle(self) -> None:
+        self.reporter._call(self.pending.result)
+        self.reporter.metrics_stored(self.records)
+
+
 class PlatformReporter:
     """Supervisor → services. A database error closes the connection so the next try reconnects."""
 
@@ -82,11 +112,17 @@ class PlatformReporter:
             connection.close()
             raise
 
-    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+    def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> MetricsDelivery:
+        """Handed to this process's metrics writer (`live.ingest.submit_metric_lines`): the
+        supervisor goes on and settles the delivery on a later poll."""
         skipped: list[tuple[int, str]] = []
-        self._call(ingest.ingest_metric_lines, self.run_id, records, self._metrics_state, skipped)
+        pending = self._call(ingest.submit_metric_lines, self.run_id, records, self._metrics_state, skipped)
         for line_no, reason in skipped:
             logger.error("run %s metrics.jsonl line %d skipped: %s", self.run_id, line_no, reason)
+        return MetricsDelivery(self, records, pending)
+
+    def metrics_stored(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        """After the lines are stored: alert rules on them, and the stall clock."""
         self._alerts(self._evaluate_metric_lines, records)
         self.last_metrics_at = time.monotonic()
         self.last_step = max([self.last_step or 0, *(int(r.get("step", 0) or 0) for _, r in records)])
@@ -110,26 +146,35 @@ class PlatformReporter:
         except Exception:  # noqa: BLE001
             logger.exception("run %s: alert evaluation failed", self.run_id)
 
-    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> None:
-        self._ingest_rollouts(records, discarded=False, lines_read=lines_read)
+    def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> FutureDelivery:
+        """Handed to this process's rollout writer (`rollouts.services.submit_rollouts`): the
+        supervisor goes on with its metrics and settles this on a later poll."""
+        from inflight.rollouts.services import submit_rollouts
+
+        decoder, state = self._rollout_ingest()
+        return FutureDelivery(self._call(submit_rollouts, self.run_id, records, decoder, state, False, lines_read))
 
     def rollout_lines_wanted(self) -> Callable[[int], bool] | None:
         # Known once the store was read (the first batch): until then every line is parsed.
         return None if self._rollout_state is None else self._rollout_state.lines_wanted()
 
-    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> None:
-        # The same store, grid and state as the stream's samples: one bound on what a run keeps.
-        self._ingest_rollouts(records, discarded=True)
+    def discarded_rollouts(self, records: list[tuple[int, dict[str, Any]]]) -> FutureDelivery:
+        """The same store, grid and state as the stream's samples (one bound on what a run keeps),
+        so the same writer: the state is only ever touched by one batch at a time."""
+        from inflight.rollouts.services import submit_rollouts
 
-    def _ingest_rollouts(self, records: list[tuple[int, dict[str, Any]]], discarded: bool, lines_read: int | None = None) -> None:
-        from inflight.rollouts.services import RolloutIngestState, ingest_rollouts
+        decoder, state = self._rollout_ingest()
+        return FutureDelivery(self._call(submit_rollouts, self.run_id, records, decoder, state, True))
+
+    def _rollout_ingest(self) -> tuple[Any, Any]:
+        """(the run's token decoder, its RolloutIngestState), read once."""
+        from inflight.rollouts.services import RolloutIngestState
         from inflight.rollouts.tokens import decoder_for_model
 
         config = self._config() or {}
-        model_path = str((config.get("model") or {}).get("path") or "")
         if self._rollout_state is None:
             self._rollout_state = RolloutIngestState.from_config(config)
-        self._call(ingest_rollouts, self.run_id, records, decoder_for_model(model_path), self._rollout_state, discarded, lines_read)
+        return decoder_for_model(str((config.get("model") or {}).get("path") or "")), self._rollout_state
 
     def train_logprobs(self, records: list[dict[str, Any]]) -> None:
         from inflight.rollouts.services import attach_train_logprobs

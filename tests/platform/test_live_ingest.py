@@ -151,3 +151,56 @@ def test_an_evaluation_is_one_statement_and_a_resend_updates_its_score_without_d
     again = ingest_eval(run.pk, {**line, "mean_at_k": 0.625}, rows + [{**rows[0], "problem_id": "p2"}])
     assert again.pk == stored.pk and EvalScore.objects.get(run=run).mean_at_k == 0.625
     assert EvalProblemResult.objects.filter(eval=stored).count() == 3  # only the new problem added
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_writer_stores_the_batches_of_many_runs_in_one_statement(owner: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                      pushes: list[tuple[str, dict[str, Any]]]) -> None:
+    """Supervisors hand their runs' lines to the process's writer and go on; it writes every batch
+    waiting in one statement. Each still gets its run's seq and push, and a run whose kept state no
+    longer holds is stored the transactional way when its result is asked for, losing nothing."""
+    runs = [make_run(owner) for _ in range(6)]
+    states = {run.pk: MetricsIngestState() for run in runs}
+    for run in runs:  # a run's first batch settles its state the transactional way
+        assert live_ingest.ingest_metric_lines(run.pk, lines(0, 1), states[run.pk]) == 1
+    states[runs[-1].pk].seq = 7  # stale (as if another process had written meanwhile): its guard fails
+    written: list[list[int]] = []
+    write = live_ingest._write_guarded
+    monkeypatch.setattr(live_ingest, "_write_guarded", lambda batches: written.append([p.run_id for p in batches]) or write(batches))
+    with live_ingest._writer._lock:  # the writer takes nothing until all six are queued
+        pending = [live_ingest.submit_metric_lines(run.pk, lines(1, 2), states[run.pk]) for run in runs]
+        assert not any(p.ready() for p in pending)
+    assert [p.result() for p in pending] == [2] * 6
+    assert written == [[run.pk for run in runs]]
+    for run in runs:
+        assert [line for line, *_ in stored(run)] == [0, 0, 1, 1, 2, 2]
+        assert Run.objects.get(pk=run.pk).metrics_seq == 2 and states[run.pk].seq == 2
+    assert sorted((group, message["seq"]) for group, message in pushes if message["seq"] == 2) == sorted((f"run-{run.pk}", 2) for run in runs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_write_is_every_batchs_error_and_the_lines_sent_again_are_stored_once(owner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import OperationalError
+
+    runs = [make_run(owner) for _ in range(3)]
+    states = {run.pk: MetricsIngestState() for run in runs}
+    for run in runs:
+        live_ingest.ingest_metric_lines(run.pk, lines(0, 1), states[run.pk])
+    write = live_ingest._write_guarded
+    failures = [OperationalError("server closed the connection unexpectedly")]
+
+    def flaky(batches: list[Any]) -> None:
+        if failures:
+            raise failures.pop()
+        write(batches)
+
+    monkeypatch.setattr(live_ingest, "_write_guarded", flaky)
+    with live_ingest._writer._lock:
+        pending = [live_ingest.submit_metric_lines(run.pk, lines(1, 2), states[run.pk]) for run in runs]
+    for p in pending:
+        with pytest.raises(OperationalError):
+            p.result()
+    # The supervisors read the same lines again on their next poll.
+    assert [live_ingest.submit_metric_lines(run.pk, lines(1, 2), states[run.pk]).result() for run in runs] == [2, 2, 2]
+    for run in runs:
+        assert [line for line, *_ in stored(run)] == [0, 0, 1, 1, 2, 2]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +219,46 @@ def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner
     assert supervisor.deliver() is True
     assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(8))
     assert supervisor.rollouts_tail.line_no == 8  # the torn last line waits for its end
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_stores_the_stream_on_its_writer_thread_and_moves_on_meanwhile(owner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a transaction (a worker) a poll's stream lines go to the process's rollout writer:
+    the supervisor goes on at once, and is not done until the writer stored them."""
+    from inflight.rollouts import services as rollout_services
+    from rl_core.rundir.layout import ROLLOUTS_FILE
+    from workers.supervisor import RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner, samples_per_step=4)
+    path = tmp_path / ROLLOUTS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(sample(line)) + "\n" for line in range(8)))
+    store = rollout_services.ingest_rollouts
+    released = threading.Event()
+
+    def held(*args: Any) -> int:
+        released.wait(5)  # the database is slow: the supervisor must not wait for it
+        return store(*args)
+
+    monkeypatch.setattr(rollout_services, "ingest_rollouts", held)
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    assert supervisor.deliver() is False  # handed over, not stored yet
+    assert StoredRollout.objects.filter(run=run).count() == 0 and supervisor.rollouts_tail.line_no == 0
+    released.set()
+    outcomes = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        outcomes.append(supervisor.deliver())
+        if outcomes[-1]:
+            break
+        time.sleep(0.02)
+    assert outcomes[-1] is True
+    assert sorted(StoredRollout.objects.filter(run=run).values_list("line", flat=True)) == list(range(8))
+    assert supervisor.rollouts_tail.line_no == 8
+    from django.db import connection
+
+    connection.close()
 
 
 def test_trainer_logprobs_attach_to_stored_samples_and_give_ratios(owner_api, owner) -> None:

@@ -295,3 +295,54 @@ def test_every_reporter_implements_the_whole_interface_the_supervisor_calls() ->
             member = getattr(implementation, name, None)
             assert callable(member), f"{implementation.__name__} lacks {name}"
             assert list(inspect.signature(member).parameters) == list(signature.parameters), (implementation.__name__, name)
+
+
+def test_metrics_lines_being_written_hold_the_tail_not_the_other_deliveries(tmp_path: Path) -> None:
+    """A reporter that writes metrics in the background (the platform's process-wide writer): the
+    supervisor goes on with the rollouts meanwhile, says it has not delivered everything, moves its
+    metrics tail only once the write is settled, and sends the lines again if it failed."""
+
+    class Write:
+        def __init__(self) -> None:
+            self.done = False
+            self.error: Exception | None = None
+
+        def ready(self) -> bool:
+            return self.done
+
+        def settle(self) -> None:
+            if self.error is not None:
+                raise self.error
+
+    class BackgroundReporter(NullReporter):
+        def __init__(self) -> None:
+            self.writes: list[tuple[list[int], Write]] = []
+            self.rollout_lines = 0
+
+        def metrics(self, records):
+            write = Write()
+            self.writes.append(([n for n, _ in records], write))
+            return write
+
+        def rollouts(self, records, lines_read):
+            self.rollout_lines = lines_read
+
+    reporter = BackgroundReporter()
+    supervisor = RunSupervisor(tmp_path, "", [], reporter, cwd=tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "a": 1}\n{"step": 1, "a": 2}\n')
+    (tmp_path / "stream").mkdir()
+    (tmp_path / "stream" / "rollouts.jsonl").write_text('{"x": 1}\n')
+    assert supervisor.deliver() is False  # the write is under way
+    assert reporter.rollout_lines == 1 and supervisor.metrics_tail.line_no == 0
+    assert supervisor.deliver() is False and len(reporter.writes) == 1  # not sent twice while it is written
+    reporter.writes[0][1].error, reporter.writes[0][1].done = ConnectionError("database away"), True
+    assert supervisor.deliver() is False  # failed: said once, the tail stays
+    assert supervisor.deliver() is False  # and on the next poll the same lines go again
+    assert [lines for lines, _ in reporter.writes] == [[0, 1], [0, 1]] and supervisor.metrics_tail.line_no == 0
+    reporter.writes[1][1].done = True
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 2, "a": 3}\n')
+    assert supervisor.deliver() is False  # settled: the tail moves, and the new line is being written
+    assert supervisor.metrics_tail.line_no == 2 and reporter.writes[2][0] == [2]
+    reporter.writes[2][1].done = True
+    assert supervisor.deliver() is True and supervisor.metrics_tail.line_no == 3

@@ -83,10 +83,11 @@ INSERT INTO {_BUCKETS} (run_id, name, bucket, min_value, max_value, last_step, l
 SELECT %(run)s, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM merged
 """
 
-# Upsert of fresh buckets `(name, bucket, lo, hi, last)` into the stored ones.
+# Upsert of fresh buckets `(name, bucket, lo, hi, last)` (`{fresh}`: a table expression; `{run}`:
+# the run's id, a parameter or a column of it) into the stored ones.
 _UPSERT_BUCKETS = f"""
 INSERT INTO {_BUCKETS} AS b (run_id, name, bucket, min_value, max_value, last_step, last_t, last_value)
-SELECT %(run)s, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM ({{fresh}}) AS fresh
+SELECT {{run}}, name, bucket, lo, hi, last[1]::bigint, last[2], last[3] FROM {{fresh}}
 ON CONFLICT (run_id, name, bucket) DO UPDATE SET
     min_value = LEAST(b.min_value, EXCLUDED.min_value),
     max_value = GREATEST(b.max_value, EXCLUDED.max_value),
@@ -109,8 +110,11 @@ def _fresh_buckets(source: str) -> str:
 
 # Fold the stored points of batches (since, upto] (the catch-up path).
 _FOLD_STORED_SQL = _UPSERT_BUCKETS.format(
-    fresh=_fresh_buckets(f"{_POINTS} WHERE run_id = %(run)s AND seq > %(since)s AND seq <= %(upto)s"), newer=_NEWER
+    run="%(run)s", fresh=f"({_fresh_buckets(f'{_POINTS} WHERE run_id = %(run)s AND seq > %(since)s AND seq <= %(upto)s')}) AS fresh",
+    newer=_NEWER,
 )
+
+_STORED_FRESH = f"({_fresh_buckets('stored')}) AS fresh"  # a batch's own stored points, bucketed
 
 
 def insert_and_fold_sql(insert_points_returning: str) -> str:
@@ -125,35 +129,46 @@ def insert_and_fold_sql(insert_points_returning: str) -> str:
     """
     return (
         f"WITH stored AS ({insert_points_returning}), "
-        f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}), "
+        f"folded AS ({_UPSERT_BUCKETS.format(run='%(run)s', fresh=_STORED_FRESH, newer=_NEWER)}), "
         f"moved AS (UPDATE {_CURSORS} SET seq = %(seq)s, max_step = GREATEST(max_step, (SELECT max(step) FROM stored)) "
         "WHERE run_id = %(run)s AND EXISTS (SELECT 1 FROM stored)) "
         "SELECT count(*), max(step) FROM stored"
     )
 
 
-# One statement that stores and folds a batch and takes its seq, for a caller that knows the
-# run's cursor from its own last batch (the worker's supervisor: only it ingests the run). It does
-# anything only if that knowledge still holds — the run's `metrics_seq` and the cursor's seq are
-# `%(prev)s`, its grid `%(shift)s` — and no line of the batch is stored yet (a re-send goes the
-# transactional way, which pushes only the new part). Returns `(seq, stored points)`, seq NULL
-# when nothing was done. In autocommit it is its own transaction: one round trip instead of five
-# (BEGIN, seq bump, cursor lock, insert + fold, COMMIT), paid by every metrics line at 200 live
-# runs (bench/platform_scale.py). It locks the cursor row before the run row, the other way round
-# from `fold_ingest_batch`: two ingests of one run at once (never one supervisor's) could
-# deadlock, which PostgreSQL ends by failing one (its batch is sent again).
-GUARDED_INGEST_SQL = (
-    f"WITH guard AS (SELECT 1 FROM {_CURSORS} WHERE run_id = %(run)s AND seq = %(prev)s AND shift = %(shift)s FOR UPDATE), "
-    f"bump AS (UPDATE {_RUNS} SET metrics_seq = metrics_seq + 1 WHERE id = %(run)s AND metrics_seq = %(prev)s "
-    "AND EXISTS (SELECT 1 FROM guard) "
-    f"AND NOT EXISTS (SELECT 1 FROM {_POINTS} WHERE run_id = %(run)s AND line = ANY(%(lines)b::bigint[])) RETURNING metrics_seq), "
-    f"stored AS (INSERT INTO {_POINTS} ({_POINT_COLUMNS}) SELECT %(run)s, bump.metrics_seq, u.* FROM bump, "
-    "unnest(%(lines)b::bigint[], %(names)b::varchar[], %(steps)b::bigint[], %(ts)b::float8[], %(values)b::float8[]) AS u "
-    f"ON CONFLICT ({_POINT_KEY}) DO NOTHING RETURNING {_RETURNED}), "
-    f"folded AS ({_UPSERT_BUCKETS.format(fresh=_fresh_buckets('stored'), newer=_NEWER)}), "
-    f"moved AS (UPDATE {_CURSORS} SET seq = (SELECT metrics_seq FROM bump), max_step = GREATEST(max_step, (SELECT max(step) FROM stored)) "
-    "WHERE run_id = %(run)s AND EXISTS (SELECT 1 FROM bump)) "
-    "SELECT (SELECT metrics_seq FROM bump), (SELECT count(*) FROM stored)"
+# One statement that stores and folds the batches of several runs at once and takes their seqs,
+# for a writer that knows each run's cursor from the run's own last batch (a worker's supervisors:
+# only the run's own ingests it). A run's batch does anything only if that knowledge still holds —
+# its `metrics_seq` and its cursor's seq are its `prev`, its grid its `shift` — and no line of it is
+# stored yet (a re-send goes the transactional way, which pushes only the new part); the other
+# runs' batches go on regardless. Arrays: `runs`/`prevs`/`shifts` one entry per run, the point
+# columns one per point, with its run in `point_runs`. Returns `(run, seq)` for each run whose batch
+# was stored. In autocommit it is its own transaction: one round trip and one commit for all the
+# runs whose lines a worker process read meanwhile — one run per statement cost 3x the CPU per
+# metrics line (bench/RESULTS.md, 2026-11-29). It locks the cursor rows before the run rows, the
+# other way round from `fold_ingest_batch`: two ingests of one run at once (never one supervisor's)
+# could deadlock, which PostgreSQL ends by failing one (its lines are sent again).
+GUARDED_BATCH_INGEST_SQL = (
+    "WITH batch AS (SELECT * FROM unnest(%(runs)b::bigint[], %(prevs)b::bigint[], %(shifts)b::int[]) AS b(run_id, prev, shift)), "
+    "points AS (SELECT * FROM unnest(%(point_runs)b::bigint[], %(lines)b::bigint[], %(names)b::varchar[], %(steps)b::bigint[], "
+    "%(ts)b::float8[], %(values)b::float8[]) AS u(run_id, line, name, step, t, value)), "
+    f"guard AS (SELECT c.run_id FROM {_CURSORS} c JOIN batch b ON c.run_id = b.run_id AND c.seq = b.prev AND c.shift = b.shift "
+    "ORDER BY c.run_id FOR UPDATE OF c), "
+    "resent AS (SELECT DISTINCT u.run_id FROM (SELECT DISTINCT run_id, line FROM points) AS u "
+    f"WHERE EXISTS (SELECT 1 FROM {_POINTS} p WHERE p.run_id = u.run_id AND p.line = u.line)), "
+    f"bump AS (UPDATE {_RUNS} r SET metrics_seq = r.metrics_seq + 1 FROM batch b WHERE r.id = b.run_id AND r.metrics_seq = b.prev "
+    "AND b.run_id IN (SELECT run_id FROM guard) AND b.run_id NOT IN (SELECT run_id FROM resent) "
+    "RETURNING r.id AS run_id, r.metrics_seq AS seq, b.shift), "
+    f"stored AS (INSERT INTO {_POINTS} ({_POINT_COLUMNS}) SELECT u.run_id, bump.seq, u.line, u.name, u.step, u.t, u.value "
+    f"FROM points u JOIN bump ON bump.run_id = u.run_id ON CONFLICT ({_POINT_KEY}) DO NOTHING RETURNING run_id, {_RETURNED}), "
+    "fresh AS (SELECT s.run_id, s.name, s.step >> bump.shift AS bucket, min(s.value) AS lo, max(s.value) AS hi, "
+    "max(ARRAY[s.step::float8, s.t, s.value]) AS last FROM stored s JOIN bump ON bump.run_id = s.run_id "
+    "GROUP BY s.run_id, s.name, s.step >> bump.shift), "
+    f"folded AS ({_UPSERT_BUCKETS.format(run='fresh.run_id', fresh='fresh', newer=_NEWER)}), "
+    "reached AS (SELECT run_id, max(step) AS max_step FROM stored GROUP BY run_id), "
+    f"moved AS (UPDATE {_CURSORS} c SET seq = bump.seq, max_step = GREATEST(c.max_step, reached.max_step) "
+    "FROM bump JOIN reached ON reached.run_id = bump.run_id WHERE c.run_id = bump.run_id) "
+    "SELECT run_id, seq FROM bump"
 )
 
 

@@ -15,9 +15,12 @@ could not keep up with, bench/platform_scale.py).
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import psycopg
@@ -25,8 +28,10 @@ from django.db import connection, transaction
 
 from inflight.live.broadcast import push_on_commit, run_group
 from inflight.live.downsample import shift_for_max_step
-from inflight.live.folding import GUARDED_INGEST_SQL, INSERT_POINTS_RETURNING_SQL, fold_ingest_batch, read_cursor
+from inflight.live.folding import GUARDED_BATCH_INGEST_SQL, INSERT_POINTS_RETURNING_SQL, fold_ingest_batch, read_cursor
 from inflight.runs.models import MetricPoint, Run
+
+logger = logging.getLogger(__name__)
 
 NAME_MAX = MetricPoint._meta.get_field("name").max_length  # a longer metric name is cut to fit its column
 _RUNS = Run._meta.db_table
@@ -62,7 +67,8 @@ def points_from_metrics_record(line: int, record: dict[str, Any]) -> list[PointI
 class MetricsIngestState:
     """One run's batch counter and snapshot cursor as its supervisor last left them (`seq`: the
     run's `metrics_seq` = the cursor's seq; `shift`, `max_step`: the cursor's grid). With it a
-    batch usually costs one statement (`folding.GUARDED_INGEST_SQL`), which checks in the database
+    batch usually costs a share of one statement (`folding.GUARDED_BATCH_INGEST_SQL`, written with
+    other runs' by `MetricsWriter`), which checks in the database
     that this is still so; when not (first batch, a grid that must widen, a re-send, a resume's
     rewind), the batch goes the transactional way and the state is read again."""
 
@@ -154,12 +160,68 @@ def ingest_metric_lines(run_id: int, records: Sequence[tuple[int, dict[str, Any]
 
 
 def ingest_columns(run_id: int, columns: PointColumns, state: MetricsIngestState | None = None) -> int | None:
+    return submit_columns(run_id, columns, state).result()
+
+
+def submit_metric_lines(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], state: MetricsIngestState,
+                        skipped: list[tuple[int, str]] | None = None) -> PendingMetrics:
+    """`ingest_metric_lines` without waiting where it can: while `state` holds (and the caller is
+    not in a transaction) the batch is handed to this process's `MetricsWriter`, which writes it
+    with the other runs' batches waiting then and pushes it; `PendingMetrics.ready()` says when,
+    `.result()` gives the seq (or raises the write's error: the caller sends the lines again)."""
+    return submit_columns(run_id, PointColumns.of_records(records, skipped), state)
+
+
+def submit_columns(run_id: int, columns: PointColumns, state: MetricsIngestState | None) -> PendingMetrics:
+    pending = PendingMetrics(run_id, columns, state)
     if not columns.lines:
-        return None
-    if state is not None:
-        seq = _ingest_guarded(run_id, columns, state)
-        if seq is not None:
-            return seq
+        pending.done.set()
+    elif state is None or state.seq is None or shift_for_max_step(max(max(columns.steps), state.max_step or 0)) > state.shift:
+        pending.guarded = False  # the transactional way, when the result is asked for
+        pending.done.set()
+    elif connection.in_atomic_block:
+        # Inside the caller's transaction (a test's): its own connection must write it, alone.
+        _write_guarded([pending])
+        pending.done.set()
+    else:
+        _writer.submit(pending)
+    return pending
+
+
+@dataclass
+class PendingMetrics:
+    """A run's batch handed to ingest: `MetricsWriter` writes it (`guarded`), or `result()` does,
+    in the caller's thread, the transactional way (a first batch, a grid that must widen, a state
+    that no longer holds, a caller inside a transaction)."""
+
+    run_id: int
+    columns: PointColumns
+    state: MetricsIngestState | None
+    guarded: bool = True
+    seq: int | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    settled: bool = False
+    stored_at: float | None = None  # when the statement that stored it returned (Unix s)
+
+    def ready(self) -> bool:
+        return self.done.is_set()
+
+    def result(self) -> int | None:
+        """The run's new `metrics_seq`, None when every point was a duplicate; waits if not ready."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        if self.settled or not self.columns.lines:
+            return self.seq
+        if not self.guarded or self.seq is None:
+            self.seq = _ingest_and_settle(self.run_id, self.columns, self.state)
+            self.stored_at = time.time()
+        self.settled = True
+        return self.seq
+
+
+def _ingest_and_settle(run_id: int, columns: PointColumns, state: MetricsIngestState | None) -> int | None:
     seq = _ingest_in_transaction(run_id, columns)
     if state is not None:
         connection.ensure_connection()
@@ -174,23 +236,99 @@ def ingest_columns(run_id: int, columns: PointColumns, state: MetricsIngestState
     return seq
 
 
-def _ingest_guarded(run_id: int, columns: PointColumns, state: MetricsIngestState) -> int | None:
-    """The one-statement way (see MetricsIngestState); the new seq, or None if it did nothing."""
-    batch_max_step = max(columns.steps)
-    if state.seq is None or shift_for_max_step(max(batch_max_step, state.max_step or 0)) > state.shift:
-        return None
-    params = {**columns.params(run_id), "prev": state.seq, "shift": state.shift}
+class MetricsWriter:
+    """One per worker process: writes the guarded batches of all the runs it ingests, every batch
+    waiting at that moment in one statement (`folding.GUARDED_BATCH_INGEST_SQL`), on a thread and
+    database connection of its own, and pushes each stored batch. A supervisor hands its run's
+    lines over and goes on with its other work (or other runs) instead of waiting for its own
+    round trip and commit: at 200 live runs, one statement per run's line was 3x the CPU per line
+    (bench/RESULTS.md, 2026-11-29). A statement's error is every batch's in it; each supervisor
+    sends its lines again. Recreated after a fork (its thread does not survive one)."""
+
+    MAX_POINTS = 20_000  # per statement (one batch larger than that is still written whole)
+    # A statement waits this long after the first batch for others to join it: with no wait most
+    # statements carried one run (2.3 on average at 200 live runs), each line paying its own
+    # statement's share again (bench/RESULTS.md, 2026-11-29). A push is this much later at most.
+    GATHER_S = 0.025
+    IDLE_CLOSE_S = 1.0  # its connection is closed after this long without a batch
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._waiting: list[PendingMetrics] = []
+        self._first_at = 0.0  # when the oldest waiting batch came
+        self._pid = 0
+
+    def submit(self, pending: PendingMetrics) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._waiting = os.getpid(), []
+                threading.Thread(target=self._run, name="inflight-metrics-writer", daemon=True).start()
+            if not self._waiting:
+                self._first_at = time.monotonic()
+            self._waiting.append(pending)
+            self._lock.notify()
+
+    def _take(self) -> list[PendingMetrics]:
+        with self._lock:
+            if not self._lock.wait_for(lambda: bool(self._waiting), self.IDLE_CLOSE_S):
+                # Quiet: no connection held open for nothing (a database that is dropped or
+                # restarted, a test database torn down, must not find this thread still on it).
+                connection.close()
+                self._lock.wait_for(lambda: bool(self._waiting))
+            self._lock.wait_for(lambda: sum(len(p.columns.lines) for p in self._waiting) >= self.MAX_POINTS,
+                                self._first_at + self.GATHER_S - time.monotonic())
+            taken, points = 0, 0
+            while taken < len(self._waiting) and (taken == 0 or points < self.MAX_POINTS):
+                points += len(self._waiting[taken].columns.lines)
+                taken += 1
+            batches, self._waiting = self._waiting[:taken], self._waiting[taken:]
+        return batches
+
+    def _run(self) -> None:
+        while True:
+            batches = self._take()
+            try:
+                _write_guarded(batches)
+            except BaseException as exc:  # noqa: BLE001 - each batch's caller raises it (and sends its lines again)
+                connection.close()  # the next write reconnects
+                logger.warning("metrics write of %d runs failed: %s", len(batches), exc)
+                for pending in batches:
+                    pending.error = exc
+            finally:
+                for pending in batches:
+                    pending.done.set()
+
+
+def _write_guarded(batches: list[PendingMetrics]) -> None:
+    params: dict[str, list[Any]] = {key: [] for key in ("runs", "prevs", "shifts", "point_runs", "lines", "names", "steps", "ts", "values")}
+    for pending in batches:
+        assert pending.state is not None
+        params["runs"].append(pending.run_id)
+        params["prevs"].append(pending.state.seq)
+        params["shifts"].append(pending.state.shift)
+        columns = pending.columns
+        params["point_runs"] += [pending.run_id] * len(columns.lines)
+        for key in ("lines", "names", "steps", "ts", "values"):
+            params[key] += getattr(columns, key)
     connection.ensure_connection()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-        # Prepared once per connection: the statement is the same for every batch of every run,
-        # and planning its six parts anew was a share of PostgreSQL's CPU on every poll.
-        cursor.execute(GUARDED_INGEST_SQL, params, prepare=True)
-        seq, _stored = cursor.fetchone()
-    if seq is None:
-        return None
-    state.seq, state.max_step = int(seq), max(batch_max_step, state.max_step if state.max_step is not None else batch_max_step)
-    push_on_commit(run_group(run_id), {"type": "metrics.batch", "seq": int(seq), "points": columns.points()})
-    return int(seq)
+        # Prepared once per connection: the statement is the same for every write, and planning its
+        # parts anew was a share of PostgreSQL's CPU on every poll.
+        cursor.execute(GUARDED_BATCH_INGEST_SQL, params, prepare=True)
+        seqs = {int(run_id): int(seq) for run_id, seq in cursor.fetchall()}
+    stored_at = time.time()
+    for pending in batches:
+        seq = seqs.get(pending.run_id)
+        if seq is None:
+            continue  # its guard did not hold: result() goes the transactional way
+        state, batch_max_step = pending.state, max(pending.columns.steps)
+        assert state is not None
+        state.seq, state.max_step = seq, max(batch_max_step, state.max_step if state.max_step is not None else batch_max_step)
+        pending.seq, pending.settled, pending.stored_at = seq, True, stored_at
+        push_on_commit(run_group(pending.run_id), {"type": "metrics.batch", "seq": seq, "points": pending.columns.points()})
+
+
+_writer = MetricsWriter()
 
 
 def _ingest_in_transaction(run_id: int, columns: PointColumns) -> int | None:
