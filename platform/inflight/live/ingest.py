@@ -1,16 +1,18 @@
 """A metrics line's one way through the platform: worker → here → folding → broadcast.
 
 The worker's reporter (`workers.tasks.PlatformReporter`) hands this module a run's new
-metrics.jsonl lines (`ingest_metric_lines`; `ingest_metrics` takes points already split, for the
-benches and tests that make their own). Here they become column arrays (never one object per
-value), are stored and folded into the run's snapshot buckets by one statement
-(`live.folding`: the narrow `MetricPoint` table, idempotent per (run, line, name)), and after the
-commit pushed to the run's Channels group as one `metrics.batch` (`live.broadcast.push_on_commit`).
-Nothing comes back the other way: folding and broadcast know nothing of ingest.
+metrics.jsonl lines (`submit_metric_lines`; `ingest_metric_lines` waits for the result;
+`ingest_metrics` takes points already split, for the benches and tests that make their own). Here
+they become column arrays (never one object per value), are stored and folded into the run's
+snapshot buckets by one statement (`live.folding`: the narrow `MetricPoint` table, idempotent per
+(run, line, name)), and after the commit pushed to the run's Channels group as one `metrics.batch`
+(`live.broadcast.push_on_commit`). Nothing comes back the other way: folding and broadcast know
+nothing of ingest.
 
-A batch is whatever one poll of the run found: every line written since the last poll, one
-statement and one commit for all of them (at 200 live runs a statement per line was what ingest
-could not keep up with, bench/platform_scale.py).
+A run's batch is whatever one poll of it found: every line written since the last poll. The
+process's `MetricsWriter` writes the batches of all its runs that wait at once in one statement
+and one commit (at 200 live runs a statement per line, then per run, was what ingest could not keep
+up with: bench/platform_scale.py, bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -286,8 +288,9 @@ class MetricsWriter:
 
     def _run(self) -> None:
         while True:
-            batches = self._take()
+            batches: list[PendingMetrics] = []
             try:
+                batches = self._take()
                 _write_guarded(batches)
             except BaseException as exc:  # noqa: BLE001 - each batch's caller raises it (and sends its lines again)
                 connection.close()  # the next write reconnects
