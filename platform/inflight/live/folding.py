@@ -101,10 +101,13 @@ _NEWER = (
 )
 
 
-def _fresh_buckets(source: str) -> str:
+def _fresh_buckets(source: str, shift: str = "%(shift)s", run: str = "") -> str:
+    """Points of `source` (name, step, t, value) bucketed on the grid 2**`shift`: the one statement
+    of the bucket rule (min, max, last = largest (step, t, value)). `run`: "run_id, " to bucket
+    several runs' points at once, each on its own grid (`shift` a column then)."""
     return (
-        "SELECT name, step >> %(shift)s AS bucket, min(value) AS lo, max(value) AS hi, "
-        f"max(ARRAY[step::float8, t, value]) AS last FROM {source} GROUP BY name, step >> %(shift)s"
+        f"SELECT {run}name, step >> {shift} AS bucket, min(value) AS lo, max(value) AS hi, "
+        f"max(ARRAY[step::float8, t, value]) AS last FROM {source} GROUP BY {run}name, step >> {shift}"
     )
 
 
@@ -161,9 +164,7 @@ GUARDED_BATCH_INGEST_SQL = (
     "RETURNING r.id AS run_id, r.metrics_seq AS seq, b.shift), "
     f"stored AS (INSERT INTO {_POINTS} ({_POINT_COLUMNS}) SELECT u.run_id, bump.seq, u.line, u.name, u.step, u.t, u.value "
     f"FROM points u JOIN bump ON bump.run_id = u.run_id ON CONFLICT ({_POINT_KEY}) DO NOTHING RETURNING run_id, {_RETURNED}), "
-    "fresh AS (SELECT s.run_id, s.name, s.step >> bump.shift AS bucket, min(s.value) AS lo, max(s.value) AS hi, "
-    "max(ARRAY[s.step::float8, s.t, s.value]) AS last FROM stored s JOIN bump ON bump.run_id = s.run_id "
-    "GROUP BY s.run_id, s.name, s.step >> bump.shift), "
+    f"fresh AS ({_fresh_buckets('stored JOIN bump USING (run_id)', shift='bump.shift', run='run_id, ')}), "
     f"folded AS ({_UPSERT_BUCKETS.format(run='fresh.run_id', fresh='fresh', newer=_NEWER)}), "
     "reached AS (SELECT run_id, max(step) AS max_step FROM stored GROUP BY run_id), "
     f"moved AS (UPDATE {_CURSORS} c SET seq = bump.seq, max_step = GREATEST(c.max_step, reached.max_step) "
