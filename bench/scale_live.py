@@ -183,6 +183,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
     from workers.tasks import PlatformReporter
 
     from inflight.live import broadcast
+    from inflight.live.broadcast import batch_points
 
     # Where a push's time goes: a line's stored-and-committed delay (from its `t`, the moment the
     # writer wrote it) is measured here; the rest of the push latency is the broadcast and the web node.
@@ -259,8 +260,8 @@ def run_ingest(spec: dict[str, Any]) -> None:
         counts = sent_by_type.setdefault(str(message.get("type")), [0, 0])
         counts[0] += 1
         counts[1] += len(message.get("text", ""))
-        if message.get("type") == "metrics.batch" and message.get("points"):
-            published_ms.append((time.time() - min(float(point[2]) for point in message["points"])) * 1000.0)
+        if message.get("type") == "metrics.batch" and (points := batch_points(message)):
+            published_ms.append((time.time() - min(float(point[2]) for point in points)) * 1000.0)
 
     layer.group_send = timed_group_send
 

@@ -70,4 +70,4 @@ def test_a_runs_waiting_metric_batches_go_out_as_one_push_that_says_which_batche
     assert [(m["type"], m.get("from_seq", m["seq"]), m["seq"]) for m in sent] == [
         ("metrics.batch", 1, 1), ("metrics.batch", 2, 3), ("run.status", 0, 0), ("metrics.batch", 4, 4), ("metrics.batch", 6, 7),
     ]
-    assert [p[1] for p in sent[1]["points"]] == [2, 3] and [p[1] for p in sent[4]["points"]] == [6, 7]
+    assert [p[1] for p in broadcast.batch_points(sent[1])] == [2, 3] and [p[1] for p in broadcast.batch_points(sent[4])] == [6, 7]

@@ -8,6 +8,7 @@ their transactions commit.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from channels.testing import WebsocketCommunicator
 
 from inflight.asgi import application
 from inflight.live import consumers
+from inflight.live.broadcast import batch_points, batch_text
 from inflight.live.consumers import CLOSE_FORBIDDEN, CLOSE_UNAUTHENTICATED, PushPacer, coalesce_batches
 from inflight.runs import evaluations, services
 from inflight.runs.models import RunStatus
@@ -126,7 +128,9 @@ def test_coalescing_never_hides_a_gap() -> None:
     ]
     pushes = coalesce_batches(batches)
     assert [(push["from_seq"], push["seq"]) for push in pushes] == [(5, 7), (9, 9)]
-    assert [point[1] for point in pushes[0]["points"]] == [5, 6, 7]
+    assert [point[1] for point in batch_points(pushes[0])] == [5, 6, 7]
+    # What the page receives: the same JSON as one encoded from the points.
+    assert json.loads(batch_text(pushes[0])) == {"type": "metrics.batch", "from_seq": 5, "seq": 7, "points": [["a", s, float(s), 1.0] for s in (5, 6, 7)]}
 
 
 def test_push_pacer_allows_a_prompt_push_after_jitter_and_caps_the_rate() -> None:

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from inflight.live import broadcast
 from inflight.live import ingest as live_ingest
+from inflight.live.broadcast import batch_points
 from inflight.live.ingest import MetricsIngestState
 from inflight.runs.models import MetricPoint, Run
 
@@ -47,9 +48,9 @@ def test_a_polls_lines_are_one_batch_stored_once_in_order_and_pushed_after_commi
         assert live_ingest.ingest_metric_lines(run.pk, lines(5, 3), state) == 2  # one statement while the state holds
     assert [line for line, *_ in stored(run)] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
     assert list(MetricPoint.objects.filter(run=run).values_list("seq", flat=True).distinct().order_by("seq")) == [1, 2]
-    assert [(group, message["seq"], len(message["points"])) for group, message in pushes] == [(f"run-{run.pk}", 1, 10), (f"run-{run.pk}", 2, 6)]
+    assert [(group, message["seq"], len(batch_points(message))) for group, message in pushes] == [(f"run-{run.pk}", 1, 10), (f"run-{run.pk}", 2, 6)]
     # In the line order the run wrote them, each point as [name, step, t, value].
-    assert pushes[1][1]["points"][:2] == [["train/loss", 5, 1_005.0, 1.0 / 6], ["rollout/reward_mean", 5, 1_005.0, 0.5]]
+    assert batch_points(pushes[1][1])[:2] == [["train/loss", 5, 1_005.0, 1.0 / 6], ["rollout/reward_mean", 5, 1_005.0, 0.5]]
 
 
 def test_a_restarted_worker_resending_a_half_stored_poll_loses_and_doubles_nothing(
@@ -67,7 +68,7 @@ def test_a_restarted_worker_resending_a_half_stored_poll_loses_and_doubles_nothi
     rows = stored(run)
     assert [line for line, *_ in rows] == sorted(n for n in range(11) for _ in range(2))
     assert len(rows) == len(set((line, name) for line, name, *_ in rows))
-    assert [(message["seq"], sorted({point[1] for point in message["points"]})) for _, message in pushes] == [
+    assert [(message["seq"], sorted({point[1] for point in batch_points(message)})) for _, message in pushes] == [
         (1, [0, 1, 2, 3, 4, 5]), (2, [6, 7, 8, 9]), (3, [10])
     ]
     assert Run.objects.get(pk=run.pk).metrics_seq == 3

@@ -7,6 +7,7 @@ Python oracle (tests/platform/downsample_oracle.py) of the JS the run page uses.
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -17,7 +18,7 @@ from downsample_oracle import DownsampleState, snapshot_from_points  # tests/pla
 from inflight.live.folding import fold_pending_batches
 from inflight.live.selectors import run_snapshot
 from inflight.runs import services
-from inflight.live.broadcast import run_group
+from inflight.live.broadcast import batch_text, run_group
 from inflight.live.ingest import PointIn
 from inflight.live import ingest as live_ingest
 from layer_loop import LayerLoop  # tests/platform is on sys.path
@@ -90,7 +91,8 @@ def test_snapshot_plus_pushed_batches_equals_a_fresh_snapshot(owner, django_capt
     messages = layer_loop.run(receive(4))
     layer_loop.close()
     assert [message["type"] for message in messages] == ["metrics.batch"] * 4
-    outcomes = [page.apply_batch(message) for message in messages]
+    # Each as the page receives it from the consumer (the points travel as text).
+    outcomes = [page.apply_batch(json.loads(batch_text(message))) for message in messages]
     assert outcomes == ["applied"] * 4
     assert page.shift == 3  # the grid doubled three times on the way (4_099 steps → width 8)
     fresh = run_snapshot(run)

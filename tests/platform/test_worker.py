@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from channels.layers import get_channel_layer
 
+from inflight.live.broadcast import batch_points
 from inflight.runs import services
 from inflight.runs.models import EvalProblemResult, EvalScore, MetricPoint, Run, RunStatus, RunSummary
 from layer_loop import LayerLoop  # tests/platform is on sys.path
@@ -72,7 +73,7 @@ def test_run_succeeds_with_all_metrics_evals_and_live_pushes(worker, owner, wait
     layer_loop.close()
     batches = [m for m in messages if m["type"] == "metrics.batch"]
     statuses = [m["status"] for m in messages if m["type"] == "run.status"]
-    assert sum(len(b["points"]) for b in batches) == 80  # 40 lines x 2 metrics, each pushed once
+    assert sum(len(batch_points(b)) for b in batches) == 80  # 40 lines x 2 metrics, each pushed once
     assert [b["seq"] for b in batches] == sorted(b["seq"] for b in batches)
     assert statuses[-1] == "succeeded" and "running" in statuses
     assert any(m["type"] == "eval.score" for m in messages)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
-import json
 import logging
 import os
 import threading
 from typing import Any
 
+import orjson
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -116,11 +116,48 @@ class _Broadcaster:
             return self._lock.wait_for(lambda: self._unsent == 0, timeout_s)
 
 
+def metrics_batch(seq: int, points: list[list[Any]]) -> dict[str, Any]:
+    """The `metrics.batch` push of a run's batch `seq`: its points ([name, step, t, value] each)
+    as JSON text, made once here. Every open page of the run gets them: as structures they were
+    packed for Redis here, unpacked and encoded to JSON again by the web node once per page (at 200
+    live runs with 500 pages, 40% of the web node's event loop, bench/platform_scale.py, py-spy);
+    as text the web node only joins consecutive batches' texts (`join_batches`)."""
+    return {"type": "metrics.batch", "seq": int(seq), "points_json": orjson.dumps(points).decode()}
+
+
+def batch_points(message: dict[str, Any]) -> list[list[Any]]:
+    """The points of a `metrics.batch` push as sent to the channel layer (for the few readers that
+    look inside one: tests, benches)."""
+    return orjson.loads(message["points_json"]) if "points_json" in message else list(message.get("points") or [])
+
+
+def _points_text(message: dict[str, Any]) -> str:
+    """The points of a batch as JSON array text (one sent as structures before `metrics_batch`
+    existed is encoded here)."""
+    text = message.get("points_json")
+    return text if isinstance(text, str) else orjson.dumps(list(message.get("points") or [])).decode()
+
+
+def join_batches(batches: list[dict[str, Any]]) -> dict[str, Any]:
+    """One `metrics.batch` for consecutive batches (`from_seq` of the first .. `seq` of the last):
+    their point arrays' texts joined, nothing decoded."""
+    inner = [text[1:-1] for text in (_points_text(batch) for batch in batches) if text not in ("[]", "")]
+    first = batches[0]
+    return {"type": "metrics.batch", "from_seq": int(first.get("from_seq", first["seq"])), "seq": int(batches[-1]["seq"]),
+            "points_json": "[" + ",".join(inner) + "]"}
+
+
+def batch_text(message: dict[str, Any]) -> str:
+    """A `metrics.batch` as the page receives it: `{"type", "from_seq", "seq", "points"}`."""
+    return (f'{{"type":"metrics.batch","from_seq":{int(message.get("from_seq", message["seq"]))},'
+            f'"seq":{int(message["seq"])},"points":{_points_text(message)}}}')
+
+
 def _consecutive_batches(first: dict[str, Any], then: dict[str, Any]) -> bool:
     """Two `metrics.batch` pushes of a group where the second starts right after the first."""
     return (
         first.get("type") == then.get("type") == "metrics.batch"
-        and isinstance(first.get("points"), list) and isinstance(then.get("points"), list)
+        and all(isinstance(m.get("points_json"), str) or isinstance(m.get("points"), list) for m in (first, then))
         and int(then.get("from_seq", then["seq"])) == int(first["seq"]) + 1
     )
 
@@ -129,7 +166,7 @@ def _merge_batches(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any
     """One push for batches from_seq..seq, as the consumer coalesces them (live.consumers): when a
     run's pushes queue up here (the channel layer slower than ingest, at 200 live runs), each
     waiting one would otherwise cost its own round trip and reach the pages later still."""
-    return {**first, "from_seq": int(first.get("from_seq", first["seq"])), "seq": then["seq"], "points": [*first["points"], *then["points"]]}
+    return join_batches([first, then])
 
 
 _broadcaster = _Broadcaster()
@@ -141,17 +178,19 @@ atexit.register(_broadcaster.flush)
 # text is made once here, not once for every open page. A 100-row rollouts.batch to the 500 pages
 # of a lab's runs was encoded 500 times by the web node (and decoded from the channel layer as
 # many times) just when every run's evaluation and rollouts arrived together: seconds of delay
-# for the metric pushes behind them (bench/platform_scale.py). Pushes a consumer reads or merges
-# (metrics.batch, run.status, alert.fired) keep their structure.
+# for the metric pushes behind them (bench/platform_scale.py). Pushes a consumer reads keep their
+# structure (run.status, alert.fired); metrics.batch, which it merges, carries its points as text
+# (`metrics_batch`).
 FORWARDED_AS_TEXT = frozenset({"eval.score", "rollouts.batch", "run.panel"})
 
 
 def push(group: str, message: dict[str, Any]) -> None:
     """Queue one push to `group` (in order per group) and return at once; a failure is logged,
     never raised: the database holds the data and a client refetches on a seq gap."""
-    if message.get("type") in FORWARDED_AS_TEXT:
-        message = {"type": message["type"], "text": json.dumps(message, separators=(",", ":"))}
     try:
+        if message.get("type") in FORWARDED_AS_TEXT:
+            # OPT_NON_STR_KEYS: an int key is written as a string, as json.dumps writes it.
+            message = {"type": message["type"], "text": orjson.dumps(message, option=orjson.OPT_NON_STR_KEYS).decode()}
         _broadcaster.send(group, message)
     except Exception:  # noqa: BLE001 - a live push must never undo or block a recorded write
         logger.warning("could not broadcast %s to %s", message.get("type"), group, exc_info=True)

@@ -20,6 +20,7 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
+from inflight.live.broadcast import batch_text, join_batches
 from inflight.runs.models import Run
 from inflight.runs.selectors import visible_run_or_404
 from inflight.runs.services import run_group, user_runs_group
@@ -68,19 +69,16 @@ def coalesce_batches(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge pending `metrics.batch` events into as few pushes as possible without hiding a gap.
 
     Only consecutive seqs are merged (`from_seq..seq`); a missing batch splits the
-    pushes so the client notices the gap and refetches its snapshot.
+    pushes so the client notices the gap and refetches its snapshot. The points stay text
+    (`live.broadcast.join_batches`): nothing is decoded or encoded again per page.
     """
-    pushes: list[dict[str, Any]] = []
+    pushes: list[list[dict[str, Any]]] = []  # each: batches sorted by seq, without a gap
     for batch in sorted(batches, key=lambda event: int(event["seq"])):
-        seq = int(batch["seq"])
-        first = int(batch.get("from_seq", seq))
-        last_push = pushes[-1] if pushes else None
-        if last_push is not None and first <= last_push["seq"] + 1:
-            last_push["points"].extend(batch["points"])
-            last_push["seq"] = max(last_push["seq"], seq)
+        if pushes and int(batch.get("from_seq", batch["seq"])) <= int(pushes[-1][-1]["seq"]) + 1:
+            pushes[-1].append(batch)
         else:
-            pushes.append({"type": "metrics.batch", "from_seq": first, "seq": seq, "points": list(batch["points"])})
-    return pushes
+            pushes.append([batch])
+    return [join_batches(push) for push in pushes]
 
 
 # Group events the consumers forward to the page (RunConsumer, UserRunsConsumer): none of their
@@ -164,7 +162,7 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
     async def _flush(self) -> None:
         pending, self.pending = self.pending, []
         for push in coalesce_batches(pending):
-            await self.send_json(push)
+            await self.send(text_data=batch_text(push))
         if pending:
             self.pacer.take(asyncio.get_running_loop().time())
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 from django.db import connection, transaction
 
-from inflight.live.broadcast import push_on_commit, run_group
+from inflight.live.broadcast import metrics_batch, push_on_commit, run_group
 from inflight.live.downsample import shift_for_max_step
 from inflight.live.folding import GUARDED_BATCH_INGEST_SQL, INSERT_POINTS_RETURNING_SQL, fold_ingest_batch, read_cursor
 from inflight.runs.models import MetricPoint, Run
@@ -328,7 +328,7 @@ def _write_guarded(batches: list[PendingMetrics]) -> None:
         assert state is not None
         state.seq, state.max_step = seq, max(batch_max_step, state.max_step if state.max_step is not None else batch_max_step)
         pending.seq, pending.settled, pending.stored_at = seq, True, stored_at
-        push_on_commit(run_group(pending.run_id), {"type": "metrics.batch", "seq": seq, "points": pending.columns.points()})
+        push_on_commit(run_group(pending.run_id), metrics_batch(seq, pending.columns.points()))
 
 
 _writer = MetricsWriter()
@@ -363,5 +363,5 @@ def _ingest_in_transaction(run_id: int, columns: PointColumns) -> int | None:
         if not stored:
             transaction.set_rollback(True)
             return None
-        push_on_commit(run_group(run_id), {"type": "metrics.batch", "seq": seq, "points": stored})
+        push_on_commit(run_group(run_id), metrics_batch(seq, stored))
     return seq
