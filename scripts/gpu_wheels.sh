@@ -35,7 +35,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 ROOTS = ["pydantic", "pyyaml", "math-verify", "fastapi", "uvicorn", "uvloop", "httptools", "httpx",
-         "prometheus-client", "psutil", "setproctitle", "tqdm", "safetensors", "nvidia-ml-py", "deepspeed"]
+         "prometheus-client", "psutil", "setproctitle", "tqdm", "safetensors", "nvidia-ml-py", "deepspeed", "orjson"]
 # The GPU image's packages (KINDS.md, 'Python packages already there'); normalised names.
 DEVICE_HAS = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core

@@ -18,7 +18,6 @@ Order of a supervision, as `supervise()` runs it:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from rl_core.common.jsonl_tail import JsonlTail
+from rl_core.common.jsonl_tail import JsonlTail, loads
 from rl_core.common.processes import die_with_parent, stop_process_groups
 from rl_core.rundir.resume import ResumePoint, is_superseded, read_resumes  # stdlib only: no torch here
 from rl_core.rundir.layout import (  # no torch either: the run directory's layout and records
@@ -191,7 +190,7 @@ def read_problem_rows(run_dir: Path, results_file: str | None) -> list[dict[str,
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             if line.strip():
-                rows.append(json.loads(line))
+                rows.append(loads(line))
     return rows
 
 

@@ -5,18 +5,22 @@ quoting each element of array and JSON columns in Python; a statement with one p
 value is no better, as its text changes with the number of rows, so psycopg parses each one anew
 and dumps each list element by element. At 200 live runs that was most of an ingest process's
 CPU (bench/platform_scale.py, py-spy: rollout rows 58%, an evaluation's per-problem rows in
-bursts). `json.dumps` does the same work in C and `jsonb_to_recordset` unpacks it on the server.
+bursts). orjson writes the document (the json module formats every float through a Python
+function: a fifth of an ingest process's time went to it and to reading the lines, py-spy --gil,
+2026-11-29) and `jsonb_to_recordset` unpacks it on the server.
 """
 
 from __future__ import annotations
 
 import functools
-import json
+import math
 import re
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+import orjson
 import psycopg
+from django.contrib.postgres.fields import ArrayField
 from django.db import connection, models
 
 
@@ -24,7 +28,7 @@ from django.db import connection, models
 # refused, one evaluation or rollout batch would be retried for ever and hold up the run's
 # delivery. It is stored as the replacement character instead.
 NUL_STAND_IN = "\ufffd"
-# `\u0000` in json.dumps' text: an escape only after an even number of backslashes.
+# `\u0000` in the JSON text: an escape only after an even number of backslashes.
 _JSON_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
@@ -54,13 +58,59 @@ def rows_source(rows: Sequence[models.Model], fields: tuple[models.Field, ...]) 
     `VALUES (...), ...` with every value bound on its own as its field prepares it, typed as its column.
     A NUL character in any text becomes `NUL_STAND_IN` on both ways."""
     columns, select = _select_from_document(fields)
-    try:
-        document = json.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows], allow_nan=False)
+    if _json_can_carry(rows, fields):
+        document = orjson.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows]).decode()
         return columns, select, [_json_without_nul(document)]
-    except ValueError:
-        one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
-        values = [f.get_db_prep_save(_without_nul(getattr(row, f.attname)), connection) for row in rows for f in fields]
-        return columns, "VALUES " + ", ".join([one_row] * len(rows)), values
+    one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+    values = [f.get_db_prep_save(_without_nul(getattr(row, f.attname)), connection) for row in rows for f in fields]
+    return columns, "VALUES " + ", ".join([one_row] * len(rows)), values
+
+
+def _json_can_carry(rows: Sequence[models.Model], fields: tuple[models.Field, ...]) -> bool:
+    """No float among the rows' values is NaN or infinite (orjson would write them as null, where
+    the VALUES form stores them as they are)."""
+    scalars, arrays, documents = _float_attnames(fields)
+    for row in rows:
+        for name in scalars:
+            value = getattr(row, name)
+            if value is not None and not math.isfinite(value):
+                return False
+        for name in arrays:
+            values = getattr(row, name)
+            if values and not _finite_sum(values):
+                return False
+        for name in documents:
+            if not _finite_document(getattr(row, name)):
+                return False
+    return True
+
+
+def _finite_sum(values: list[float | None]) -> bool:
+    """One sum in C: a NaN or an infinity among `values` makes it non-finite (so may an overflow of
+    huge values: then the VALUES form, still correct)."""
+    try:
+        return math.isfinite(sum(values))  # type: ignore[arg-type]
+    except TypeError:  # a null element
+        return math.isfinite(sum(value for value in values if value is not None))
+
+
+def _finite_document(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite_document(item) for item in value)
+    if isinstance(value, dict):
+        return all(_finite_document(item) for item in value.values())
+    return True
+
+
+@functools.cache
+def _float_attnames(fields: tuple[models.Field, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(float columns, float array columns, JSON columns) among `fields`, by attribute name."""
+    scalars = tuple(f.attname for f in fields if isinstance(f, models.FloatField))
+    arrays = tuple(f.attname for f in fields if isinstance(f, ArrayField) and isinstance(f.base_field, models.FloatField))
+    documents = tuple(f.attname for f in fields if isinstance(f, models.JSONField))
+    return scalars, arrays, documents
 
 
 @functools.cache
