@@ -321,6 +321,8 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
             for kind, values in progress.get("call_ms", {}).items():
                 call_ms.setdefault(kind, []).extend(values)
         records = json.loads(result_file.read_text())
+        lag_file = result_file.with_name("clients-loop-lag.json")
+        clients_lag = json.loads(lag_file.read_text()) if lag_file.exists() else []
         from inflight.runs.services import finish_run
 
         for run in runs:
@@ -344,6 +346,10 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
     for t, ms in zip(ingest_written_at, ingest_delays):
         ingest_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
     ingest_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(ingest_by_window.items())]
+    lag_by_window: dict[int, list[float]] = {}
+    for t, ms in clients_lag:
+        if t >= first_t:
+            lag_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
     killed_clients = [r for r, c in zip(records, clients) if nodes > 1 and c["bases"][0] == bases[-1]]
     return {
         "label": label, "nodes": nodes, "runs": len(runs), "clients": len(records), "wall_s": wall,
@@ -359,6 +365,8 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "lines_delivered": {"metrics": writer.written_lines(), "evals": len(shape.evals) * len(runs),
                             "rollouts": len(shape.rollout_lines) * len(runs) if not args.no_rollouts else 0},
         "latency_timeline": latency_timeline, "ingest_timeline": ingest_timeline,
+        "clients_lag_p95": percentile([ms for _, ms in clients_lag], 95), "clients_lag_max": max((ms for _, ms in clients_lag), default=0.0),
+        "clients_lag_timeline": [(5 * w, percentile(values, 95)) for w, values in sorted(lag_by_window.items())],
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
@@ -402,6 +410,8 @@ def report_live(result: dict[str, Any]) -> None:
         print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
     print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     print(f"[{label}] ingest delay p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["ingest_timeline"]))
+    print(f"[{label}] the pages' own process (the harness, on the same cores): event loop late p95 {result['clients_lag_p95']:.0f} ms, "
+          f"max {result['clients_lag_max']:.0f} ms; p95 per 5 s: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["clients_lag_timeline"]))
     samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]
     print(f"[{label}] ingest backlog (metrics lines written, not yet stored) over time: " + ", ".join(f"{t:.0f}s:{b}" for t, b in samples))
     wall = max(result["wall_s"], 1e-9)

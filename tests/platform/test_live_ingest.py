@@ -51,6 +51,9 @@ def test_a_polls_lines_are_one_batch_stored_once_in_order_and_pushed_after_commi
     assert [(group, message["seq"], len(batch_points(message))) for group, message in pushes] == [(f"run-{run.pk}", 1, 10), (f"run-{run.pk}", 2, 6)]
     # In the line order the run wrote them, each point as [name, step, t, value].
     assert batch_points(pushes[1][1])[:2] == [["train/loss", 5, 1_005.0, 1.0 / 6], ["rollout/reward_mean", 5, 1_005.0, 0.5]]
+    # The points travel as JSON text, made once here: the web node passes it on to every open page
+    # without decoding and encoding each point again.
+    assert all(isinstance(message["points_json"], str) and "points" not in message for _, message in pushes)
 
 
 def test_a_restarted_worker_resending_a_half_stored_poll_loses_and_doubles_nothing(

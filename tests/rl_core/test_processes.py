@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -133,6 +134,18 @@ def test_strict_tail_refuses_a_bad_line_instead_of_skipping_it(tmp_path: Path) -
     with pytest.raises(ValueError, match=r"rollouts.jsonl line 1 \(byte 9\): not a JSON object"):
         tail.peek()
     assert tail.offset == 0 and tail.line_no == 0  # nothing was delivered
+
+
+def test_tail_reads_the_nan_and_infinity_pythons_json_writes_as_before(tmp_path: Path) -> None:
+    """Lines are read by orjson first, which refuses NaN and Infinity; json.dumps writes them for a
+    non-finite metric, and such a line is still read, not skipped as bad."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "loss": float("nan"), "grad": float("inf")}) + "\n" + '{"step": 2, "loss": 0.5}\n')
+    tail = JsonlTail(path)
+    records = tail.read()
+    assert [line for line, _ in records] == [0, 1] and tail.bad_lines == 0
+    first = records[0][1]
+    assert math.isnan(first["loss"]) and first["grad"] == float("inf") and records[1][1] == {"step": 2, "loss": 0.5}
 
 
 def _group_with_a_child(ignore_sigterm: bool) -> tuple[subprocess.Popen, int]:

@@ -15,6 +15,7 @@ from inflight.runs.models import EvalProblemResult, EvalScore
 
 _EVAL_FIELDS = ("benchmark", "step", "k", "mean_at_k", "pass_at_k", "num_problems", "num_samples")
 _SCORE_KEY = ("run", "benchmark", "step")  # its unique constraint: a re-sent line updates this row
+_ROW_FIELDS = tuple(f for f in model_fields(EvalProblemResult) if f.name != "eval")
 
 
 def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterable[dict[str, Any]]) -> EvalScore:
@@ -40,25 +41,26 @@ def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterab
         t=float(eval_line.get("t", time.time())),
         results_file=str(eval_line.get("results_file") or ""),
     )
+    # Each row as `json_rows.rows_source` takes it: every field of EvalProblemResult but `eval`.
     rows = [
-        EvalProblemResult(
-            problem_id=str(row["problem_id"]),
-            problem=str(row.get("problem") or ""),
-            answer=str(row.get("answer", "")),
-            samples=list(row.get("samples") or []),
-            extracted=list(row.get("extracted") or []),
-            verdicts=[bool(v) for v in row.get("verdicts") or []],
-            mean=float(row.get("mean", 0.0)),
-            passed=bool(row.get("pass", False)),
+        {
+            "problem_id": str(row["problem_id"]),
+            "problem": str(row.get("problem") or ""),
+            "answer": str(row.get("answer", "")),
+            "samples": list(row.get("samples") or []),
+            "extracted": list(row.get("extracted") or []),
+            "verdicts": [bool(v) for v in row.get("verdicts") or []],
+            "mean": float(row.get("mean", 0.0)),
+            "passed": bool(row.get("pass", False)),
             # A tool env's evaluation says whether the problem's samples called the tool; absent
             # (a single-turn env) stays unknown, never "no".
-            used_tool=None if row.get("used_tool") is None else bool(row["used_tool"]),
-            samples_used_tool=[bool(v) for v in row["samples_used_tool"]] if isinstance(row.get("samples_used_tool"), list) else None,
-        )
+            "used_tool": None if row.get("used_tool") is None else bool(row["used_tool"]),
+            "samples_used_tool": [bool(v) for v in row["samples_used_tool"]] if isinstance(row.get("samples_used_tool"), list) else None,
+        }
         for row in per_problem_rows
     ]
     score_fields = model_fields(EvalScore)
-    row_fields = tuple(f for f in model_fields(EvalProblemResult) if f.name != "eval")
+    row_fields = _ROW_FIELDS
     # The rows as one JSON document (`json_rows`): 200 runs' evaluations arrive together and their
     # quoted samples were the burst that held every run's metrics back (bench/platform_scale.py).
     columns, source, row_params = rows_source(rows, row_fields)

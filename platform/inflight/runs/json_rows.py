@@ -16,7 +16,7 @@ import functools
 import math
 import re
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 import psycopg
@@ -51,36 +51,39 @@ def model_fields(model: type[models.Model]) -> tuple[models.Field, ...]:
     return tuple(f for f in model._meta.concrete_fields if not f.primary_key)
 
 
-def rows_source(rows: Sequence[models.Model], fields: tuple[models.Field, ...]) -> tuple[str, str, list[Any]]:
-    """(the column list, the rows as an INSERT's source, its parameters). The source is
-    `SELECT ... FROM jsonb_to_recordset(%s::jsonb)` over one JSON array of objects (a JSONField's
-    value goes in as the JSON it is); when a value has no JSON form (NaN, infinity) it is
-    `VALUES (...), ...` with every value bound on its own as its field prepares it, typed as its column.
-    A NUL character in any text becomes `NUL_STAND_IN` on both ways."""
+def rows_source(rows: Sequence[models.Model | Mapping[str, Any]], fields: tuple[models.Field, ...]) -> tuple[str, str, list[Any]]:
+    """(the column list, the rows as an INSERT's source, its parameters). A row is a model
+    instance or a mapping of every field's attribute name to its value (no instance to build: an
+    evaluation's 64 rows at a time, 200 runs evaluating, made instances a tenth of ingest's CPU).
+    The source is `SELECT ... FROM jsonb_to_recordset(%s::jsonb)` over one JSON array of objects
+    (a JSONField's value goes in as the JSON it is); when a value has no JSON form (NaN, infinity)
+    it is `VALUES (...), ...` with every value bound on its own as its field prepares it, typed as
+    its column. A NUL character in any text becomes `NUL_STAND_IN` on both ways."""
     columns, select = _select_from_document(fields)
-    if _json_can_carry(rows, fields):
-        document = orjson.dumps([{f.column: getattr(row, f.attname) for f in fields} for row in rows]).decode()
+    values = [row if isinstance(row, Mapping) else {f.attname: getattr(row, f.attname) for f in fields} for row in rows]
+    if _json_can_carry(values, fields):
+        document = orjson.dumps([{f.column: row[f.attname] for f in fields} for row in values]).decode()
         return columns, select, [_json_without_nul(document)]
     one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
-    values = [f.get_db_prep_save(_without_nul(getattr(row, f.attname)), connection) for row in rows for f in fields]
-    return columns, "VALUES " + ", ".join([one_row] * len(rows)), values
+    params = [f.get_db_prep_save(_without_nul(row[f.attname]), connection) for row in values for f in fields]
+    return columns, "VALUES " + ", ".join([one_row] * len(rows)), params
 
 
-def _json_can_carry(rows: Sequence[models.Model], fields: tuple[models.Field, ...]) -> bool:
+def _json_can_carry(rows: list[Mapping[str, Any]], fields: tuple[models.Field, ...]) -> bool:
     """No float among the rows' values is NaN or infinite (orjson would write them as null, where
     the VALUES form stores them as they are)."""
     scalars, arrays, documents = _float_attnames(fields)
     for row in rows:
         for name in scalars:
-            value = getattr(row, name)
+            value = row[name]
             if value is not None and not math.isfinite(value):
                 return False
         for name in arrays:
-            values = getattr(row, name)
+            values = row[name]
             if values and not _finite_sum(values):
                 return False
         for name in documents:
-            if not _finite_document(getattr(row, name)):
+            if not _finite_document(row[name]):
                 return False
     return True
 

@@ -402,9 +402,13 @@ def mark_lost_runs(lost_after_s: float | None = None) -> list[int]:
     every heartbeat is old, and the others have not had the time to write a new one yet."""
     lost_after_s = settings.INFLIGHT_WORKER_LOST_AFTER_S if lost_after_s is None else lost_after_s
     cutoff = timezone.now() - timedelta(seconds=lost_after_s)
-    workers = {worker.name: worker for worker in Worker.objects.all()}
+    # Only what `_worker_alive` reads: every web node and worker process sweeps every few seconds,
+    # and loading each live run whole (its config decoded) was 8% of a web node's CPU at 200 live
+    # runs (bench/platform_scale.py, py-spy --gil).
+    workers = {worker.name: worker for worker in Worker.objects.only("name", "incarnation", "last_heartbeat")}
     lost = []
-    for run in Run.objects.filter(status__in=[RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING]):
+    active = Run.objects.filter(status__in=[RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLING])
+    for run in active.only("id", "status", "worker_name", "worker_incarnation", "started_at"):
         if not run.worker_name or _worker_alive(run, workers, cutoff) is not False:
             continue
         try:
