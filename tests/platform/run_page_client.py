@@ -2,7 +2,8 @@
 socket, fetch `snapshot.json` once it is open (pushes that come meanwhile wait), apply `metrics.batch`
 pushes by seq (stale ones ignored, a gap refetches the snapshot), and after a close reconnect — to
 the next web node, as a load balancer would send it — and refetch. The page's state is
-`downsample_oracle.DownsampleState` (downsample.js's State). Used by tests/platform/test_two_web_nodes.py
+`downsample_oracle.DownsampleState` (downsample.js's State), applied once the page stops (`PageSeries`).
+Used by tests/platform/test_two_web_nodes.py
 and bench/platform_scale.py; it counts what the lost-nothing property is about. With `panel_poll_s`
 it also refreshes the actions panel as the page does: `panel.json` on a `run.panel` push, an
 `eval.score` push or a held-out success point at a listed checkpoint's step, a status change and
@@ -22,6 +23,36 @@ from typing import Any
 
 import orjson
 from downsample_oracle import DownsampleState  # tests/platform is on sys.path (as for the test modules)
+
+
+class PageSeries:
+    """The page's series as the snapshot it loaded plus the pushes it took after it, decided by seq
+    as `DownsampleState.apply_batch` decides (stale, gap, applied) but folded into a
+    `DownsampleState` only when `final()` is asked: the bench's 500 pages share the machine with the
+    platform they measure, and folding every point as it came was a quarter of their process's CPU
+    (py-spy --gil), work a browser does on its own machine. The outcome is the same state."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+        self.seq = int(snapshot["seq"])
+        self.pushes: list[dict[str, Any]] = []
+
+    def apply_batch(self, message: dict[str, Any]) -> str:
+        seq = int(message["seq"])
+        if seq <= self.seq:
+            return "stale"
+        if int(message.get("from_seq", seq)) > self.seq + 1:
+            return "gap"
+        self.pushes.append(message)
+        self.seq = seq
+        return "applied"
+
+    def final(self) -> dict[str, Any]:
+        state = DownsampleState.from_snapshot(self.snapshot)
+        for message in self.pushes:
+            outcome = state.apply_batch(message)
+            assert outcome == "applied", outcome  # decided as above, by the same seqs
+        return state.to_snapshot()
 
 
 @dataclass
@@ -111,7 +142,7 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
     each connect, and a safety poll this often while the run is active)."""
     import websockets
 
-    state: DownsampleState | None = None
+    state: PageSeries | None = None
     node = 0
     current_base = [bases[0]]
     wanted = PanelWanted()
@@ -141,7 +172,7 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     waiting = {recv_task, stop_task} | ({snapshot_task} if snapshot_task is not None else set())
                     done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                     if snapshot_task is not None and snapshot_task in done:
-                        state = DownsampleState.from_snapshot(snapshot_task.result())
+                        state = PageSeries(snapshot_task.result())
                         record.seq = state.seq
                         record.refetches += 1
                         snapshot_task = None
@@ -200,10 +231,10 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
         await asyncio.sleep(1.0 + random.random() * 0.5)
     if panel is not None:
         await panel
-    record.final = state.to_snapshot() if state is not None else None
+    record.final = state.final() if state is not None else None
 
 
-def _apply(record: ClientRecord, state: DownsampleState, message: dict[str, Any], received_at: float) -> str:
+def _apply(record: ClientRecord, state: PageSeries, message: dict[str, Any], received_at: float) -> str:
     outcome = state.apply_batch(message)
     record.seq = state.seq
     if outcome == "applied":

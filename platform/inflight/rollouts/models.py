@@ -31,7 +31,8 @@ class RolloutStore(models.Model):
 class StoredRollout(models.Model):
     # No database-level foreign key (as MetricPoint): ingest locks the run's store row, which
     # exists only for an existing run; deletes still cascade through the ORM.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    # Looked up by the (run, ...) indexes and unique constraints below: no index on `run` alone.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False)
     line = models.BigIntegerField(help_text="Idempotency key: 0-based line of the sample in stream/rollouts.jsonl.")
     step = models.BigIntegerField(help_text="Trainer step that trains it (from its place in the stream).")
     seq = models.BigIntegerField(help_text="RolloutStore.seq of the batch that stored it.")

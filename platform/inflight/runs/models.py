@@ -183,7 +183,9 @@ class MetricPoint(models.Model):
     # No database-level foreign key: PostgreSQL would run a referential-integrity check per
     # inserted row (~1.5-2x slower bulk ingest). `live.ingest.ingest_metrics` locks the run row in
     # the same transaction, which proves the run exists; deletes still cascade through the ORM.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points", db_constraint=False)
+    # No index of its own either: the unique (run, line, name) and the two (run, ...) indexes below
+    # serve every lookup by run, and a fourth index per point was PostgreSQL's work on every insert.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points", db_constraint=False, db_index=False)
     name = models.CharField(max_length=120)
     step = models.BigIntegerField()
     t = models.FloatField(help_text="Unix seconds when the value was logged.")
@@ -219,7 +221,8 @@ class EvalScore(models.Model):
 
 
 class EvalProblemResult(models.Model):
-    eval = models.ForeignKey(EvalScore, on_delete=models.CASCADE, related_name="problem_results")
+    # Looked up by the unique (eval, problem_id) index: no second index on `eval` alone.
+    eval = models.ForeignKey(EvalScore, on_delete=models.CASCADE, related_name="problem_results", db_index=False)
     problem_id = models.CharField(max_length=200)
     problem = models.TextField(blank=True, default="", help_text="The problem's statement as asked (empty for evaluations written before it was recorded).")
     answer = models.TextField(blank=True, default="")
