@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -451,6 +452,9 @@ class Launcher:
             launch_error = exc
         except Exception as exc:  # noqa: BLE001 - any launcher bug still stops the children and says why
             state, error = "failed", f"launcher error: {exc!r}"
+            # Where it came from, in the launcher's own output (supervisor_child.log under the
+            # platform): status.json keeps the one line, and a bug without its traceback hides.
+            traceback.print_exc(file=sys.stderr)
         finally:
             if self.watchdog is not None:
                 self.watchdog.close()
