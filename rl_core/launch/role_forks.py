@@ -134,6 +134,11 @@ class RoleForks:
         """Role `name` (`command`: `python -m MODULE ARGS`) forked with `env` as its whole
         environment, stdout and stderr appended to `log_file`. Raises RoleForkError when the
         fork server cannot start it (the caller starts the role fresh instead)."""
+        # The log exists once this returns, as a fresh role's does (the launcher opens that one before
+        # Popen): the launcher reads it at once for the server's ready line, and the fork opens it
+        # only when it runs — on a loaded machine after that first read ("launcher error:
+        # FileNotFoundError", three times in full test runs, 2026-11-29).
+        Path(log_file).touch()
         process = self.context.Process(target=run_role, args=(command[2], command[3:], env, str(log_file)), name=name)
         try:
             process.start()

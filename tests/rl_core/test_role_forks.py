@@ -52,6 +52,16 @@ def test_a_forked_role_gets_its_argv_environment_log_and_exit_code(tmp_path: Pat
     assert seen["cmdline"] == f"{sys.executable} -m tests.rl_core.forked_role_probe report 3"
 
 
+def test_a_forked_roles_log_exists_when_start_returns_as_a_fresh_roles_does(tmp_path: Path) -> None:
+    """The launcher reads a server's log for its ready line right after starting it; the fork opens
+    its log only once it runs, which on a loaded machine came after that read."""
+    forks = probe_forks()
+    log = tmp_path / "server0.log"
+    role = forks.start("server-0", [*PROBE, "report", "0"], dict(os.environ), log)
+    assert log.exists()
+    assert role.wait(60) == 0 and json.loads(log.read_text().splitlines()[0])["argv"] == ["report", "0"]  # appended to, not replaced
+
+
 def test_a_forked_role_ends_as_popen_reports_it(tmp_path: Path) -> None:
     forks = probe_forks()
     role = forks.start("actor", [*PROBE, "sleep", "60"], dict(os.environ), tmp_path / "sleep.log")
