@@ -91,11 +91,13 @@ class _Broadcaster:
         async with self._slots:
             waiting = self._waiting[group]
             while waiting:
-                message = waiting.popleft()
-                merged = 0
-                while waiting and _consecutive_batches(message, waiting[0]):
-                    message = _merge_batches(message, waiting.popleft())
-                    merged += 1
+                # A run's consecutive metrics batches waiting here go as one push (as the consumer
+                # coalesces them): when the channel layer is slower than ingest (200 live runs), each
+                # would otherwise cost its own round trip and reach the pages later still.
+                run = [waiting.popleft()]
+                while waiting and _consecutive_batches(run[-1], waiting[0]):
+                    run.append(waiting.popleft())
+                message, merged = (join_batches(run) if len(run) > 1 else run[0]), len(run) - 1
                 try:
                     layer = get_channel_layer()
                     if layer is not None:
@@ -160,13 +162,6 @@ def _consecutive_batches(first: dict[str, Any], then: dict[str, Any]) -> bool:
         and all(isinstance(m.get("points_json"), str) or isinstance(m.get("points"), list) for m in (first, then))
         and int(then.get("from_seq", then["seq"])) == int(first["seq"]) + 1
     )
-
-
-def _merge_batches(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
-    """One push for batches from_seq..seq, as the consumer coalesces them (live.consumers): when a
-    run's pushes queue up here (the channel layer slower than ingest, at 200 live runs), each
-    waiting one would otherwise cost its own round trip and reach the pages later still."""
-    return join_batches([first, then])
 
 
 _broadcaster = _Broadcaster()
