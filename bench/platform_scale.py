@@ -58,7 +58,7 @@ from typing import Any
 
 from benchlib import DEMO_CONFIG, REPO_ROOT, SMOKE_DEMO_OVERRIDES, free_port, parse_bench_args, platform_services  # first: it puts the checkout on sys.path
 from scale_finished import finished_runs_phase
-from scale_live import DemoShape, ReplayWriter
+from scale_live import CLIENTS_LAG_FILE, DemoShape, ReplayWriter
 from scale_recording import DEFAULT_RECORDING, demo_recording
 
 def percentile(values: list[float], q: float) -> float:
@@ -321,7 +321,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
             for kind, values in progress.get("call_ms", {}).items():
                 call_ms.setdefault(kind, []).extend(values)
         records = json.loads(result_file.read_text())
-        lag_file = result_file.with_name("clients-loop-lag.json")
+        lag_file = result_file.with_name(CLIENTS_LAG_FILE)
         clients_lag = json.loads(lag_file.read_text()) if lag_file.exists() else []
         from inflight.runs.services import finish_run
 

@@ -42,6 +42,8 @@ for _path in (REPO_ROOT / "platform", REPO_ROOT, REPO_ROOT / "tests" / "platform
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+# Beside the clients' result file: [(unix time, ms late), ...] of the pages' own event loop.
+CLIENTS_LAG_FILE = "clients-loop-lag.json"
 ROLLOUT_GROUP_LINES = 8  # the demo's group_size: the actor writes a group's samples together
 
 
@@ -362,7 +364,7 @@ async def _run_clients(spec: dict[str, Any]) -> list[ClientRecord]:
             asked = loop.time()
             await asyncio.sleep(0.05)
             lags_ms.append((time.time(), (loop.time() - asked - 0.05) * 1000.0))
-    Path(spec["result_file"]).with_name("clients-loop-lag.json").write_text(json.dumps(lags_ms))
+    Path(spec["result_file"]).with_name(CLIENTS_LAG_FILE).write_text(json.dumps(lags_ms))
     stop.set()
     await asyncio.gather(*tasks)
     for http in http_clients.values():

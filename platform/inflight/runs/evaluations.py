@@ -60,10 +60,9 @@ def ingest_eval(run_id: int, eval_line: dict[str, Any], per_problem_rows: Iterab
         for row in per_problem_rows
     ]
     score_fields = model_fields(EvalScore)
-    row_fields = _ROW_FIELDS
     # The rows as one JSON document (`json_rows`): 200 runs' evaluations arrive together and their
     # quoted samples were the burst that held every run's metrics back (bench/platform_scale.py).
-    columns, source, row_params = rows_source(rows, row_fields)
+    columns, source, row_params = rows_source(rows, _ROW_FIELDS)
     score_values = [f.get_db_prep_save(getattr(score, f.attname), connection) for f in score_fields]
     with server_bound_cursor() as cursor:
         cursor.execute(_ingest_sql(score_fields, columns, source), [*score_values, *row_params])
