@@ -89,7 +89,7 @@ class RedisStreamTail:
 
 class FileStreamTail(JsonlTail):
     def has_stream(self) -> bool:
-        return self.path.exists()
+        return self._handle is not None or self.path.exists()  # once opened, the file is there for good (append-only)
 
 
 def rollouts_tail(run_dir: Path, config_yaml: str) -> FileStreamTail | RedisStreamTail:

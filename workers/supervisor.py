@@ -532,6 +532,10 @@ class RunSupervisor:
             if restarted is not None:
                 restarted.terminate()
                 restarted.wait(10)
+            # The file tails keep their files open between polls (JsonlTail); a read after this opens them again.
+            for tail in (self.metrics_tail, self.evals_tail, self.rollouts_tail, self.train_logprobs_tail, self.discarded_tail):
+                if isinstance(tail, JsonlTail):
+                    tail.close()
 
     def _restart_embedded_stream(self) -> subprocess.Popen | None:
         tail = self.rollouts_tail
