@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from django.db.models import Count, F, QuerySet
 
@@ -22,15 +22,17 @@ def _short(text: str, limit: int = SHORT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def summary_json(row: StoredRollout) -> dict[str, Any]:
-    """One table row (what the list API, the page and the live push carry)."""
+def summary_json(row: StoredRollout | Mapping[str, Any]) -> dict[str, Any]:
+    """One table row (what the list API, the page and the live push carry): of a stored row, or of
+    the mapping ingest has just inserted (StoredRollout's attribute names, its `id` set)."""
+    get: Any = row.__getitem__ if isinstance(row, Mapping) else (lambda name: row.pk if name == "id" else getattr(row, name))
     return {
-        "id": row.pk, "line": row.line, "step": row.step, "sample_id": row.sample_id, "group_id": row.group_id,
-        "prompt": _short(row.problem_text or row.prompt_text), "response": _short(row.completion_text), "reward": row.reward,
-        "correct": row.correct, "length": row.length, "versions_spanned": row.versions_spanned,
-        "min_version": row.min_version, "max_version": row.max_version, "max_lag": row.max_lag,
-        "extracted": row.extracted, "tool_calls": row.tool_calls, "env": row.env,
-        "discarded": row.discarded or None,
+        "id": get("id"), "line": get("line"), "step": get("step"), "sample_id": get("sample_id"), "group_id": get("group_id"),
+        "prompt": _short(get("problem_text") or get("prompt_text")), "response": _short(get("completion_text")), "reward": get("reward"),
+        "correct": get("correct"), "length": get("length"), "versions_spanned": get("versions_spanned"),
+        "min_version": get("min_version"), "max_version": get("max_version"), "max_lag": get("max_lag"),
+        "extracted": get("extracted"), "tool_calls": get("tool_calls"), "env": get("env"),
+        "discarded": get("discarded") or None,
     }
 
 

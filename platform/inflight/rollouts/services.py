@@ -136,7 +136,10 @@ def placement(line: int, record: dict[str, Any], discarded: bool) -> tuple[int, 
 
 
 def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], decoder: TokenDecoder, now: float,
-         decoded: dict[tuple[int, ...], tuple[str, str]] | None = None, discard_line: int | None = None) -> StoredRollout:
+         decoded: dict[tuple[int, ...], tuple[str, str]] | None = None, discard_line: int | None = None) -> dict[str, Any]:
+    """The stored row of a sample, by StoredRollout's attribute names (what `json_rows.rows_source`
+    inserts and `summary_json` reads): no model instance is built for it — at 200 live runs
+    building one per kept sample was a third of the rows' Python time (bench/platform_scale.py)."""
     ids = [int(i) for i in record["completion_token_ids"]]
     versions = [int(v) for v in record["token_versions"]]
     logprobs = [float(x) for x in record["behaviour_logprobs"]]
@@ -155,7 +158,7 @@ def _row(run_id: int, line: int, step: int, seq: int, record: dict[str, Any], de
         tool_calls = 0
     extracted = metadata.get("extracted")
     prompt, problem = _prompt_texts(decoder, [int(i) for i in record.get("prompt_token_ids") or []], {} if decoded is None else decoded)
-    return StoredRollout(
+    return dict(
         run_id=run_id, line=line, step=step, seq=seq,
         sample_id=str(record.get("sample_id", ""))[:200], group_id=str(record.get("group_id", ""))[:200],
         prompt_id=str(record.get("prompt_id", ""))[:200],
@@ -271,7 +274,7 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
                 _thin(store, state.settings.max_stored)
                 RolloutStore.objects.filter(run_id=run_id).update(stride=store.stride, stored=store.stored)
         if rows:
-            kept = [row for row in rows if row.step % store.stride == 0][-PUSH_ROWS:]
+            kept = [row for row in rows if row["step"] % store.stride == 0][-PUSH_ROWS:]
             if kept:
                 message = {"type": "rollouts.batch", "run_id": run_id, "seq": store.seq, "rows": [summary_json(row) for row in kept]}
                 push_on_commit(run_group(run_id), message)
@@ -338,29 +341,28 @@ def submit_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
 _INSERT_CHUNK_ROWS = 1000  # rows per statement: bounds the JSON document one statement carries
 
 
-def _insert_rows(rows: list[StoredRollout], key: str = "line") -> tuple[list[StoredRollout], int]:
-    """Insert the rows whose `key` (`line`, or `discard_line` for discarded samples) is not stored
-    yet, count them in their store's `stored` in the same statement, and set their pks; returns
-    (the rows inserted, the store's new `stored`).
+def _insert_rows(rows: list[dict[str, Any]], key: str = "line") -> tuple[list[dict[str, Any]], int]:
+    """Insert the rows (`_row`'s mappings) whose `key` (`line`, or `discard_line` for discarded
+    samples) is not stored yet, count them in their store's `stored` in the same statement, and
+    set their `id`s; returns (the rows inserted, the store's new `stored`).
     The rows travel as one JSON document (`runs.json_rows`: the token arrays were most of ingest's
     CPU); a row JSON cannot carry (a NaN logprob) is bound value by value."""
     fields = model_fields(StoredRollout)
-    run_id = rows[0].run_id
-    inserted: list[StoredRollout] = []
+    run_id = rows[0]["run_id"]
+    inserted: list[dict[str, Any]] = []
     stored = 0
     with server_bound_cursor() as cursor:
         for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
-            chunk = {getattr(row, key): row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
+            chunk = {row[key]: row for row in rows[start:start + _INSERT_CHUNK_ROWS]}
             columns, source, params = rows_source(list(chunk.values()), fields)
             cursor.execute(_insert_and_count_sql(columns, source, key), [*params, run_id])
             for pk, line, stored in cursor.fetchall():
                 if pk is None:
                     continue  # no row was new: the joined row only carries `stored`
                 row = chunk[line]
-                row.pk = pk
-                row._state.adding = False
+                row["id"] = pk
                 inserted.append(row)
-    inserted.sort(key=lambda row: (row.line, row.discard_line or 0))
+    inserted.sort(key=lambda row: (row["line"], row["discard_line"] or 0))
     return inserted, stored
 
 

@@ -62,7 +62,11 @@ def rows_source(rows: Sequence[models.Model | Mapping[str, Any]], fields: tuple[
     columns, select = _select_from_document(fields)
     values = [row if isinstance(row, Mapping) else {f.attname: getattr(row, f.attname) for f in fields} for row in rows]
     if _json_can_carry(values, fields):
-        document = orjson.dumps([{f.column: row[f.attname] for f in fields} for row in values]).decode()
+        # Mappings keyed as the columns are written as they are (a key of no field is ignored by
+        # jsonb_to_recordset): copying each row into a new dict was a tenth of the kept rollouts' time.
+        objects = rows if _columns_are_attnames(fields) and all(isinstance(row, Mapping) for row in rows) else [
+            {f.column: row[f.attname] for f in fields} for row in values]
+        document = orjson.dumps(objects).decode()
         return columns, select, [_json_without_nul(document)]
     one_row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
     params = [f.get_db_prep_save(_without_nul(row[f.attname]), connection) for row in values for f in fields]
@@ -114,6 +118,11 @@ def _float_attnames(fields: tuple[models.Field, ...]) -> tuple[tuple[str, ...], 
     arrays = tuple(f.attname for f in fields if isinstance(f, ArrayField) and isinstance(f.base_field, models.FloatField))
     documents = tuple(f.attname for f in fields if isinstance(f, models.JSONField))
     return scalars, arrays, documents
+
+
+@functools.cache
+def _columns_are_attnames(fields: tuple[models.Field, ...]) -> bool:
+    return all(f.column == f.attname for f in fields)
 
 
 @functools.cache
