@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "inflight.settings")
 
@@ -21,6 +22,15 @@ from inflight.web.asgi_guards import SafeStaticFilesHandler, SameOriginWebsocket
 # Never serve with DEBUG off and no SECRET_KEY (settings.py says why importing alone does not refuse).
 if settings.SECRET_KEY_MISSING and not settings.DEBUG:
     raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
+
+# The web node's event loop (pushes to pages) shares the GIL with the threads that render its
+# views (a page's panel.json), and gives it up at every socket call. CPython hands it back to a
+# waiting thread only once per switch interval (5 ms by default): the loop waited up to 5 ms per
+# socket call while a view rendered, and the pushes queued for seconds (bench/platform_scale.py, 60
+# live runs and 150 pages: push p95 6.4 s with the default, 0.33 s with 0.5 ms, the web node's CPU
+# the same). Only here: a worker's supervisor threads are CPU-bound together, and on a full machine
+# ten times the handovers made its ingest slower (200 live runs: ingest p95 3.5-6 s -> 10 s).
+sys.setswitchinterval(settings.INFLIGHT_GIL_SWITCH_S)
 
 # Static files (plotly.js, the UI's css/js) are served by Daphne through the staticfiles
 # finders: no CDN, no whitenoise, no separate web server for the demo or the compose stack.

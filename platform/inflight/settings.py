@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,15 +30,8 @@ def _env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-# Every platform process runs I/O-bound threads beside CPU-bound ones: the web node's event loop
-# (pushes to pages) beside its views' threads (a panel.json render), a worker's metrics writer and
-# broadcast loop beside its supervisors (parsing lines). CPython hands the GIL over to a waiting
-# thread only once per switch interval (5 ms by default), so an I/O thread, which gives the GIL up
-# at every socket call, waited up to 5 ms to get it back each time, and its pushes queued behind
-# the CPU-bound thread for seconds (bench/platform_scale.py, 60 live runs and 150 pages: push p95
-# 6.4 s with the default, 0.33 s with 0.5 ms, the web node's CPU the same).
+# How often the web node hands the GIL to a waiting thread (inflight/asgi.py says why).
 INFLIGHT_GIL_SWITCH_S = float(os.environ.get("INFLIGHT_GIL_SWITCH_S", "0.0005"))
-sys.setswitchinterval(INFLIGHT_GIL_SWITCH_S)
 
 
 # Ports of the embedded services started by `inflight.devservices` (make demo).
