@@ -218,8 +218,13 @@ def run_ingest(spec: dict[str, Any]) -> None:
             delivery.settle = timed_settle
             return delivery
 
-        def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
-            timed("evaluation", super().evaluation, line_no, record, problem_rows)
+        def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> Any:
+            # Handed to the process's evaluation writer (timed: the hand-over); `evaluations_written`: until stored.
+            handed_at = time.perf_counter()
+            delivery = timed("evaluation", super().evaluation, line_no, record, problem_rows)
+            delivery.future.add_done_callback(
+                lambda _: call_ms.setdefault("evaluations_written", []).append((time.perf_counter() - handed_at) * 1000.0))
+            return delivery
 
         def rollouts(self, records: Any, lines_read: int) -> Any:
             # Handed to the process's rollout writer (timed: the hand-over); `rollouts_written`: from

@@ -74,8 +74,9 @@ class Reporter(Protocol):
         """Records of metrics.jsonl with their 0-based line numbers (the idempotency key). None:
         stored already; a `Delivery`: being written (the supervisor's other work goes on)."""
 
-    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
-        """One evals.jsonl line with its per-problem rows."""
+    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> Delivery | None:
+        """One evals.jsonl line with its per-problem rows. None: stored; a `Delivery`: being
+        written. A malformed line raises ValueError/KeyError/TypeError (here or when settled)."""
 
     def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> Delivery | None:
         """Rollout stream lines with their 0-based line numbers (the rollout viewer), and how many
@@ -119,8 +120,8 @@ class NullReporter:
     def metrics(self, records: list[tuple[int, dict[str, Any]]]) -> Delivery | None:
         return None
 
-    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
-        pass
+    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> Delivery | None:
+        return None
 
     def rollouts(self, records: list[tuple[int, dict[str, Any]]], lines_read: int) -> Delivery | None:
         return None
@@ -327,10 +328,11 @@ class RunSupervisor:
                                   self._deliver_discarded)
         return metrics and evals and rollouts and train_logprobs and discarded and not self.in_flight
 
-    def _settled(self, kind: str, tail: Any) -> bool:
+    def _settled(self, kind: str, tail: Any, malformed: tuple[type[Exception], ...] = ()) -> bool:
         """Whether `kind`'s tail is free to read on: no write of its lines under way. A finished
         write is settled here (raising if it failed: the same lines are read and sent again on the
-        next poll) and the tail moved past its lines."""
+        next poll) and the tail moved past its lines. An error of a `malformed` type is the lines'
+        own (retrying cannot fix it): said, and the lines are passed."""
         entry = self.in_flight.get(kind)
         if entry is None:
             return True
@@ -338,7 +340,10 @@ class RunSupervisor:
         if not delivery.ready():
             return False
         del self.in_flight[kind]
-        delivery.settle()
+        try:
+            delivery.settle()
+        except malformed as exc:
+            logger.error("%s line %d skipped: %s", tail.path.name, line_no - 1, exc)
         tail.commit(offset, line_no)
         return True
 
@@ -360,20 +365,26 @@ class RunSupervisor:
         self._handed_over("metrics", self.metrics_tail, self.reporter.metrics(records) if records else None, offset, line_no)
 
     def _deliver_evaluations(self) -> None:
-        # One evaluation at a time: a failure re-sends only the ones not yet stored.
-        while True:
+        # One evaluation at a time (a failure re-sends only the ones not yet stored), handed over as
+        # rollouts are: its write settles on a later poll. Malformed for good (retrying cannot fix
+        # it): skipped, its line said.
+        malformed = (ValueError, KeyError, TypeError, OSError)
+        while self._settled("evals", self.evals_tail, malformed):
             records, offset, line_no = self.evals_tail.peek(max_lines=1)
+            if line_no == self.evals_tail.line_no:
+                return  # nothing new
             records = [(n, r) for n, r in records if not is_superseded(self.resumes, EVALS_FILE, n, _step_of(r))]
+            delivery = None
             for eval_line_no, record in records:
                 try:
                     rows = read_problem_rows(self.run_dir, record.get("results_file"))
-                    self.reporter.evaluation(eval_line_no, record, rows)
-                except (ValueError, KeyError, TypeError, OSError) as exc:
-                    # Malformed for good (retrying cannot fix it): skip it, say which line.
+                    delivery = self.reporter.evaluation(eval_line_no, record, rows)
+                except malformed as exc:
                     logger.error("evals.jsonl line %d skipped: %s", eval_line_no, exc)
-            self.evals_tail.commit(offset, line_no)
-            if not records:
-                return
+            if delivery is None:
+                self.evals_tail.commit(offset, line_no)
+            else:
+                self.in_flight["evals"] = (delivery, offset, line_no)  # settled by the loop's test: now if it is ready
 
     def _deliver_rollouts(self) -> None:
         if not self._settled("rollouts", self.rollouts_tail):

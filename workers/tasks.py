@@ -85,6 +85,22 @@ class MetricsDelivery:
         self.reporter.metrics_stored(self.records)
 
 
+class EvalDelivery(FutureDelivery):
+    """An evaluation being stored by the evaluation writer; settling runs the alert rules on its score."""
+
+    def __init__(self, reporter: PlatformReporter, future: Future[Any]) -> None:
+        super().__init__(future)
+        self.reporter = reporter
+
+    def settle(self) -> None:
+        try:
+            score = self.future.result()
+        except Exception:
+            connection.close()  # a database error: the next try reconnects (as PlatformReporter._call)
+            raise
+        self.reporter._alerts(alert_services.evaluate_eval, self.reporter.run_id, score)
+
+
 class PlatformReporter:
     """Supervisor → services. A database error closes the connection so the next try reconnects."""
 
@@ -211,9 +227,10 @@ class PlatformReporter:
 
         self._call(supersede_rewound_history, self.run_id, point.step, point.lines.get(METRICS_FILE, 0), point.t)
 
-    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> None:
-        score = self._call(evaluations.ingest_eval, self.run_id, record, problem_rows)
-        self._alerts(alert_services.evaluate_eval, self.run_id, score)
+    def evaluation(self, line_no: int, record: dict[str, Any], problem_rows: list[dict[str, Any]]) -> EvalDelivery:
+        """Handed to this process's evaluation writer (`runs.evaluations.submit_eval`): the
+        supervisor goes on and settles it on a later poll (then the alert rules run on the score)."""
+        return EvalDelivery(self, self._call(evaluations.submit_eval, self.run_id, record, problem_rows))
 
     def checkpoints_changed(self) -> None:
         """The run's checkpoints/ folder changed (a checkpoint saved or pruned): its open pages

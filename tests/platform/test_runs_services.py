@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import PermissionDenied
@@ -233,3 +238,40 @@ def test_a_nul_character_a_model_sampled_is_stored_as_the_replacement_character(
     nan_rows = [{**rows[0], "mean": float("nan")}, ROWS[1]]
     score = evaluations.ingest_eval(run.pk, {**EVAL_LINE, "step": 5}, nan_rows)
     assert EvalProblemResult.objects.get(eval=score, problem_id="p1").samples[0] == "\\boxed{2}\ufffd and a literal \\u0000"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_stores_evaluations_on_their_writer_thread_and_skips_a_malformed_one(owner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a transaction (a worker) an evaluation goes to the process's evaluation writer: the
+    supervisor goes on at once (at 200 live runs storing them itself held back the metrics of every
+    run it polls); a line the writer refuses for good (a field missing) is skipped, not retried."""
+    from rl_core.rundir.layout import EVALS_FILE
+    from workers.supervisor import RunSupervisor
+    from workers.tasks import PlatformReporter
+
+    run = make_run(owner)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "step_000002_heldout.jsonl").write_text(json.dumps(
+        {"problem_id": "p1", "problem": "1+1", "answer": "2", "samples": ["2"], "extracted": ["2"], "verdicts": [True], "mean": 1.0, "pass": True}) + "\n")
+    score = {"t": 1.0, "step": 2, "benchmark": "heldout", "k": 1, "mean_at_k": 1.0, "pass_at_k": 1.0, "num_problems": 1,
+             "num_samples": 1, "results_file": "eval/step_000002_heldout.jsonl"}
+    malformed = {key: value for key, value in score.items() if key != "k"} | {"step": 3}
+    (tmp_path / EVALS_FILE).write_text(json.dumps(malformed) + "\n" + json.dumps(score) + "\n")
+    store = evaluations.ingest_eval
+    released = threading.Event()
+
+    def held(*args: Any) -> Any:
+        released.wait(5)  # the database is slow: the supervisor must not wait for it
+        return store(*args)
+
+    monkeypatch.setattr(evaluations, "ingest_eval", held)
+    supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
+    assert supervisor.deliver() is False  # handed over, not stored yet
+    assert supervisor.evals_tail.line_no == 0
+    released.set()
+    deadline = time.monotonic() + 20
+    while not supervisor.deliver() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert supervisor.evals_tail.line_no == 2  # the malformed line passed, the good one stored
+    assert list(EvalScore.objects.filter(run=run).values_list("step", flat=True)) == [2]
+    assert EvalProblemResult.objects.filter(eval__run=run).count() == 1

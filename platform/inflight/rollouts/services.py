@@ -9,9 +9,6 @@ Live pushes go to the run's group after commit:
 from __future__ import annotations
 
 import logging
-import os
-import queue
-import threading
 import time
 import weakref
 from concurrent.futures import Future
@@ -25,6 +22,7 @@ from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
 from inflight.runs.json_rows import model_fields, rows_source, server_bound_cursor
+from inflight.runs.writer_thread import WriterThread
 from inflight.runs.models import Run
 from rl_core.config.monitoring import RolloutStoreConfig
 
@@ -283,57 +281,13 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
     return len(rows)
 
 
-class RolloutWriter:
-    """One per worker process: stores the rollout batches of every run it ingests, one after
-    another, on a thread and database connection of its own (`submit_rollouts`). A supervisor
-    hands a poll's stream lines over and goes on: at 200 live runs the kept rows of the rollout
-    viewer were the largest share of each ingest thread's time, and the metrics lines of the runs
-    it polled next waited behind them (bench/RESULTS.md, 2026-11-29). Recreated after a fork."""
-
-    IDLE_CLOSE_S = 1.0  # its connection is closed after this long without a batch
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], int], Future[int]]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pid = 0
-
-    def submit(self, store: Callable[[], int]) -> Future[int]:
-        future: Future[int] = Future()
-        if connection.in_atomic_block:
-            # Inside the caller's transaction (a test's): its own connection must store it, now.
-            try:
-                future.set_result(store())
-            except BaseException as exc:  # noqa: BLE001 - the caller's settle raises it
-                future.set_exception(exc)
-            return future
-        with self._lock:
-            if self._pid != os.getpid():
-                self._pid, self._queue = os.getpid(), queue.SimpleQueue()
-                threading.Thread(target=self._run, args=(self._queue,), name="inflight-rollout-writer", daemon=True).start()
-            self._queue.put((store, future))
-        return future
-
-    def _run(self, waiting: queue.SimpleQueue[tuple[Callable[[], int], Future[int]]]) -> None:
-        while True:
-            try:
-                store, future = waiting.get(timeout=self.IDLE_CLOSE_S)
-            except queue.Empty:
-                connection.close()  # quiet: no connection held open for nothing
-                store, future = waiting.get()
-            try:
-                future.set_result(store())
-            except BaseException as exc:  # noqa: BLE001 - the supervisor's settle raises it; its lines come again
-                connection.close()  # the next batch reconnects
-                logger.warning("rollout batch failed: %s", exc)
-                future.set_exception(exc)
-
-
-_writer = RolloutWriter()
+# The kept rows of the rollout viewer were the largest share of each ingest thread's time at 200 live runs.
+_writer: WriterThread[int] = WriterThread("inflight-rollout-writer")
 
 
 def submit_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], decoder: TokenDecoder, state: RolloutIngestState,
                     discarded: bool = False, lines_read: int | None = None) -> Future[int]:
-    """`ingest_rollouts` on this process's `RolloutWriter`; the future's result is its count (or
+    """`ingest_rollouts` on this process's rollout writer (`runs.writer_thread`); the future's result is its count (or
     its error: the caller sends the lines again). `state` is the writer's until the future is done."""
     return _writer.submit(lambda: ingest_rollouts(run_id, records, decoder, state, discarded, lines_read))
 
