@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -166,10 +167,20 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get(
     "DATABASE_URL", f"postgres://postgres@127.0.0.1:{EMBEDDED_POSTGRES_PORT}/inflight"
 )
-# Persistent connections (health-checked before reuse): Daphne runs every database call of its
-# sockets and pages on one thread, and opening a PostgreSQL connection per call (a backend fork each)
-# held up 125 pages opening at once past Daphne's 5 s handshake limit (bench/platform_scale.py).
+# Persistent connections (health-checked before reuse): opening a PostgreSQL connection per call (a
+# backend fork each, its catalog caches cold) held up 125 pages opening at once past Daphne's 5 s
+# handshake limit (bench/platform_scale.py). A worker's supervisor and writer threads keep theirs.
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.environ.get("INFLIGHT_DB_CONN_MAX_AGE", "60")), conn_health_checks=True)}
+# The web node (inflight/asgi.py, which Daphne imports before these settings) takes its connections
+# from a pool (psycopg_pool): Django runs each page request on a thread of its own, so a connection
+# kept per thread was still a new backend per request, a sixth of PostgreSQL's CPU at 200 live runs
+# and 500 open pages (bench/platform_scale.py). Workers do not: a pooled connection is waited for
+# during an outage (5 s) and reopened with a growing back-off after it, and a worker back from one
+# must write its heartbeat at once (tests/platform/test_faults.py).
+WEB_NODE = "inflight.asgi" in sys.modules
+if WEB_NODE and _env_bool("INFLIGHT_DB_POOL", True):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them (CONN_HEALTH_CHECKS: checked when taken)
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": int(os.environ.get("INFLIGHT_DB_POOL_MAX", "32")), "timeout": 5}
 
 REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
 # Live pushes go through Redis pub/sub: a push is one PUBLISH per run group, and each web node

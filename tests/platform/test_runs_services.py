@@ -275,3 +275,25 @@ def test_the_worker_stores_evaluations_on_their_writer_thread_and_skips_a_malfor
     assert supervisor.evals_tail.line_no == 2  # the malformed line passed, the good one stored
     assert list(EvalScore.objects.filter(run=run).values_list("step", flat=True)) == [2]
     assert EvalProblemResult.objects.filter(eval__run=run).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # a sweep closes its connection around each tick, as in a worker
+def test_a_sweep_whose_round_trip_waited_gives_the_others_a_fresh_threshold_before_judging(settings) -> None:
+    """A pooled connection is waited for during a short outage, not refused: a sweep that never saw
+    an error but waited longer than a heartbeat interval must not judge the other workers by
+    heartbeats that waited too (tests/platform/test_faults.py, the outage longer than the threshold)."""
+    from inflight.runs.liveness import LostRunSweeper
+
+    settings.INFLIGHT_HEARTBEAT_INTERVAL_S = 0.05
+    slow = {"s": 0.0}
+    sweeper = LostRunSweeper("test", lost_after_s=0.2, before_sweep=lambda: time.sleep(slow["s"]))
+    sweeper.tick()
+    time.sleep(0.25)
+    assert sweeper.may_judge()  # reachable for the whole threshold
+    slow["s"] = 0.1  # the round trip waited (for a connection) longer than a heartbeat interval
+    sweeper.tick()
+    assert not sweeper.may_judge()
+    slow["s"] = 0.0
+    time.sleep(0.25)
+    sweeper.tick()
+    assert sweeper.may_judge()

@@ -66,6 +66,7 @@ class LostRunSweeper:
         from inflight.runs import services
 
         close_old_connections()
+        started = time.monotonic()
         try:
             if self.before_sweep is not None:
                 self.before_sweep()  # e.g. the worker's heartbeat: a database round trip of its own
@@ -74,7 +75,11 @@ class LostRunSweeper:
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT 1")
             back = self.outage.ok()
-            if self.reachable_since is None or back:
+            # A round trip that took longer than a heartbeat interval waited for the database (a pooled
+            # connection is waited for, not refused, during a short outage): the others' heartbeats
+            # may have waited too, so the time they get to write a fresh one starts now.
+            slow = time.monotonic() - started > settings.INFLIGHT_HEARTBEAT_INTERVAL_S
+            if self.reachable_since is None or back or slow:
                 self.reachable_since = time.monotonic()
             if not self.may_judge():
                 return []
