@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -243,6 +244,26 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60, interval: float 
 @pytest.fixture
 def wait() -> Callable[..., Any]:
     return wait_for
+
+
+@pytest.fixture
+def hold_writes(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], threading.Event]:
+    """`hold_writes(module, name)`: the write `module.name` (one a worker hands to a writer thread)
+    waits until the returned event is set (5 s at most): the database is slow, and the supervisor
+    must not wait for it."""
+
+    def hold(module: Any, name: str) -> threading.Event:
+        write = getattr(module, name)
+        released = threading.Event()
+
+        def held(*args: Any) -> Any:
+            released.wait(5)
+            return write(*args)
+
+        monkeypatch.setattr(module, name, held)
+        return released
+
+    return hold
 
 
 # ---------------------------------------------------------------- users and clients

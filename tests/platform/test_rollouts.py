@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -222,7 +221,7 @@ def test_supervisor_tails_the_stream_and_retries_what_the_database_refused(owner
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_worker_stores_the_stream_on_its_writer_thread_and_moves_on_meanwhile(owner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_stores_the_stream_on_its_writer_thread_and_moves_on_meanwhile(owner, tmp_path: Path, hold_writes: Any) -> None:
     """Outside a transaction (a worker) a poll's stream lines go to the process's rollout writer:
     the supervisor goes on at once, and is not done until the writer stored them."""
     from inflight.rollouts import services as rollout_services
@@ -234,14 +233,7 @@ def test_the_worker_stores_the_stream_on_its_writer_thread_and_moves_on_meanwhil
     path = tmp_path / ROLLOUTS_FILE
     path.parent.mkdir(parents=True)
     path.write_text("".join(json.dumps(sample(line)) + "\n" for line in range(8)))
-    store = rollout_services.ingest_rollouts
-    released = threading.Event()
-
-    def held(*args: Any) -> int:
-        released.wait(5)  # the database is slow: the supervisor must not wait for it
-        return store(*args)
-
-    monkeypatch.setattr(rollout_services, "ingest_rollouts", held)
+    released = hold_writes(rollout_services, "ingest_rollouts")
     supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
     assert supervisor.deliver() is False  # handed over, not stored yet
     assert StoredRollout.objects.filter(run=run).count() == 0 and supervisor.rollouts_tail.line_no == 0

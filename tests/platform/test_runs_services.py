@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -241,7 +240,7 @@ def test_a_nul_character_a_model_sampled_is_stored_as_the_replacement_character(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_worker_stores_evaluations_on_their_writer_thread_and_skips_a_malformed_one(owner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_stores_evaluations_on_their_writer_thread_and_skips_a_malformed_one(owner, tmp_path: Path, hold_writes: Any) -> None:
     """Outside a transaction (a worker) an evaluation goes to the process's evaluation writer: the
     supervisor goes on at once (at 200 live runs storing them itself held back the metrics of every
     run it polls); a line the writer refuses for good (a field missing) is skipped, not retried."""
@@ -257,14 +256,7 @@ def test_the_worker_stores_evaluations_on_their_writer_thread_and_skips_a_malfor
              "num_samples": 1, "results_file": "eval/step_000002_heldout.jsonl"}
     malformed = {key: value for key, value in score.items() if key != "k"} | {"step": 3}
     (tmp_path / EVALS_FILE).write_text(json.dumps(malformed) + "\n" + json.dumps(score) + "\n")
-    store = evaluations.ingest_eval
-    released = threading.Event()
-
-    def held(*args: Any) -> Any:
-        released.wait(5)  # the database is slow: the supervisor must not wait for it
-        return store(*args)
-
-    monkeypatch.setattr(evaluations, "ingest_eval", held)
+    released = hold_writes(evaluations, "ingest_eval")
     supervisor = RunSupervisor(run_dir=tmp_path, config_yaml="", command_prefix=[], reporter=PlatformReporter(run.pk), cwd=tmp_path)
     assert supervisor.deliver() is False  # handed over, not stored yet
     assert supervisor.evals_tail.line_no == 0
