@@ -25,6 +25,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 for _path in (REPO_ROOT / "platform", REPO_ROOT):
@@ -127,6 +128,9 @@ def platform_services(name: str, fast_unsafe: bool = False) -> Iterator[None]:
     from inflight.devservices import start_services, stop_services
 
     folder = REPO_ROOT / "var" / f"bench-{name}" / str(os.getpid())
+    # A bench stopped by SIGTERM (`timeout`, `kill`, CI's cap) unwinds through the `finally` below
+    # instead of dying in place and leaving its PostgreSQL, Redis and children running.
+    on_term = signal.signal(signal.SIGTERM, _exit_on_signal) if threading.current_thread() is threading.main_thread() else None
     services_info = start_services(folder, postgres_port=free_port(), redis_port=free_port(), fast_unsafe=fast_unsafe)
     try:
         os.environ.update(services_info.env())
@@ -144,6 +148,12 @@ def platform_services(name: str, fast_unsafe: bool = False) -> Iterator[None]:
         connections.close_all()
         stop_services(folder, only=services_info.started)
         shutil.rmtree(folder, ignore_errors=True)
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def tiny_or_given_model(path: str | Path) -> Path:
