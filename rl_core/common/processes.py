@@ -103,7 +103,16 @@ def stop_process_groups(leaders: Iterable[GroupLeader], timeout_s: float, *, kil
     if kill_orphans:
         for leader in leaders:
             _signal_group(leader.pid, signal.SIGKILL)
-    remove_unmapped_segments(segments)
+    if segments:
+        # A leader that has exited may leave its group's other members (a vLLM server's engine core)
+        # still dying and still mapping the segments: swept now, those were skipped as in use and
+        # then outlived everyone (`bench/weight_update_vllm.py --smoke` left ~420 MB of /dev/shm in
+        # some runs). Wait, up to `kill_wait_s`, until the groups are empty.
+        pgids = {leader.pid for leader in leaders}
+        deadline = time.monotonic() + kill_wait_s
+        while _pids_of_groups(pgids) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        remove_unmapped_segments(segments)
     return needed_kill
 
 
