@@ -263,7 +263,10 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
                                              "threads": args.ingest_threads}))
             processes.start(f"ingest-{label}-{k}", [sys.executable, str(REPO_ROOT / "bench" / "scale_live.py"), "ingest", str(spec_path)], {**os.environ, "PYTHONUNBUFFERED": "1"})
         # Clients spread round-robin over runs and nodes; each lists the other nodes to fall back on.
-        clients = [{"client": c, "run_id": runs[c % len(runs)]["id"], "bases": bases[c % nodes:] + bases[:c % nodes]} for c in range(args.clients)]
+        # Every `1 / rollout_viewers`-th page shows its run's Rollouts tab (its rows pushed, its list loaded).
+        viewers_every = round(1 / args.rollout_viewers) if args.rollout_viewers > 0 else 0
+        clients = [{"client": c, "run_id": runs[c % len(runs)]["id"], "bases": bases[c % nodes:] + bases[:c % nodes],
+                    "watch_rollouts": bool(viewers_every) and c % viewers_every == viewers_every - 1} for c in range(args.clients)]
         client_spec = folder / "clients.json"
         ready_file, result_file = folder / "clients-ready", folder / "clients-result.json"
         client_spec.write_text(json.dumps({"clients": clients, "cookie": cookie, "stop_file": str(stop_clients), "ready_file": str(ready_file),
@@ -369,6 +372,9 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "clients_lag_timeline": [(5 * w, percentile(values, 95)) for w, values in sorted(lag_by_window.items())],
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
+        "rollout_viewers": sum(1 for c in clients if c["watch_rollouts"]), "rollout_rows_received": sum(r.get("rollout_rows", 0) for r in records),
+        "rollouts_requests": sum(len(r.get("rollouts_ms", [])) for r in records), "rollouts_errors": sum(r.get("rollouts_errors", 0) for r in records),
+        "rollouts_p95": percentile([ms for r in records for ms in r.get("rollouts_ms", [])], 95),
         "ingest_calls": {kind: (len(values), sum(values) / 1000.0, percentile(values, 99), max(values)) for kind, values in sorted(call_ms.items())},
         "sent_by_type": sent_by_type, "runs_per_write": runs_per_write,
         "published_p50": percentile(published, 50), "published_p95": percentile(published, 95),
@@ -408,6 +414,9 @@ def report_live(result: dict[str, Any]) -> None:
           + ", ".join(f"{kind} {count}/{size / 1024:.0f}" for kind, (count, size) in sorted(result["sent_by_type"].items())))
     if result["panel_requests"] or result["panel_errors"]:
         print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
+    print(f"[{label}] pages on the Rollouts tab: {result['rollout_viewers']} of {result['clients']}, rollout rows they received "
+          f"{result['rollout_rows_received']}; rollouts.json loads and count refreshes (as rollouts.js): {result['rollouts_requests']} answered, "
+          f"p95 {result['rollouts_p95']:.0f} ms, {result['rollouts_errors']} failed")
     print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     print(f"[{label}] ingest delay p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["ingest_timeline"]))
     print(f"[{label}] the pages' own process (the harness, on the same cores): event loop late p95 {result['clients_lag_p95']:.0f} ms, "
@@ -448,6 +457,10 @@ def main() -> int:
                              "a sweep launched at once, every run evaluating and storing rollouts in the same seconds.")
     parser.add_argument("--connect-spacing-s", type=float, default=0.01, help="Pause between opening two pages.")
     parser.add_argument("--panel-poll-s", type=float, default=60.0, help="Each page refreshes its actions panel (panel.json) as run_page.js does: on run.panel / eval.score pushes, status changes and (re)connects, plus a safety poll this often while the run is active (60 s in run_page.js; 5 min once ended); 0: never.")
+    parser.add_argument("--rollout-viewers", type=float, default=0.2,
+                        help="Share of the pages showing their run's Rollouts tab (new rollout rows pushed to them, their list and counts "
+                             "fetched as rollouts.js does); the others show the charts (the page's first tab), which get no rollout rows. "
+                             "1: every page.")
     parser.add_argument("--settle-s", type=float, default=5.0, help="Wait after ingest caught up before reading the pages.")
     parser.add_argument("--drain-timeout-s", type=float, default=300.0, help="Give up on ingest catching up this long after the replay ended.")
     parser.add_argument("--skip-live", action="store_true", help="Only the finished-runs part.")

@@ -356,7 +356,8 @@ async def _run_clients(spec: dict[str, Any]) -> list[ClientRecord]:
     tasks = []
     for record, client in zip(records, spec["clients"]):
         tasks.append(asyncio.ensure_future(run_page_client(record, client["bases"], spec["cookie"], stop, http_clients,
-                                                                 panel_poll_s=spec.get("panel_poll_s", 0.0))))
+                                                                 panel_poll_s=spec.get("panel_poll_s", 0.0),
+                                                                 watch_rollouts=client.get("watch_rollouts", False))))
         await asyncio.sleep(spec.get("connect_spacing_s", 0.01))  # pages are opened over a few seconds, not in one instant
     Path(spec["ready_file"]).write_text("ready")
     # How late this process's own event loop runs (a 50 ms sleep's overshoot, every 50 ms): the

@@ -39,11 +39,23 @@
     if (scroll && bar && bar.getBoundingClientRect().top > 80) bar.scrollIntoView({ block: "start" });
     if (name === "metrics" && window.inflightRunPage) window.inflightRunPage.rerender(); // plots sized while hidden
     history.replaceState(null, "", name === "rollouts" ? "#rollouts" : location.pathname + location.search);
+    watchRows(name === "rollouts");
+  }
+
+  // New rows are pushed only while this tab shows (the server sends them to the pages that ask): on
+  // showing it the page asks, loads the stored rows, and loads them again once the socket answers
+  // that the rows come (and after every reconnect): a row stored between the first load and the
+  // subscription is in the second.
+  var watchingRows = false;
+  function watchRows(on) {
+    if (on === watchingRows) return;
+    watchingRows = on;
+    if (window.inflightRunPage) window.inflightRunPage.watch({ rollouts: on });
+    if (on) load(false);
   }
   document.querySelectorAll("[data-run-tab]").forEach(function (tab) {
     tab.addEventListener("click", function () { showTab(tab.dataset.runTab, tab.dataset.runTab === "rollouts"); });
   });
-  if (location.hash === "#rollouts") showTab("rollouts", true);
 
   // ---------------------------------------------------------------- table
 
@@ -124,10 +136,24 @@
   var body = document.getElementById("rollouts-body");
   var more = document.getElementById("rollouts-more");
 
+  // A first page asked later supersedes one still on its way (its answer would be older); live rows
+  // that arrive while a first page loads are put back on top of it.
+  var loads = 0;
+  var arrivedWhileLoading = null;
   function load(append) {
+    var mine = append ? loads : ++loads;
+    if (!append) arrivedWhileLoading = [];
     return getJSON(query(append ? nextCursor : null)).then(function (page) {
-      if (!append) body.textContent = "";
-      page.rollouts.forEach(function (r) { body.appendChild(rowFor(r)); });
+      if (mine !== loads) return;
+      if (!append) {
+        body.textContent = "";
+        var arrived = arrivedWhileLoading;
+        arrivedWhileLoading = null;
+        page.rollouts.forEach(function (r) { body.appendChild(rowFor(r)); });
+        addLiveRows(arrived);
+      } else {
+        page.rollouts.forEach(function (r) { body.appendChild(rowFor(r)); });
+      }
       showCounts(page.counts);
       nextCursor = page.next_cursor;
       more.classList.toggle("hidden", nextCursor === null);
@@ -136,7 +162,11 @@
         tr.appendChild(el("td", { colspan: "8", "class": "muted" }, "No stored rollout matches."));
         body.appendChild(tr);
       }
-    }).catch(function (error) { document.getElementById("rollouts-info").textContent = String(error); });
+    }).catch(function (error) {
+      if (mine !== loads) return;
+      if (!append && arrivedWhileLoading !== null) { var arrived = arrivedWhileLoading; arrivedWhileLoading = null; addLiveRows(arrived); }
+      document.getElementById("rollouts-info").textContent = String(error);
+    });
   }
 
   document.getElementById("rollout-filters").addEventListener("submit", function (event) {
@@ -162,6 +192,7 @@
   }
 
   function addLiveRows(rows) {
+    if (arrivedWhileLoading !== null) { Array.prototype.push.apply(arrivedWhileLoading, rows); return; }
     var empty = body.querySelector("tr.empty");
     rows.forEach(function (r) {
       if (!matches(r) || body.querySelector('tr[data-id="' + r.id + '"]')) return;
@@ -389,9 +420,10 @@
 
   document.addEventListener("inflight:push", function (event) {
     var message = event.detail;
-    if (message.type === "rollouts.batch") addLiveRows(message.rows);
+    if (message.type === "rollouts.batch") { if (watchingRows) addLiveRows(message.rows); }
+    else if (message.type === "watching") { if (message.rollouts && watchingRows) load(false); }
     else if (message.type === "alert.fired") addAlert(message.alert);
   });
 
-  load(false);
+  if (location.hash === "#rollouts") showTab("rollouts", true);
 })();

@@ -17,6 +17,9 @@
   var status = page.status;
   var socket = null;
   var connects = 0; // socket opens so far
+  // Pushes beyond the charts' that a tab asked for ({rollouts: true} while the Rollouts tab shows):
+  // asked again on every (re)connect, since a new connection starts with none of them.
+  var watching = {};
   var retryMs = 1000;
   var controls = C.bindControls(scheduleRender);
 
@@ -68,6 +71,7 @@
       // each time refetching the snapshot.
       openedAt = Date.now();
       setLive("live", InflightRuns.isTerminal(status) ? "finished" : "live");
+      if (Object.keys(watching).length) socket.send(JSON.stringify(Object.assign({ type: "watch" }, watching)));
       refetch(); // on first connect and on every reconnect: whatever was missed is in the snapshot
       // And in the panel, on a reconnect; the first open follows the page's own render by a moment.
       if (connects++ > 0) requestPanel(pushedPanelDelayMs());
@@ -84,7 +88,7 @@
         evals.push(message); scheduleRender(); noteEvaluation(message);
         if (checkpointListed(message.step)) requestPanel(pushedPanelDelayMs());
       }
-      // Other pushes (rollouts.batch, alert.fired) are for rollouts.js, on the same socket.
+      // Other pushes (rollouts.batch, watching, alert.fired) are for rollouts.js, on the same socket.
       else document.dispatchEvent(new CustomEvent("inflight:push", { detail: message }));
     };
     socket.onclose = function (event) {
@@ -409,7 +413,14 @@
     });
   }
 
-  window.inflightRunPage = { state: function () { return state; }, refetch: refetch, rerender: scheduleRender };
+  // `topics`: e.g. {rollouts: true}; the socket answers {"type": "watching", ...} (an "inflight:push"
+  // event) once the server sends them, now or after the next (re)connect.
+  function watch(topics) {
+    Object.keys(topics).forEach(function (topic) { if (topics[topic]) watching[topic] = true; else delete watching[topic]; });
+    if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(Object.assign({ type: "watch" }, topics)));
+  }
+
+  window.inflightRunPage = { state: function () { return state; }, refetch: refetch, rerender: scheduleRender, watch: watch };
   // The snapshot does not wait for the socket: a finished run's charts draw even if the socket
   // never opens; every (re)connect fetches it again for what was missed meanwhile.
   refetch();

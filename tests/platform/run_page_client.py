@@ -9,6 +9,9 @@ it also refreshes the actions panel as the page does: `panel.json` on a `run.pan
 `eval.score` push or a held-out success point at a listed checkpoint's step, a status change and
 each reconnect (debounced and spread over 0.5-2 s), and on a slow safety poll; once at the first
 connect too, standing in for the page's own render (which carries the panel and its checkpoints).
+With `watch_rollouts` the page shows its Rollouts tab, as rollouts.js: it asks the socket for the
+run's rollout rows on every connect, loads the stored rows (`rollouts.json`) when the socket answers
+that they come, and asks for the counts again at most every ROLLOUT_COUNTS_EVERY_S while rows arrive.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ class ClientRecord:
     panel_ms: list[float] = field(default_factory=list)  # panel.json answers (`panel_poll_s`), how long each took
     panel_errors: int = 0
     panel_pushes: int = 0  # `run.panel` pushes received
+    rollout_rows: int = 0  # rows of `rollouts.batch` pushes received (`watch_rollouts`)
+    rollouts_ms: list[float] = field(default_factory=list)  # rollouts.json answers (`watch_rollouts`), how long each took
+    rollouts_errors: int = 0
 
 
 async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
@@ -136,10 +142,28 @@ async def _refresh_panel(record: ClientRecord, current_base: list[str], stop: as
             delay = PANEL_RETRY_S
 
 
+# As rollouts.js: the counts are asked again at most this often while pushed rows arrive.
+ROLLOUT_COUNTS_EVERY_S = 3.0
+
+
+async def _load_rollouts(record: ClientRecord, http: Any, base: str, delay_s: float = 0.0) -> None:
+    """The Rollouts tab's first page of stored rows (with its counts), as rollouts.js asks for it."""
+    await asyncio.sleep(delay_s)
+    started = time.monotonic()
+    try:
+        response = await http.get(f"{base}/runs/{record.run_id}/rollouts.json", headers={"Accept": "application/json"})
+        response.raise_for_status()
+        response.json()
+        record.rollouts_ms.append((time.monotonic() - started) * 1000.0)
+    except Exception:  # noqa: BLE001 - as the page: the next batch or connect asks again
+        record.rollouts_errors += 1
+
+
 async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, stop: asyncio.Event, http_clients: dict[str, Any],
-                          panel_poll_s: float = 0.0) -> None:
+                          panel_poll_s: float = 0.0, watch_rollouts: bool = False) -> None:
     """`panel_poll_s` > 0: also refresh the actions panel as the page does (run_page.js: on pushes, on
-    each connect, and a safety poll this often while the run is active)."""
+    each connect, and a safety poll this often while the run is active). `watch_rollouts`: the page
+    shows its Rollouts tab (it gets the run's rollout rows and asks for the stored ones)."""
     import websockets
 
     state: PageSeries | None = None
@@ -147,6 +171,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
     current_base = [bases[0]]
     wanted = PanelWanted()
     panel = asyncio.ensure_future(_refresh_panel(record, current_base, stop, http_clients, panel_poll_s, wanted)) if panel_poll_s > 0 else None
+    rollout_loads: set[asyncio.Task[None]] = set()
+    counts_task: asyncio.Task[None] | None = None
     while not stop.is_set():
         base = bases[node % len(bases)]
         current_base[0] = base
@@ -160,6 +186,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                 if hello.get("type") != "hello":
                     record.errors.append(f"first message {hello!r}")
                     return
+                if watch_rollouts:
+                    await socket.send('{"type":"watch","rollouts":true}')
                 # As run_page.js: the snapshot is fetched once the socket is open; pushes that come
                 # meanwhile wait and are applied after it. The panel is asked again too (on the first
                 # connect, in place of the page's render).
@@ -197,7 +225,17 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     # bench/platform_scale.py, in one process beside the platform, spent a fifth of it parsing.
                     message = orjson.loads(raw)
                     kind = message.get("type")
-                    if kind == "run.panel":
+                    if kind == "rollouts.batch":
+                        record.rollout_rows += len(message.get("rows") or ())
+                        if counts_task is None or counts_task.done():
+                            counts_task = asyncio.ensure_future(_load_rollouts(record, http_clients[base], base, ROLLOUT_COUNTS_EVERY_S))
+                    elif kind == "watching" and message.get("rollouts"):
+                        load = asyncio.ensure_future(_load_rollouts(record, http_clients[base], base))
+                        rollout_loads.add(load)
+                        load.add_done_callback(rollout_loads.discard)
+                    elif kind == "error":
+                        record.errors.append(f"socket answered {message!r}")
+                    elif kind == "run.panel":
                         record.panel_pushes += 1
                         wanted.ask()
                     elif kind == "eval.score":
@@ -231,6 +269,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
         await asyncio.sleep(1.0 + random.random() * 0.5)
     if panel is not None:
         await panel
+    for task in [*rollout_loads, *([counts_task] if counts_task is not None else [])]:
+        task.cancel()
     record.final = state.final() if state is not None else None
 
 

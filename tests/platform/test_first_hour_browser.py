@@ -193,7 +193,7 @@ def test_run_list_is_a_triage_table_with_progress_latest_figures_sparklines_and_
 SYSTEM_PROMPT = "You are a careful calculator. Think step by step and put the final answer in \\boxed{}."
 
 
-def seed_rollouts(run, tiny_model: Path, count: int = 6) -> None:
+def seed_rollouts(run, tiny_model: Path, count: int = 6, first_line: int = 0) -> None:
     from tokenizers import Tokenizer
 
     from inflight.rollouts import services as rollout_services
@@ -201,7 +201,7 @@ def seed_rollouts(run, tiny_model: Path, count: int = 6) -> None:
 
     tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     records = []
-    for index in range(count):
+    for index in range(first_line, first_line + count):
         prompt = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nWhat is {index} + 12?<|im_end|>\n<|im_start|>assistant\n"
         completion = tokenizer.encode(f"{index} plus 12 makes {index + 12}, so the answer is \\boxed{{{index + 12}}}", add_special_tokens=False).ids
         half = len(completion) // 2
@@ -250,6 +250,57 @@ def test_rollout_viewer_shows_the_problem_an_inline_switch_mark_and_starts_near_
 
 
 # ---------------------------------------------------------------- 9. stop, wall time, charts, compare
+
+
+def test_rollout_rows_come_over_the_socket_only_while_the_rollouts_tab_shows(daphne_server: str, owner, browser, tiny_model: Path, wait) -> None:
+    """A run page on its charts gets no rollout rows (at 200 live runs they were most of what pages
+    were sent); showing the Rollouts tab loads the stored rows and then takes new ones live; rows
+    stored while the tab was hidden are there when it shows again. After a reload too."""
+    run = make_run(owner, "watched", status="running", **{"trainer.samples_per_step": 2, "monitoring.rollouts.keep_every_n_steps": 1})
+    seed_rollouts(run, tiny_model, count=2)
+    page = signed_in_page(browser, daphne_server, "/runs/")
+    frames: list[str] = []
+    page.on("websocket", lambda socket: socket.on("framereceived", lambda payload: frames.append(str(payload))))
+    rows = page.locator("#rollouts-body tr.rollout-row")
+
+    def rollout_frames() -> int:
+        return sum(1 for frame in frames if '"rollouts.batch"' in frame)
+
+    def received(text: str) -> bool:
+        page.wait_for_timeout(100)  # Playwright delivers the socket's frames while it runs
+        return any(text in frame for frame in frames)
+
+    def open_run_page() -> None:
+        page.goto(f"{daphne_server}/runs/{run.pk}/")
+        wait(lambda: received('"hello"'), timeout=30, interval=0.2, message="the run page's socket open")
+
+    open_run_page()
+    seed_rollouts(run, tiny_model, count=2, first_line=2)
+    page.wait_for_timeout(2000)
+    assert rollout_frames() == 0 and rows.count() == 0  # the charts show: no rows sent, none loaded
+
+    page.click("#rollouts-tab")
+    wait(lambda: rows.count() == 4, timeout=30, interval=0.2, message="the stored rows loaded when the tab shows")
+    seed_rollouts(run, tiny_model, count=2, first_line=4)
+    wait(lambda: rows.count() == 6, timeout=30, interval=0.2, message="new rows arriving live")
+    assert rollout_frames() == 1
+    screenshot(page, "rollouts_watched.png")
+
+    page.click('[data-run-tab="metrics"]')
+    seed_rollouts(run, tiny_model, count=2, first_line=6)
+    page.wait_for_timeout(2000)
+    assert rollout_frames() == 1  # hidden again: nothing sent
+    page.click("#rollouts-tab")
+    wait(lambda: rows.count() == 8, timeout=30, interval=0.2, message="rows stored while the tab was hidden")
+
+    # Reloaded on the Rollouts tab (#rollouts in the address): it asks again on the new socket.
+    frames.clear()
+    page.reload()
+    wait(lambda: rows.count() == 8, timeout=30, interval=0.2, message="the rows after a reload")
+    wait(lambda: received('"watching"'), timeout=30, interval=0.2, message="the new socket watching the rows")
+    seed_rollouts(run, tiny_model, count=2, first_line=8)
+    wait(lambda: rows.count() == 10, timeout=30, interval=0.2, message="live rows after the reload")
+    page.close()
 
 
 def test_stop_asks_first(daphne_server: str, owner, browser) -> None:

@@ -216,3 +216,38 @@ async def test_pushes_skip_the_database_housekeeping_the_socket_events_keep(owne
     assert await socket.receive_json_from(timeout=10) == {"type": "run.panel", "run_id": run.pk}
     assert len(checks) == before
     await socket.disconnect()
+
+
+async def test_rollout_rows_reach_only_the_pages_that_watch_them(owner) -> None:
+    """A page showing its charts gets no rollout rows; one that asks for them (its Rollouts tab shows)
+    gets each batch once its ask was answered, until it asks no more; anything else it sends is an error."""
+    from test_rollouts import DECODER, make_run, sample
+
+    from inflight.rollouts.services import ingest_rollouts
+
+    run = await database_sync_to_async(make_run)(owner)
+    charts, viewer = await _connect(run.pk, owner), await _connect(run.pk, owner)
+    for socket in (charts, viewer):
+        assert (await socket.receive_json_from(timeout=10))["type"] == "hello"
+
+    await viewer.send_json_to({"type": "watch", "rollouts": True})
+    assert await viewer.receive_json_from(timeout=10) == {"type": "watching", "rollouts": True}
+    await database_sync_to_async(ingest_rollouts)(run.pk, [(line, sample(line)) for line in range(4)], DECODER)
+    pushed = await viewer.receive_json_from(timeout=10)
+    assert pushed["type"] == "rollouts.batch" and len(pushed["rows"]) == 4
+    assert await charts.receive_nothing(timeout=1)
+
+    await viewer.send_json_to({"type": "watch", "rollouts": False})
+    assert await viewer.receive_json_from(timeout=10) == {"type": "watching", "rollouts": False}
+    await database_sync_to_async(ingest_rollouts)(run.pk, [(line, sample(line)) for line in range(4, 8)], DECODER)
+    await database_sync_to_async(live_ingest.ingest_metrics)(run.pk, _points(0, 1))  # the socket still carries the charts' pushes
+    for socket in (viewer, charts):
+        assert (await socket.receive_json_from(timeout=10))["type"] == "metrics.batch"
+    assert await viewer.receive_nothing(timeout=1)
+
+    for bad in ({"type": "watch", "rollouts": "yes"}, {"type": "watch", "logs": True}, {"type": "watch"}, ["watch"]):
+        await charts.send_json_to(bad)
+        answer = await charts.receive_json_from(timeout=10)
+        assert answer["type"] == "error" and '"watch"' in answer["message"], bad
+    await charts.disconnect()
+    await viewer.disconnect()

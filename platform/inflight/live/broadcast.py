@@ -24,6 +24,12 @@ def run_group(run_id: int) -> str:
     return f"run-{run_id}"
 
 
+def run_rollouts_group(run_id: int) -> str:
+    """The pages of a run whose Rollouts tab is shown (`live/consumers.py` adds a page when it asks):
+    `rollouts.batch` rows go only there, not to every open page of the run."""
+    return f"run-{run_id}-rollouts"
+
+
 def user_runs_group(user_id: int) -> str:
     return f"runs-user-{user_id}"
 

@@ -1,5 +1,6 @@
-"""WebSockets: `ws/runs/<id>/` (metric batches, status, eval scores and "panel changed" of one run) and
-`ws/runs/` (status changes of the signed-in user's runs, for the runs list).
+"""WebSockets: `ws/runs/<id>/` (metric batches, status, eval scores and "panel changed" of one run,
+and its new rollout rows while the page asks for them) and `ws/runs/` (status changes of the
+signed-in user's runs, for the runs list).
 
 The consumer accepts first and then closes with an application code, so the
 browser can tell "sign in" (4401) from "not yours" (4403) and stops reconnecting.
@@ -20,10 +21,9 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
-from inflight.live.broadcast import batch_text, join_batches
+from inflight.live.broadcast import batch_text, join_batches, run_group, run_rollouts_group, user_runs_group
 from inflight.runs.models import Run
 from inflight.runs.selectors import visible_run_or_404
-from inflight.runs.services import run_group, user_runs_group
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -111,9 +111,28 @@ def _visible_run_id(user: Any, run_id: int) -> int | None:
         return None
 
 
+# What a run page may ask on its socket: the pushes of a tab it shows besides the charts. Rollout
+# rows are the bulk of a run's pushes (at 200 live runs, 71 MB a replay of bench/platform_scale.py
+# against ~10 MB of metric points) and only a page showing its Rollouts tab reads them.
+WATCH_TOPICS = ("rollouts",)
+WATCH_USAGE = 'this socket accepts only {"type": "watch", "rollouts": true or false}'
+
+
+def watch_request(content: Any) -> dict[str, bool] | None:
+    """The topics a `{"type": "watch", "<topic>": bool, ...}` message turns on or off; None when the
+    message is anything else (the page gets an error answer)."""
+    if not isinstance(content, dict) or content.get("type") != "watch":
+        return None
+    topics = {key: value for key, value in content.items() if key != "type"}
+    if not topics or any(key not in WATCH_TOPICS or not isinstance(value, bool) for key, value in topics.items()):
+        return None
+    return topics
+
+
 class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.group: str | None = None
+        self.rollouts_group: str | None = None  # set while the page shows its Rollouts tab
         self.pending: list[dict[str, Any]] = []
         self.flush_task: asyncio.Task[None] | None = None
         self.pacer = PushPacer(interval_s=PUSH_INTERVAL_S, burst=PUSH_BURST, tokens=PUSH_BURST)
@@ -135,12 +154,27 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.flush_task is not None:
             self.flush_task.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        for group in (self.group, self.rollouts_group):
+            if group is not None:
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        # The socket is push-only; a client message is answered, not acted on.
-        await self.send_json({"type": "error", "message": "this socket only pushes updates; nothing is accepted from clients"})
+        """`{"type": "watch", "rollouts": true}`: the page shows its Rollouts tab and gets the run's
+        `rollouts.batch` rows from now on (false: no more). Answered `{"type": "watching", ...}` once
+        in effect, so the page loads the stored rows after it (subscribed, then the state: a row
+        stored meanwhile is in the list or pushed, never neither)."""
+        topics = watch_request(content) if self.group is not None else None
+        if topics is None:
+            await self.send_json({"type": "error", "message": WATCH_USAGE})
+            return
+        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if topics["rollouts"] and self.rollouts_group is None:
+            self.rollouts_group = run_rollouts_group(run_id)
+            await self.channel_layer.group_add(self.rollouts_group, self.channel_name)
+        elif not topics["rollouts"] and self.rollouts_group is not None:
+            group, self.rollouts_group = self.rollouts_group, None
+            await self.channel_layer.group_discard(group, self.channel_name)
+        await self.send_json({"type": "watching", "rollouts": self.rollouts_group is not None})
 
     # ---- group events (type "metrics.batch" → method metrics_batch)
 
@@ -182,7 +216,8 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
         await self._forward(event)
 
     async def rollouts_batch(self, event: dict[str, Any]) -> None:
-        # New rows of the rollout viewer (inflight.rollouts.services): already bounded per push.
+        # New rows of the rollout viewer (inflight.rollouts.services), for a page that asked to
+        # watch them: already bounded per push.
         await self._forward(event)
 
     async def _forward(self, event: dict[str, Any]) -> None:

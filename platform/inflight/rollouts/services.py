@@ -2,7 +2,7 @@
 
 `ingest_rollouts` is idempotent (unique `(run, line)`) and transactional: if PostgreSQL is
 away it raises, the worker's tail does not advance, and the same lines come again later.
-Live pushes go to the run's group after commit:
+Live pushes go after commit to the pages showing the run's Rollouts tab (`run_rollouts_group`):
 `{"type": "rollouts.batch", "seq", "rows": [summary, ...]}` (newest last, at most PUSH_ROWS).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from django.db import connection, transaction
 
-from inflight.live.broadcast import push_on_commit, run_group
+from inflight.live.broadcast import push_on_commit, run_rollouts_group
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
@@ -275,7 +275,7 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
             kept = [row for row in rows if row["step"] % store.stride == 0][-PUSH_ROWS:]
             if kept:
                 message = {"type": "rollouts.batch", "run_id": run_id, "seq": store.seq, "rows": [summary_json(row) for row in kept]}
-                push_on_commit(run_group(run_id), message)
+                push_on_commit(run_rollouts_group(run_id), message)
     # Taken into the state only once committed: after a database error the batch comes again.
     state.stride, state.lines_seen, state.written_at = store.stride, store.lines_seen, time.monotonic()
     return len(rows)
