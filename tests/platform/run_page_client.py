@@ -85,7 +85,22 @@ class ClientRecord:
 async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
     response = await http.get(f"{base}/runs/{run_id}/snapshot.json")
     response.raise_for_status()
-    return response.json()
+    return _json(response.content)
+
+
+def _json(body: bytes) -> Any:
+    """An answer's JSON, read as a browser's native JSON.parse would (orjson; the json module only
+    for what orjson refuses)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
+async def _close_when(stop: asyncio.Event, socket: Any) -> None:
+    """Close the page's socket once the bench stops (its reading loop then ends)."""
+    await stop.wait()
+    await socket.close()
 
 
 TERMINAL = ("succeeded", "failed", "cancelled", "lost")
@@ -133,7 +148,7 @@ async def _refresh_panel(record: ClientRecord, current_base: list[str], stop: as
             response = await http_clients[base].get(f"{base}/runs/{record.run_id}/panel.json", headers={"Accept": "application/json"})
             response.raise_for_status()
             record.panel_ms.append((time.monotonic() - started) * 1000.0)
-            answer = response.json()
+            answer = _json(response.content)
             wanted.status = str(answer.get("status") or wanted.status)
             wanted.checkpoint_steps = {int(step) for step in re.findall(r'data-step="(\d+)"', answer.get("actions_html") or "")}
             delay = (every_s if wanted.status not in TERMINAL else SAFETY_POLL_ENDED_S) * random.uniform(0.9, 1.1)
@@ -153,7 +168,7 @@ async def _load_rollouts(record: ClientRecord, http: Any, base: str, delay_s: fl
     try:
         response = await http.get(f"{base}/runs/{record.run_id}/rollouts.json", headers={"Accept": "application/json"})
         response.raise_for_status()
-        response.json()
+        _json(response.content)
         record.rollouts_ms.append((time.monotonic() - started) * 1000.0)
     except Exception:  # noqa: BLE001 - as the page: the next batch or connect asks again
         record.rollouts_errors += 1
@@ -190,77 +205,89 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     await socket.send('{"type":"watch","rollouts":true}')
                 # As run_page.js: the snapshot is fetched once the socket is open; pushes that come
                 # meanwhile wait and are applied after it. The panel is asked again too (on the first
-                # connect, in place of the page's render).
+                # connect, in place of the page's render). The fetch and the stop are callbacks, not
+                # awaited beside each message: an asyncio.wait per message was a tenth of the 500
+                # pages' process (py-spy --gil), CPU taken from the platform on the same cores.
                 wanted.ask()
-                snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
+                http = http_clients[base]
                 buffered: list[tuple[float, dict[str, Any]]] = []
-                stop_task = asyncio.ensure_future(stop.wait())
-                recv_task = asyncio.ensure_future(socket.recv())
-                while True:
-                    waiting = {recv_task, stop_task} | ({snapshot_task} if snapshot_task is not None else set())
-                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                    if snapshot_task is not None and snapshot_task in done:
-                        state = PageSeries(snapshot_task.result())
-                        record.seq = state.seq
-                        record.refetches += 1
-                        snapshot_task = None
-                        for received_at, message in buffered:
-                            if _apply(record, state, message, received_at) == "gap":
-                                record.gaps += 1
-                                snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
-                                break
-                        buffered = []
-                    if stop_task in done:
-                        recv_task.cancel()
-                        break
-                    if recv_task in done and recv_task.exception() is not None:
-                        stop_task.cancel()
-                        raise recv_task.exception()
-                    if recv_task not in done:
-                        continue
-                    received_at = time.time()
-                    raw = recv_task.result()
-                    recv_task = asyncio.ensure_future(socket.recv())
-                    # orjson: a browser's JSON.parse is native code too; with the json module the 500 pages of
-                    # bench/platform_scale.py, in one process beside the platform, spent a fifth of it parsing.
-                    message = orjson.loads(raw)
-                    kind = message.get("type")
-                    if kind == "rollouts.batch":
-                        record.rollout_rows += len(message.get("rows") or ())
-                        if counts_task is None or counts_task.done():
-                            counts_task = asyncio.ensure_future(_load_rollouts(record, http_clients[base], base, ROLLOUT_COUNTS_EVERY_S))
-                    elif kind == "watching" and message.get("rollouts"):
-                        load = asyncio.ensure_future(_load_rollouts(record, http_clients[base], base))
-                        rollout_loads.add(load)
-                        load.add_done_callback(rollout_loads.discard)
-                    elif kind == "error":
-                        record.errors.append(f"socket answered {message!r}")
-                    elif kind == "run.panel":
-                        record.panel_pushes += 1
-                        wanted.ask()
-                    elif kind == "eval.score":
-                        if int(message.get("step", -1)) in wanted.checkpoint_steps:
+                fetching: list[asyncio.Task[dict[str, Any]]] = []  # the snapshot fetch under way, if any
+
+                def fetch_snapshot() -> None:
+                    task = asyncio.ensure_future(_fetch_snapshot(http, base, record.run_id))
+                    fetching.append(task)
+                    task.add_done_callback(snapshot_fetched)
+
+                def snapshot_fetched(task: asyncio.Task[dict[str, Any]]) -> None:
+                    nonlocal state
+                    fetching.remove(task)
+                    if task.cancelled():
+                        return
+                    if task.exception() is not None:
+                        record.errors.append(f"snapshot: {type(task.exception()).__name__}: {str(task.exception())[:120]}")
+                        asyncio.ensure_future(socket.close())  # as a failed page: reconnect and fetch again
+                        return
+                    state = PageSeries(task.result())
+                    record.seq = state.seq
+                    record.refetches += 1
+                    pending = buffered[:]
+                    buffered.clear()
+                    for received_at, message in pending:
+                        if _apply(record, state, message, received_at) == "gap":
+                            record.gaps += 1
+                            fetch_snapshot()  # what is left of the buffer is in that snapshot
+                            break
+
+                fetch_snapshot()
+                closer = asyncio.ensure_future(_close_when(stop, socket))
+                try:
+                    async for raw in socket:
+                        received_at = time.time()
+                        # orjson: a browser's JSON.parse is native code too; with the json module the 500 pages of
+                        # bench/platform_scale.py, in one process beside the platform, spent a fifth of it parsing.
+                        message = orjson.loads(raw)
+                        kind = message.get("type")
+                        if kind == "rollouts.batch":
+                            record.rollout_rows += len(message.get("rows") or ())
+                            if counts_task is None or counts_task.done():
+                                counts_task = asyncio.ensure_future(_load_rollouts(record, http, base, ROLLOUT_COUNTS_EVERY_S))
+                        elif kind == "watching" and message.get("rollouts"):
+                            load = asyncio.ensure_future(_load_rollouts(record, http, base))
+                            rollout_loads.add(load)
+                            load.add_done_callback(rollout_loads.discard)
+                        elif kind == "error":
+                            record.errors.append(f"socket answered {message!r}")
+                        elif kind == "run.panel":
+                            record.panel_pushes += 1
                             wanted.ask()
-                    elif kind == "run.status":
-                        if message.get("status") != wanted.status:
-                            wanted.status = str(message.get("status"))
+                        elif kind == "eval.score":
+                            if int(message.get("step", -1)) in wanted.checkpoint_steps:
+                                wanted.ask()
+                        elif kind == "run.status":
+                            if message.get("status") != wanted.status:
+                                wanted.status = str(message.get("status"))
+                                wanted.ask()
+                        if kind != "metrics.batch":
+                            continue
+                        if any(point[0] == "success/heldout" and int(point[1]) in wanted.checkpoint_steps for point in message["points"]):
                             wanted.ask()
-                    if kind != "metrics.batch":
-                        continue
-                    if any(point[0] == "success/heldout" and int(point[1]) in wanted.checkpoint_steps for point in message["points"]):
-                        wanted.ask()
-                    record.pushes += 1
-                    seq, first = int(message["seq"]), int(message.get("from_seq", message["seq"]))
-                    if last_seq_on_connection is not None and first <= last_seq_on_connection:
-                        record.duplicates_or_out_of_order += 1
-                    last_seq_on_connection = max(seq, last_seq_on_connection or 0)
-                    if snapshot_task is not None:
-                        buffered.append((received_at, message))
-                    elif _apply(record, state, message, received_at) == "gap":
-                        record.gaps += 1
-                        snapshot_task = asyncio.ensure_future(_fetch_snapshot(http_clients[base], base, record.run_id))
+                        record.pushes += 1
+                        seq, first = int(message["seq"]), int(message.get("from_seq", message["seq"]))
+                        if last_seq_on_connection is not None and first <= last_seq_on_connection:
+                            record.duplicates_or_out_of_order += 1
+                        last_seq_on_connection = max(seq, last_seq_on_connection or 0)
+                        if fetching:
+                            buffered.append((received_at, message))
+                        elif _apply(record, state, message, received_at) == "gap":
+                            record.gaps += 1
+                            fetch_snapshot()
+                finally:
+                    closer.cancel()
+                    for task in fetching[:]:
+                        task.cancel()
                 if stop.is_set():
                     break
+                record.errors.append(f"ConnectionClosed: the server closed the socket ({socket.close_code})")
         except Exception as exc:  # noqa: BLE001 - a closed or refused socket: reconnect as the page does
             record.errors.append(f"{type(exc).__name__}: {str(exc)[:120]}")
         if stop.is_set():
