@@ -415,7 +415,7 @@ def report_live(result: dict[str, Any]) -> None:
     if result["panel_requests"] or result["panel_errors"]:
         print(f"[{label}] panel.json refreshes (as run_page.js): {result['panel_requests']} answered, p95 {result['panel_p95']:.0f} ms, {result['panel_errors']} failed")
     print(f"[{label}] pages on the Rollouts tab: {result['rollout_viewers']} of {result['clients']}, rollout rows they received "
-          f"{result['rollout_rows_received']}; rollouts.json loads and count refreshes (as rollouts.js): {result['rollouts_requests']} answered, "
+          f"{result['rollout_rows_received']}; rollouts.json loads and counts.json refreshes (as rollouts.js): {result['rollouts_requests']} answered, "
           f"p95 {result['rollouts_p95']:.0f} ms, {result['rollouts_errors']} failed")
     print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     print(f"[{label}] ingest delay p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["ingest_timeline"]))

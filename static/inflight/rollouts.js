@@ -127,10 +127,10 @@
     });
   }
 
-  function query(cursor) {
+  function query(cursor, url) {
     var params = new URLSearchParams(filters);
     if (cursor !== null && cursor !== undefined) params.set("cursor", cursor);
-    return panel.dataset.listUrl + "?" + params.toString();
+    return (url || panel.dataset.listUrl) + "?" + params.toString();
   }
 
   var body = document.getElementById("rollouts-body");
@@ -177,15 +177,15 @@
   });
   more.addEventListener("click", function () { load(true); });
 
-  // The counts follow the stored rows while the run runs: a pushed batch asks for them again, at
-  // most every COUNTS_EVERY_MS (they are the database's, so rows thinned out of the store leave
-  // them too, which counting pushed rows here would not see).
+  // The counts follow the stored rows while the run runs: a pushed batch asks for them again (the
+  // counts alone, not a page of rows), at most every COUNTS_EVERY_MS (they are the database's, so
+  // rows thinned out of the store leave them too, which counting pushed rows here would not see).
   var COUNTS_EVERY_MS = 3000;
   var countsTimer = null;
   function refreshCountsSoon() {
     if (countsTimer !== null) return;
     countsTimer = setTimeout(function () {
-      getJSON(query(null)).then(function (page) { showCounts(page.counts); })
+      getJSON(query(null, panel.dataset.countsUrl)).then(function (answer) { showCounts(answer.counts); })
         .catch(function () { /* the next batch asks again */ })
         .then(function () { countsTimer = null; });
     }, COUNTS_EVERY_MS);

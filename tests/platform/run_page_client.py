@@ -11,7 +11,8 @@ each reconnect (debounced and spread over 0.5-2 s), and on a slow safety poll; o
 connect too, standing in for the page's own render (which carries the panel and its checkpoints).
 With `watch_rollouts` the page shows its Rollouts tab, as rollouts.js: it asks the socket for the
 run's rollout rows on every connect, loads the stored rows (`rollouts.json`) when the socket answers
-that they come, and asks for the counts again at most every ROLLOUT_COUNTS_EVERY_S while rows arrive.
+that they come, and asks for the counts again (`rollouts/counts.json`) at most every
+ROLLOUT_COUNTS_EVERY_S while rows arrive.
 """
 
 from __future__ import annotations
@@ -161,12 +162,14 @@ async def _refresh_panel(record: ClientRecord, current_base: list[str], stop: as
 ROLLOUT_COUNTS_EVERY_S = 3.0
 
 
-async def _load_rollouts(record: ClientRecord, http: Any, base: str, delay_s: float = 0.0) -> None:
-    """The Rollouts tab's first page of stored rows (with its counts), as rollouts.js asks for it."""
+async def _load_rollouts(record: ClientRecord, http: Any, base: str, delay_s: float = 0.0, counts_only: bool = False) -> None:
+    """The Rollouts tab's first page of stored rows (with its counts), or its counts alone, as
+    rollouts.js asks for them."""
     await asyncio.sleep(delay_s)
     started = time.monotonic()
+    path = "rollouts/counts.json" if counts_only else "rollouts.json"
     try:
-        response = await http.get(f"{base}/runs/{record.run_id}/rollouts.json", headers={"Accept": "application/json"})
+        response = await http.get(f"{base}/runs/{record.run_id}/{path}", headers={"Accept": "application/json"})
         response.raise_for_status()
         _json(response.content)
         record.rollouts_ms.append((time.monotonic() - started) * 1000.0)
@@ -250,7 +253,7 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                         if kind == "rollouts.batch":
                             record.rollout_rows += len(message.get("rows") or ())
                             if counts_task is None or counts_task.done():
-                                counts_task = asyncio.ensure_future(_load_rollouts(record, http, base, ROLLOUT_COUNTS_EVERY_S))
+                                counts_task = asyncio.ensure_future(_load_rollouts(record, http, base, ROLLOUT_COUNTS_EVERY_S, counts_only=True))
                         elif kind == "watching" and message.get("rollouts"):
                             load = asyncio.ensure_future(_load_rollouts(record, http, base))
                             rollout_loads.add(load)

@@ -284,6 +284,8 @@ def test_rollout_rows_come_over_the_socket_only_while_the_rollouts_tab_shows(dap
     seed_rollouts(run, tiny_model, count=2, first_line=4)
     wait(lambda: rows.count() == 6, timeout=30, interval=0.2, message="new rows arriving live")
     assert rollout_frames() == 1
+    # The counts follow (rollouts.js asks for them alone, a few seconds after the rows came).
+    wait(lambda: "trained 6" in page.inner_text("#rollouts-counts"), timeout=30, interval=0.5, message="the counts after the live rows")
     screenshot(page, "rollouts_watched.png")
 
     page.click('[data-run-tab="metrics"]')

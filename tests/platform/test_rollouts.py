@@ -533,3 +533,15 @@ def test_a_sample_the_trainer_dropped_as_stale_is_marked(owner_api, owner, tmp_p
     assert StoredRollout.objects.get(run=run, sample_id="g1-0").discarded == "stale"
     page = owner_api.get(f"/api/runs/{run.pk}/rollouts/", {"discarded": "stale"}).json()
     assert [r["sample_id"] for r in page["rollouts"]] == ["g1-0"] and page["counts"] == {"trained": 3, "stale": 1}
+
+
+def test_the_tab_asks_for_its_counts_alone_under_its_filters(client, owner, other_user, with_discarded) -> None:
+    """What rollouts.js asks again while live rows arrive: the counts of the first page, without its rows."""
+    client.force_login(owner)
+    url = f"/runs/{with_discarded.pk}/rollouts/counts.json"
+    assert client.get(url).json() == {"run": with_discarded.pk, "counts": {"trained": 12, "zero_advantage": 2, "aborted": 1}}
+    assert client.get(url, {"step_min": 3, "discarded": "aborted"}).json()["counts"] == client.get(
+        f"/runs/{with_discarded.pk}/rollouts.json", {"step_min": 3, "discarded": "aborted"}).json()["counts"]
+    assert client.get(url, {"step_min": "x"}).status_code == 400
+    client.force_login(other_user)
+    assert client.get(url).status_code == 404

@@ -156,6 +156,12 @@ def discard_counts(rows: QuerySet[StoredRollout]) -> dict[str, int]:
     return counts
 
 
+def rollout_counts(run: Run, flt: RolloutFilter) -> dict[str, Any]:
+    """The first page's `counts` alone (the rows under every filter but trained/discarded, per
+    kind): what the open Rollouts tab asks again as new rows arrive, without a page of rows."""
+    return {"run": run.pk, "counts": discard_counts(_filtered(run, flt))}
+
+
 def rollouts_page(run: Run, flt: RolloutFilter) -> dict[str, Any]:
     """Newest first (by stream line; a discarded sample sits at the line it would have had, after
     the trained one there); `next_cursor` is null on the last page. The first page (no cursor)

@@ -31,6 +31,7 @@ urlpatterns = [
     path("runs/<int:run_id>/delete/", run_actions.run_delete, name="run_delete"),
     path("workers/", views.workers, name="workers"),
     path("runs/<int:run_id>/rollouts.json", rollout_views.rollouts_json, name="run_rollouts"),
+    path("runs/<int:run_id>/rollouts/counts.json", rollout_views.rollout_counts_json, name="run_rollout_counts"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>.json", rollout_views.rollout_json, name="run_rollout"),
     path("runs/<int:run_id>/rollouts/<int:rollout_id>/group.json", rollout_views.rollout_group_json, name="run_rollout_group"),
     path("runs/<int:run_id>/evals/<int:eval_id>/problem.json", rollout_views.eval_problem_json, name="run_eval_problem"),
