@@ -8,7 +8,8 @@ the live part is said in bench/scale_live.py (writers simulate engines replaying
 at its own pace; ingest is RunSupervisor.deliver() + PlatformReporter, many runs per process;
 clients are real WebSocket clients doing what run_page.js does).
 
-1. one web node: `--live-runs` runs written and ingested, `--clients` pages spread over them;
+1. one web node: `--live-runs` runs written and ingested, `--clients` pages spread over them (a
+   `--rollout-viewers` share of them on the Rollouts tab, getting its rows and asking for its list and counts);
    push latency from a metrics line being written to a client receiving it (p50/p95/p99), pushes
    lost/duplicated/out of order, every client's series against its run's metrics.jsonl, the ingest
    backlog over time, the CPU each process used;
