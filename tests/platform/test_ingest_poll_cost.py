@@ -240,6 +240,7 @@ def test_rollout_batches_off_the_grid_wait_for_the_next_write_to_count_their_lin
 def test_kept_rows_are_stored_whole_and_pushed_with_their_ids(owner: Any, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any) -> None:
     """Rows go in with server-side binding (not bulk_create): every column as the model reads
     it, and the live push names the stored rows' ids."""
+    from inflight.live.broadcast import run_rollouts_group
     from inflight.rollouts import services as rollout_services
 
     sent: list[tuple[str, dict[str, Any]]] = []
@@ -251,7 +252,7 @@ def test_kept_rows_are_stored_whole_and_pushed_with_their_ids(owner: Any, monkey
         assert ingest_rollouts(run.pk, records, DECODER) == 4
     [(group, message)] = sent
     stored = {row.pk: row for row in StoredRollout.objects.filter(run=run)}
-    assert group == f"run-{run.pk}" and sorted(row["id"] for row in message["rows"]) == sorted(stored)
+    assert group == run_rollouts_group(run.pk) and sorted(row["id"] for row in message["rows"]) == sorted(stored)
     assert all(stored[row["id"]].line == row["line"] for row in message["rows"])
     row = StoredRollout.objects.get(run=run, line=17)
     assert (row.step, row.seq, row.token_ids, row.versions, row.logprobs) == (5, 1, [50, 51, 52], [0, 0, 0], [-0.5] * 3)
