@@ -169,6 +169,13 @@
     });
   }
 
+  // Bursts close together cause one load.
+  var loadTimer = null;
+  function loadSoon() {
+    if (loadTimer !== null) return;
+    loadTimer = setTimeout(function () { loadTimer = null; load(false); }, 1000);
+  }
+
   document.getElementById("rollout-filters").addEventListener("submit", function (event) {
     event.preventDefault();
     filters = {};
@@ -420,7 +427,11 @@
 
   document.addEventListener("inflight:push", function (event) {
     var message = event.detail;
-    if (message.type === "rollouts.batch") { if (watchingRows) addLiveRows(message.rows); }
+    if (message.type === "rollouts.batch") {
+      if (!watchingRows) return;
+      // A burst larger than one push (the worker catching up): the rows it left out are in the list.
+      if (message.more > 0) loadSoon(); else addLiveRows(message.rows);
+    }
     else if (message.type === "watching") { if (message.rollouts && watchingRows) load(false); }
     else if (message.type === "alert.fired") addAlert(message.alert);
   });

@@ -252,7 +252,7 @@ def test_rollout_viewer_shows_the_problem_an_inline_switch_mark_and_starts_near_
 # ---------------------------------------------------------------- 9. stop, wall time, charts, compare
 
 
-def test_rollout_rows_come_over_the_socket_only_while_the_rollouts_tab_shows(daphne_server: str, owner, browser, tiny_model: Path, wait) -> None:
+def test_rollout_rows_come_over_the_socket_only_while_the_rollouts_tab_shows(daphne_server: str, owner, browser, tiny_model: Path, wait, monkeypatch) -> None:
     """A run page on its charts gets no rollout rows (at 200 live runs they were most of what pages
     were sent); showing the Rollouts tab loads the stored rows and then takes new ones live; rows
     stored while the tab was hidden are there when it shows again. After a reload too."""
@@ -302,6 +302,14 @@ def test_rollout_rows_come_over_the_socket_only_while_the_rollouts_tab_shows(dap
     wait(lambda: received('"watching"'), timeout=30, interval=0.2, message="the new socket watching the rows")
     seed_rollouts(run, tiny_model, count=2, first_line=8)
     wait(lambda: rows.count() == 10, timeout=30, interval=0.2, message="live rows after the reload")
+
+    # A burst larger than one push (a worker catching up): the push says what it left out and the
+    # tab loads its list again, so no stored row is missing from it.
+    from inflight.rollouts import services as rollout_services
+
+    monkeypatch.setattr(rollout_services, "PUSH_ROWS", 1)
+    seed_rollouts(run, tiny_model, count=4, first_line=10)
+    wait(lambda: rows.count() == 14, timeout=30, interval=0.2, message="every row of a burst larger than one push")
     page.close()
 
 

@@ -545,3 +545,16 @@ def test_the_tab_asks_for_its_counts_alone_under_its_filters(client, owner, othe
     assert client.get(url, {"step_min": "x"}).status_code == 400
     client.force_login(other_user)
     assert client.get(url).status_code == 404
+
+
+def test_a_push_larger_than_its_bound_says_how_many_rows_it_left_out(owner, monkeypatch, django_capture_on_commit_callbacks) -> None:
+    from inflight.rollouts import services as rollout_services
+
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(rollout_services, "push_on_commit", lambda group, message: sent.append(message))
+    monkeypatch.setattr(rollout_services, "PUSH_ROWS", 3)
+    run = make_run(owner)
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest_rollouts(run.pk, [(line, sample(line)) for line in range(8)], DECODER)
+        ingest_rollouts(run.pk, [(line, sample(line)) for line in range(8, 10)], DECODER)
+    assert [([r["line"] for r in m["rows"]], m["more"]) for m in sent] == [([5, 6, 7], 5), ([8, 9], 0)]

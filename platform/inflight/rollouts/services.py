@@ -3,7 +3,8 @@
 `ingest_rollouts` is idempotent (unique `(run, line)`) and transactional: if PostgreSQL is
 away it raises, the worker's tail does not advance, and the same lines come again later.
 Live pushes go after commit to the pages showing the run's Rollouts tab (`run_rollouts_group`):
-`{"type": "rollouts.batch", "seq", "rows": [summary, ...]}` (newest last, at most PUSH_ROWS).
+`{"type": "rollouts.batch", "seq", "rows": [summary, ...], "more": n}` (newest last, at most
+PUSH_ROWS; `more`: rows this batch stored that the push leaves out — the page loads its list again).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from rl_core.config.monitoring import RolloutStoreConfig
 
 logger = logging.getLogger(__name__)
 
-# A push carries at most this many new rows (a 100x burst must not become a 1 MB message);
-# a client that wants the rest pages the API.
+# A push carries at most this many new rows (a 100x burst must not become a 1 MB message); it
+# says how many it left out (`more`), and a page that wants them loads its list again.
 PUSH_ROWS = 100
 # Thinning doubles the stride at most this many times per batch (a guard, not a limit hit in practice).
 MAX_DOUBLINGS = 40
@@ -272,9 +273,11 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
                 _thin(store, state.settings.max_stored)
                 RolloutStore.objects.filter(run_id=run_id).update(stride=store.stride, stored=store.stored)
         if rows:
-            kept = [row for row in rows if row["step"] % store.stride == 0][-PUSH_ROWS:]
+            on_grid = [row for row in rows if row["step"] % store.stride == 0]
+            kept = on_grid[-PUSH_ROWS:]
             if kept:
-                message = {"type": "rollouts.batch", "run_id": run_id, "seq": store.seq, "rows": [summary_json(row) for row in kept]}
+                message = {"type": "rollouts.batch", "run_id": run_id, "seq": store.seq, "rows": [summary_json(row) for row in kept],
+                           "more": len(on_grid) - len(kept)}
                 push_on_commit(run_rollouts_group(run_id), message)
     # Taken into the state only once committed: after a database error the batch comes again.
     state.stride, state.lines_seen, state.written_at = store.stride, store.lines_seen, time.monotonic()
