@@ -362,7 +362,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "complete": len(complete), "killed_clients": len(killed_clients),
         "killed_complete": sum(1 for r in killed_clients if r in complete),
         "reconnects": sum(max(0, r["connects"] - 1) for r in records), "killed_at_s": killed_at,
-        "errors": [e for r in records for e in r["errors"]][:5],
+        "errors": [e for r in records for e in r["errors"]][:5], "error_count": sum(len(r["errors"]) for r in records),
         "backlog": backlog, "cpu": {name: cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0) for name in cpu_after},
         "lines_written": writer.written_lines(),
         # Every line ingest delivered, by kind: what its capacity is measured in.
@@ -401,7 +401,7 @@ def report_live(result: dict[str, Any]) -> None:
     print(f"[{label}] gaps {result['gaps']}, duplicated/out of order {result['dup_ooo']}, complete series {result['complete']}/{result['clients']}, "
           f"reconnects {result['reconnects']}" + (f", node killed at {result['killed_at_s']:.0f} s: {result['killed_complete']}/{result['killed_clients']} of its clients complete" if result["killed_at_s"] else ""))
     if result["errors"]:
-        print(f"[{label}] client errors (first 5): {result['errors']}")
+        print(f"[{label}] client errors: {result['error_count']} (first 5: {result['errors']})")
     print(f"[{label}] of which ingest (line written -> stored and committed) p50/p95 {result['ingest_p50']:.0f}/{result['ingest_p95']:.0f} ms; "
           f"in Redis (published) p50/p95 {result['published_p50']:.0f}/{result['published_p95']:.0f} ms; "
           f"most pushes waiting for the channel layer in one ingest process: {result['unsent_max']}")
