@@ -206,7 +206,7 @@
       if (empty) { empty.remove(); empty = null; }
       body.insertBefore(rowFor(r), body.firstChild); // rows come oldest first: newest ends on top
     });
-    while (body.children.length > MAX_ROWS) { body.lastChild.remove(); nextCursor = nextCursor === null ? null : nextCursor; }
+    while (body.children.length > MAX_ROWS) body.lastChild.remove();
     if (rows.length) refreshCountsSoon();
   }
 

@@ -141,7 +141,7 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        run_id = self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         if await database_sync_to_async(_visible_run_id)(user, run_id) is None:
             await self.close(code=CLOSE_FORBIDDEN)
             return
@@ -167,9 +167,8 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
         if topics is None:
             await self.send_json({"type": "error", "message": WATCH_USAGE})
             return
-        run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         if topics["rollouts"] and self.rollouts_group is None:
-            self.rollouts_group = run_rollouts_group(run_id)
+            self.rollouts_group = run_rollouts_group(self.run_id)
             await self.channel_layer.group_add(self.rollouts_group, self.channel_name)
         elif not topics["rollouts"] and self.rollouts_group is not None:
             group, self.rollouts_group = self.rollouts_group, None
