@@ -195,8 +195,19 @@ def status(state, error=None):
     os.replace(path + ".tmp", path)
 
 status("starting")
+GRANDCHILD = (
+    "import os, time\n"
+    "parent, deadline = os.getppid(), time.time() + 600\n"
+    "while time.time() < deadline:\n"
+    "    time.sleep(0.5)\n"
+    "    if os.getppid() != parent:\n"
+    "        deadline = min(deadline, time.time() + 30)\n"
+)
 if mode.startswith("hang"):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    # Lives until its group is killed; orphaned (its engine died with a killed worker, whose group
+    # nobody kills) it outlives the engine by 30 s, longer than any test waits for the group kill,
+    # and goes, instead of sleeping on for 10 minutes after the test session.
+    child = subprocess.Popen([sys.executable, "-c", GRANDCHILD])
     open(os.path.join(out, "grandchild.pid"), "w").write(str(child.pid))
     if mode == "hang-ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
