@@ -3,7 +3,7 @@ thousands of finished runs to list and compare — on the real platform.
 
 Started as `make demo` starts it (inflight/runs/management/commands/demo.py): a private embedded
 PostgreSQL (fsync on, as the demo) and Redis (inflight.devservices), migrated; Daphne serving
-`inflight.asgi:application` with the Redis channel layer. What is real and what is simulated in
+`inflight.asgi:application` as a web node (`python -m inflight.web.node`) with the Redis channel layer. What is real and what is simulated in
 the live part is said in bench/scale_live.py (writers simulate engines replaying a real demo run
 at its own pace; ingest is RunSupervisor.deliver() + PlatformReporter, many runs per process;
 clients are real WebSocket clients doing what run_page.js does).
@@ -13,7 +13,7 @@ clients are real WebSocket clients doing what run_page.js does).
    push latency from a metrics line being written to a client receiving it (p50/p95/p99), pushes
    lost/duplicated/out of order, every client's series against its run's metrics.jsonl, the ingest
    backlog over time, the CPU each process used;
-2. two web nodes (two Daphne processes, same PostgreSQL and Redis layer): clients spread over both;
+2. two web nodes (two `inflight.web.node`s, same PostgreSQL and Redis layer): clients spread over both;
    node B is killed half-way, its clients reconnect to node A; every client must end complete;
 3. `--finished-runs` finished runs (a template run stored through the real ingest services —
    `--steps` steps x `--metrics` metrics, evals with per-problem rows, rollouts — then cloned in
@@ -76,11 +76,12 @@ def web_env(port: int) -> dict[str, str]:
 
 
 def start_web_node(processes: Processes, name: str) -> str:
-    """Daphne as the demo starts it (`python -m daphne -b 127.0.0.1 -p PORT inflight.asgi:application`)."""
+    """A web node as the demo starts it (`python -m inflight.web.node -b 127.0.0.1 -p PORT`: one Daphne
+    process per core, up to 4, on one port); its CPU is the launcher's and its processes' together."""
     import urllib.request
 
     port = free_port()
-    processes.start(name, [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "inflight.asgi:application"], web_env(port))
+    processes.start(name, [sys.executable, "-m", "inflight.web.node", "-b", "127.0.0.1", "-p", str(port)], web_env(port))
     deadline = time.monotonic() + 120
     while True:
         try:

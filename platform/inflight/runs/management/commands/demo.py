@@ -1,8 +1,8 @@
 """`python manage.py demo`: the whole platform on one machine, what `make demo` runs.
 
 In order: start (or reuse) the embedded PostgreSQL + Redis, migrate, create the demo user
-and print its credentials, build the tiny model if missing, start Daphne and a Celery
-worker, submit the demo run (examples/tiny-cpu.yaml) and print its URL. A worker or web server
+and print its credentials, build the tiny model if missing, start the web node (Daphne, one
+process per core: `inflight.web.node`) and a Celery worker, submit the demo run (examples/tiny-cpu.yaml) and print its URL. A worker or web server
 that crashes is started again (a line says so; after repeated crashes it waits longer between
 tries), so one dead process never takes the platform down. Ctrl-C cancels the
 demo's active runs, stops the worker and Daphne, and stops the services it started (ones
@@ -39,7 +39,7 @@ class Command(BaseCommand):
     help = "Run the embedded demo: services, web server, worker and the tiny CPU run."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--port", type=int, default=int(os.environ.get("INFLIGHT_DEMO_PORT", "8000")), help="HTTP port of Daphne on 127.0.0.1.")
+        parser.add_argument("--port", type=int, default=int(os.environ.get("INFLIGHT_DEMO_PORT", "8000")), help="HTTP port of the web node on 127.0.0.1.")
         parser.add_argument("--config", default=str(settings.REPO_ROOT / "examples" / "tiny-cpu.yaml"), help="Run config of the demo run.")
         parser.add_argument("--no-run", action="store_true", help="Start everything but do not submit a run.")
         parser.add_argument("--exit-after-start", action="store_true", help="Stop everything again once it is up (smoke test).")
@@ -62,7 +62,7 @@ class Command(BaseCommand):
             username, password, token = self.demo_user()
             if not options["no_run"]:
                 self.ensure_tiny_model()  # only the run needs it (minutes to build on a small CPU)
-            self.spawn("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(options["port"]), "inflight.asgi:application"], logs / "web.log")
+            self.spawn("web", [sys.executable, "-m", "inflight.web.node", "-b", "127.0.0.1", "-p", str(options["port"])], logs / "web.log")
             self.spawn("worker", [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "-Q", "cpu,gpu", "-P", "threads", "-c", "2", "-n", "demo@%h", "-l", "INFO"], logs / "worker.log")
             self.wait_for_http(options["port"])
             self.requeue_waiting_runs()
