@@ -171,7 +171,11 @@ def test_compose_services_and_environment_match_the_settings() -> None:
     assert {"cpu", "gpu"} == queues
     assert services["worker-gpu"]["runtime"] == "nvidia"
     assert services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert "inflight.asgi:application" in " ".join(services["web"]["command"])
+    # Both web nodes are `inflight.web.node`: Daphne processes serving the ASGI application, one per core.
+    from inflight.web.node import APPLICATION
+
+    assert APPLICATION == "inflight.asgi:application"
+    assert all("-m inflight.web.node -b 0.0.0.0 -p 8000" in " ".join(services[name]["command"]) for name in ("web", "web-2"))
     # The runs volume is shared by the web server and both workers.
     for name in ("web", "worker-cpu", "worker-gpu"):
         assert "runs:/data/runs" in services[name]["volumes"]
