@@ -180,7 +180,11 @@ DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=int(os.
 WEB_NODE = "inflight.asgi" in sys.modules
 if WEB_NODE and _env_bool("INFLIGHT_DB_POOL", True):
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them (CONN_HEALTH_CHECKS: checked when taken)
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": int(os.environ.get("INFLIGHT_DB_POOL_MAX", "32")), "timeout": 5}
+    # INFLIGHT_DB_POOL_MAX is the node's: a web node's processes (inflight/web/node.py tells each how
+    # many there are) split it, so a node holds as many PostgreSQL connections however many cores it uses.
+    _web_processes = max(1, int(os.environ.get("INFLIGHT_WEB_PROCESSES") or 1))
+    _pool_max = max(4, int(os.environ.get("INFLIGHT_DB_POOL_MAX", "32")) // _web_processes)
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 2, "max_size": _pool_max, "timeout": 5}
 
 REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
 # Live pushes go through Redis pub/sub: a push is one PUBLISH per run group, and each web node

@@ -59,6 +59,7 @@ def test_every_process_of_a_node_serves_its_port_and_one_that_dies_is_started_ag
 ) -> None:
     node, port, log_path = node_of_two
     first, second = sorted(daphnes(node))
+    assert all(psutil.Process(pid).environ()["INFLIGHT_WEB_PROCESSES"] == "2" for pid in (first, second))  # they split the pool
 
     os.kill(first, signal.SIGKILL)
     wait(lambda: "exited with code" in log_path.read_text(), timeout=10, message="the node to see it die")

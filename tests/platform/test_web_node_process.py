@@ -46,3 +46,10 @@ def test_a_worker_keeps_pythons_switch_interval_and_its_own_connections() -> Non
 def test_the_web_nodes_switch_interval_and_pool_are_environment_settings() -> None:
     web = _process_of("inflight.asgi", INFLIGHT_GIL_SWITCH_S="0.002", INFLIGHT_DB_POOL="0")
     assert abs(web["switch"] - 0.002) < 1e-9 and "pool" not in web["database"].get("OPTIONS", {})
+
+
+def test_a_web_nodes_processes_split_its_connection_pool() -> None:
+    """inflight.web.node tells each process how many there are: the node holds INFLIGHT_DB_POOL_MAX
+    connections however many processes serve it (docker-compose's PostgreSQL takes 100)."""
+    assert _process_of("inflight.asgi", INFLIGHT_WEB_PROCESSES="2")["database"]["OPTIONS"]["pool"]["max_size"] == 16
+    assert _process_of("inflight.asgi", INFLIGHT_WEB_PROCESSES="4", INFLIGHT_DB_POOL_MAX="8")["database"]["OPTIONS"]["pool"]["max_size"] == 4

@@ -14,8 +14,8 @@ own (Daphne's `--fd`). A child that dies has its socket closed, so the others ta
 connection while it is started again (its pages reconnect, as they do after any lost socket). The
 children get SIGTERM if this process dies (`die_with_parent`); SIGTERM or Ctrl-C here stops them.
 Only the first child sweeps for dead workers (`INFLIGHT_WEB_SWEEPER`): one sweep per node is enough.
-Each child has its own database pool (`INFLIGHT_DB_POOL_MAX`, 32 by default): a node holds at most
-processes x that many PostgreSQL connections.
+The node's database pool (`INFLIGHT_DB_POOL_MAX`, 32 by default) is split between its processes (at
+least 4 each): a node holds as many PostgreSQL connections with one process as with four.
 
 It is what `manage.py demo`, docker-compose and bench/platform_scale.py start; `python -m daphne`
 alone is still one process (the tests' servers).
@@ -39,7 +39,7 @@ from rl_core.common.processes import die_with_parent
 logger = logging.getLogger("inflight.web.node")
 
 APPLICATION = "inflight.asgi:application"
-DEFAULT_MAX_PROCESSES = 4  # the default count's cap: each process holds its own database pool
+DEFAULT_MAX_PROCESSES = 4  # the default count's cap: beyond it each process's share of the pool gets small
 LISTEN_BACKLOG = 1024  # a page burst (500 pages reconnecting to a restarted node) must not be refused
 # A child that dies this soon after starting, this many times in a row, is not started again: the
 # application itself is broken (a bad setting, a missing migration) and the node exits with an error.
@@ -126,7 +126,7 @@ class WebNode:
 
     def start_child(self, index: int, quick_deaths: int = 0) -> Child:
         sock = listening_socket(self.bind, self.port)
-        env = dict(os.environ)
+        env = {**os.environ, "INFLIGHT_WEB_PROCESSES": str(self.processes)}  # the settings split the node's database pool by it
         if index > 0:
             env["INFLIGHT_WEB_SWEEPER"] = "0"
         # Ctrl-C reaches the whole terminal group: the children ignore it and this process stops them.
