@@ -12,11 +12,11 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 # Django must be set up before the consumers (which import models) are imported.
 django_asgi_application = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from inflight.live.routing import websocket_urlpatterns  # noqa: E402
-from inflight.live.socket_db import socket_auth_stack  # noqa: E402
 from inflight.web.asgi_guards import SafeStaticFilesHandler, SameOriginWebsocketValidator  # noqa: E402
 
 # Never serve with DEBUG off and no SECRET_KEY (settings.py says why importing alone does not refuse).
@@ -48,6 +48,6 @@ application = ProtocolTypeRouter(
     {
         "http": http_application,
         # The Origin must be this site (scheme, host and port) or one of CSRF_TRUSTED_ORIGINS.
-        "websocket": SameOriginWebsocketValidator(socket_auth_stack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginWebsocketValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

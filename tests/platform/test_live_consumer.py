@@ -103,39 +103,6 @@ async def test_staff_may_watch_any_run(owner, staff_user) -> None:
     await socket.disconnect()
 
 
-async def test_pages_opening_together_are_not_checked_one_after_another(owner, monkeypatch) -> None:
-    """A socket's handshake reads the database (its user, then whether it may see the run); Channels
-    runs such reads on one thread per process unless told otherwise, so a burst of pages opening
-    (500 reconnecting to a restarted node) queued there past Daphne's 5 s handshake limit. Here the
-    run check of one page waits until another page's check is running beside it: one after another,
-    that never happens (each waits out its 3 s and `peak` stays 1)."""
-    import threading
-
-    run = await database_sync_to_async(services.create_run)(owner, "live", {})
-    check = consumers._visible_run_id
-    lock, both_in, running, peak = threading.Lock(), threading.Event(), [0], [0]
-
-    def side_by_side(user: Any, run_id: int) -> int | None:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-            if running[0] >= 2:
-                both_in.set()
-        both_in.wait(3)
-        try:
-            return check(user, run_id)
-        finally:
-            with lock:
-                running[0] -= 1
-
-    monkeypatch.setattr(consumers, "_visible_run_id", side_by_side)
-    sockets = await asyncio.gather(*(_connect(run.pk, owner) for _ in range(3)))
-    hellos = [await socket.receive_json_from(timeout=15) for socket in sockets]
-    assert [hello["type"] for hello in hellos] == ["hello"] * 3 and peak[0] >= 2
-    for socket in sockets:
-        await socket.disconnect()
-
-
 async def test_other_users_and_anonymous_are_refused(owner, other_user) -> None:
     run = await database_sync_to_async(services.create_run)(owner, "live", {})
     for user, code in ((other_user, CLOSE_FORBIDDEN), (None, CLOSE_UNAUTHENTICATED)):

@@ -16,12 +16,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from channels.db import database_sync_to_async
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
 from inflight.live.broadcast import batch_text, join_batches, run_group, run_rollouts_group, user_runs_group
-from inflight.live.socket_db import socket_db
 from inflight.runs.models import Run
 from inflight.runs.selectors import visible_run_or_404
 
@@ -142,14 +142,14 @@ class RunConsumer(PushDispatch, AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         run_id = self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        if await socket_db(_visible_run_id)(user, run_id) is None:
+        if await database_sync_to_async(_visible_run_id)(user, run_id) is None:
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.group = run_group(run_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         # Subscribed, then the state (zulip's order): a status change between the page's render
         # and this subscription was pushed to nobody, so "hello" carries the status as of now.
-        await self.send_json({"type": "hello", "run_id": run_id, "status": await socket_db(_run_status)(run_id)})
+        await self.send_json({"type": "hello", "run_id": run_id, "status": await database_sync_to_async(_run_status)(run_id)})
 
     async def disconnect(self, code: int) -> None:
         if self.flush_task is not None:
