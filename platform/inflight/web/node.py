@@ -4,9 +4,9 @@
 
 Why more than one: a Daphne process pushes to every open page from one event loop, and renders
 the pages' requests (panel.json, the Rollouts tab's lists, snapshots) on threads that share its one
-GIL, so one process uses at most one core however many the machine has. At 200 live runs and 500
-open pages on two cores, one process was the longest stage after ingest (bench/platform_scale.py,
-bench/RESULTS.md 2026-11-29: two processes cut panel.json's p95 from 8-14 s to under 4 s).
+GIL, so one process uses at most one core however many the machine has (bench/platform_scale.py,
+40 live runs and 1,500 open pages on two cores: push p95 19.1 s and 665 of 1,500 pages' series
+complete with one process, 2.0 s and all of them with two; bench/RESULTS.md, 2026-11-29).
 
 How: this process opens one listening socket per child on the same port (SO_REUSEPORT: the kernel
 spreads new connections evenly over them) and starts `--processes` Daphne children, each on its
