@@ -56,8 +56,9 @@ def stream_samples(out: Path) -> list:
 
 
 # Steps of the learning run: the single-node demo gains its +20 held-out points by step 20 (median,
-# bench/demo_health.py) but async runs vary, and 25 steps once ended at +19.5; 30 gives it room.
-LEARNING_STEPS = 30
+# bench/demo_health.py) but async runs vary: 25 steps once ended at +19.5, and 30 did in two of three
+# runs on 2026-11-29 (+19.5, +18.8: held out 0.39 -> 0.58, a busier machine); 40 gives it room.
+LEARNING_STEPS = 40
 
 
 def test_two_node_async_run_learns(two_node_cluster: NetnsCluster, tiny_model: Path, tmp_path: Path) -> None:
