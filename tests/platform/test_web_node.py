@@ -133,3 +133,6 @@ def test_a_taken_port_or_a_typo_is_a_clear_error(tmp_path: Path) -> None:
 
     typo = subprocess.run([sys.executable, "-m", "inflight.web.node", "--proccesses", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
     assert typo.returncode == 2 and "unrecognized arguments: --proccesses" in typo.stderr
+    bad_count = subprocess.run([sys.executable, "-m", "inflight.web.node"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+                               env={**os.environ, "INFLIGHT_WEB_PROCESSES": "two"})
+    assert bad_count.returncode == 1 and "INFLIGHT_WEB_PROCESSES must be a whole number, not 'two'" in bad_count.stderr

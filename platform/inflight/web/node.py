@@ -49,6 +49,13 @@ STOP_TIMEOUT_S = 10.0
 
 
 def default_processes() -> int:
+    """INFLIGHT_WEB_PROCESSES, else the CPU count up to DEFAULT_MAX_PROCESSES."""
+    configured = os.environ.get("INFLIGHT_WEB_PROCESSES", "").strip()
+    if configured:
+        try:
+            return int(configured)
+        except ValueError:
+            raise SystemExit(f"inflight.web.node: INFLIGHT_WEB_PROCESSES must be a whole number, not {configured!r}") from None
     return max(1, min(os.cpu_count() or 1, DEFAULT_MAX_PROCESSES))
 
 
@@ -56,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m inflight.web.node", description=__doc__.split("\n\n")[0])
     parser.add_argument("-b", "--bind", default="127.0.0.1", help="Address to listen on (0.0.0.0: every interface).")
     parser.add_argument("-p", "--port", type=int, default=8000, help="TCP port to listen on.")
-    parser.add_argument("--processes", type=int, default=int(os.environ.get("INFLIGHT_WEB_PROCESSES", "0")) or default_processes(),
+    parser.add_argument("--processes", type=int, default=default_processes(),
                         help=f"Daphne processes serving the port (default: INFLIGHT_WEB_PROCESSES, else the CPU count up to {DEFAULT_MAX_PROCESSES}).")
     parser.add_argument("daphne_args", nargs=argparse.REMAINDER, metavar="-- DAPHNE_OPTION ...",
                         help="Options for every Daphne process, after `--` (e.g. -- --proxy-headers).")
