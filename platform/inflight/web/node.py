@@ -79,16 +79,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _bound(sock: socket.socket, bind: str, port: int) -> socket.socket:
+    """`sock` bound to bind:port (SO_REUSEADDR), or the node exits with a clear error (closing it)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"inflight.web.node: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 def claim_port(bind: str, port: int) -> int:
     """The port, once a socket without SO_REUSEPORT could bind it: SO_REUSEPORT alone would let a
     second node (a second `make demo`) share a port that another one of this user listens on, and
     the connections be spread over two unrelated nodes. Port 0: a free one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((bind, port))
-        except OSError as exc:
-            raise SystemExit(f"inflight.web.node: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    with _bound(socket.socket(socket.AF_INET, socket.SOCK_STREAM), bind, port) as probe:
         return int(probe.getsockname()[1])
 
 
@@ -97,14 +103,8 @@ def listening_socket(bind: str, port: int) -> socket.socket:
     connections evenly over the node's sockets), inheritable by it. A clear error when taken."""
     # IPv4 only: Daphne adopts an inherited socket as AF_INET (its `--fd` takes no address family).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((bind, port))
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(f"inflight.web.node: cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
-    sock.listen(LISTEN_BACKLOG)
+    _bound(sock, bind, port).listen(LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
@@ -129,7 +129,6 @@ class WebNode:
     processes: int
     daphne_args: list[str] = field(default_factory=list)
     children: list[Child] = field(default_factory=list)
-    stopping: bool = False
 
     def start_child(self, index: int, quick_deaths: int = 0) -> Child:
         sock = listening_socket(self.bind, self.port)
@@ -150,7 +149,7 @@ class WebNode:
         """Start again every child that died; the node's exit code once it must stop, else None."""
         for position, child in enumerate(self.children):
             code = child.process.poll()
-            if code is None or self.stopping:
+            if code is None:
                 continue
             child.sock.close()  # new connections go to the other processes' sockets meanwhile
             quick = time.monotonic() - child.started_at < QUICK_DEATH_S
@@ -166,7 +165,6 @@ class WebNode:
         return None
 
     def stop(self) -> None:
-        self.stopping = True
         for child in self.children:
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
