@@ -208,3 +208,35 @@ def test_a_failed_write_is_every_batchs_error_and_the_lines_sent_again_are_store
     assert [live_ingest.submit_metric_lines(run.pk, lines(1, 2), states[run.pk]).result() for run in runs] == [2, 2, 2]
     for run in runs:
         assert [line for line, *_ in stored(run)] == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_writer_says_its_metrics_are_behind_for_a_while_after_a_late_statement(owner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes that may lag (the rollout viewer's rows) wait while `metrics_behind()`: for
+    BEHIND_FOR_S after a statement whose oldest batch took longer than BEHIND_S from hand-over to
+    commit, not after one on time."""
+    import time
+
+    writer = live_ingest._writer
+    monkeypatch.setattr(writer, "BEHIND_FOR_S", 1.0)
+    monkeypatch.setattr(writer, "BEHIND_S", 0.5)  # well above a statement's time on a loaded test machine
+    monkeypatch.setattr(writer, "_behind_at", float("-inf"))
+    run = make_run(owner)
+    state = MetricsIngestState()
+    live_ingest.ingest_metric_lines(run.pk, lines(0, 1), state)
+    write = live_ingest._write_guarded
+    slow = [True]
+
+    def slow_then_fast(batches: list[Any]) -> None:
+        if slow and slow.pop():
+            time.sleep(writer.BEHIND_S + 0.1)  # the database was slow
+        write(batches)
+
+    monkeypatch.setattr(live_ingest, "_write_guarded", slow_then_fast)
+    assert not live_ingest.metrics_behind()
+    assert live_ingest.submit_metric_lines(run.pk, lines(1, 1), state).result() == 2
+    assert live_ingest.metrics_behind()
+    time.sleep(1.1)
+    assert not live_ingest.metrics_behind()
+    assert live_ingest.submit_metric_lines(run.pk, lines(2, 1), state).result() == 3
+    assert not live_ingest.metrics_behind()

@@ -205,6 +205,7 @@ class PendingMetrics:
     done: threading.Event = field(default_factory=threading.Event)
     settled: bool = False
     stored_at: float | None = None  # when the statement that stored it returned (Unix s)
+    handed_at: float = field(default_factory=time.monotonic)  # when its supervisor handed it over
 
     def ready(self) -> bool:
         return self.done.is_set()
@@ -253,12 +254,27 @@ class MetricsWriter:
     # statement's share again (bench/RESULTS.md, 2026-11-29). A push is this much later at most.
     GATHER_S = 0.025
     IDLE_CLOSE_S = 1.0  # its connection is closed after this long without a batch
+    # Behind: a statement's oldest batch took longer than this from its hand-over to its commit
+    # (GATHER_S and a statement's ~15 ms on a quiet machine are well under it); said by `behind()`
+    # for BEHIND_FOR_S after (a moment on time between late statements would let a burst of bulk
+    # writes in). Writes that may lag (the rollout viewer's rows) wait meanwhile.
+    BEHIND_S = 0.06
+    BEHIND_FOR_S = 3.0
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._waiting: list[PendingMetrics] = []
         self._first_at = 0.0  # when the oldest waiting batch came
         self._pid = 0
+        self._behind_at = -math.inf  # when a statement last came out behind (monotonic s)
+
+    def behind(self) -> bool:
+        """Whether this process's metrics are late reaching the database (see BEHIND_S)."""
+        return time.monotonic() - self._behind_at < self.BEHIND_FOR_S
+
+    def note_written(self, batches: list[PendingMetrics]) -> None:
+        if batches and time.monotonic() - min(pending.handed_at for pending in batches) > self.BEHIND_S:
+            self._behind_at = time.monotonic()
 
     def submit(self, pending: PendingMetrics) -> None:
         with self._lock:
@@ -292,6 +308,7 @@ class MetricsWriter:
             try:
                 batches = self._take()
                 _write_guarded(batches)
+                self.note_written(batches)
             except BaseException as exc:  # noqa: BLE001 - each batch's caller raises it (and sends its lines again)
                 connection.close()  # the next write reconnects
                 logger.warning("metrics write of %d runs failed: %s", len(batches), exc)
@@ -332,6 +349,12 @@ def _write_guarded(batches: list[PendingMetrics]) -> None:
 
 
 _writer = MetricsWriter()
+
+
+def metrics_behind() -> bool:
+    """Whether this process's metrics are late reaching the database (`MetricsWriter.behind`): a
+    write that may lag (the rollout viewer's rows) waits."""
+    return _writer.behind()
 
 
 def _ingest_in_transaction(run_id: int, columns: PointColumns) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, ClassVar, Sequence
 from django.db import connection, transaction
 
 from inflight.live.broadcast import push_on_commit, run_rollouts_group
+from inflight.live.ingest import metrics_behind
 from inflight.rollouts.models import RolloutStore, StoredRollout
 from inflight.rollouts.selectors import summary_json
 from inflight.rollouts.tokens import TokenDecoder, problem_text
@@ -284,8 +285,11 @@ def ingest_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], 
     return len(rows)
 
 
-# The kept rows of the rollout viewer were the largest share of each ingest thread's time at 200 live runs.
-_writer: WriterThread[int] = WriterThread("inflight-rollout-writer")
+# The kept rows of the rollout viewer were the largest share of each ingest thread's time at 200 live
+# runs; storing them filled the two cores of bench/platform_scale.py, and every metric push came
+# seconds late (266 ms at p95 without them, 2.4 s with: bench/RESULTS.md, 2026-11-29). They can lag,
+# metrics cannot: they wait while this process's metrics are behind (one write every 3 s at least).
+_writer: WriterThread[int] = WriterThread("inflight-rollout-writer", defer_while=metrics_behind)
 
 
 def submit_rollouts(run_id: int, records: Sequence[tuple[int, dict[str, Any]]], decoder: TokenDecoder, state: RolloutIngestState,

@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable, Generic, TypeVar
 
@@ -28,12 +29,20 @@ T = TypeVar("T")
 class WriterThread(Generic[T]):
     """Runs the writes submitted to it in order, on its own thread (started on first use, and again
     in a forked child: a thread does not survive a fork). A write's error is its future's: the
-    supervisor raises it when settling and sends the same lines again."""
+    supervisor raises it when settling and sends the same lines again.
+
+    `defer_while`: writes that may lag (the rollout viewer's rows) wait while it says so — the
+    process's metrics are late (`live.ingest.metrics_behind`) — but one goes at least every
+    `defer_at_most_s`, so their pages still move. What waits stays in the run's own files: a run has
+    one batch of a kind in flight, and its supervisor reads on once that one settles."""
 
     IDLE_CLOSE_S = 1.0  # its connection is closed after this long without a write
+    DEFER_POLL_S = 0.02
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, defer_while: Callable[[], bool] | None = None, defer_at_most_s: float = 3.0) -> None:
         self.name = name
+        self.defer_while = defer_while
+        self.defer_at_most_s = defer_at_most_s
         self._queue: queue.SimpleQueue[tuple[Callable[[], T], Future[T]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pid = 0
@@ -55,15 +64,21 @@ class WriterThread(Generic[T]):
         return future
 
     def _run(self, waiting: queue.SimpleQueue[tuple[Callable[[], T], Future[T]]]) -> None:
+        last_write_at = time.monotonic()
         while True:
             try:
                 write, future = waiting.get(timeout=self.IDLE_CLOSE_S)
             except queue.Empty:
                 connection.close()  # quiet: no connection held open for nothing
                 write, future = waiting.get()
+            if self.defer_while is not None:
+                while self.defer_while() and time.monotonic() - last_write_at < self.defer_at_most_s:
+                    time.sleep(self.DEFER_POLL_S)  # waiting takes neither a core nor the GIL nor the database
             try:
                 future.set_result(write())
             except BaseException as exc:  # noqa: BLE001 - the supervisor's settle raises it; its lines come again
                 connection.close()  # the next write reconnects
                 logger.warning("%s: a write failed: %s", self.name, exc)
                 future.set_exception(exc)
+            finally:
+                last_write_at = time.monotonic()
