@@ -15,6 +15,7 @@ django_asgi_application = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
+from rl_core.common.processes import freeze_startup_objects  # noqa: E402
 
 from inflight.live.routing import websocket_urlpatterns  # noqa: E402
 from inflight.web.asgi_guards import SafeStaticFilesHandler, SameOriginWebsocketValidator  # noqa: E402
@@ -51,3 +52,9 @@ application = ProtocolTypeRouter(
         "websocket": SameOriginWebsocketValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Everything loaded so far (Django, Channels, Twisted, the app: ~100,000 objects) is left out of the
+# cyclic collector's full collections: each walked it all, holding the GIL, and with 500 open pages
+# a full collection paused every push of the process for 140-610 ms, a dozen times a replay
+# (bench/platform_scale.py, gc.callbacks timings). Reference counting still frees them.
+freeze_startup_objects()
