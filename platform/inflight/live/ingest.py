@@ -273,8 +273,9 @@ class MetricsWriter:
         return time.monotonic() - self._behind_at < self.BEHIND_FOR_S
 
     def note_written(self, batches: list[PendingMetrics]) -> None:
-        if batches and time.monotonic() - min(pending.handed_at for pending in batches) > self.BEHIND_S:
-            self._behind_at = time.monotonic()
+        now = time.monotonic()
+        if batches and now - min(pending.handed_at for pending in batches) > self.BEHIND_S:
+            self._behind_at = now
 
     def submit(self, pending: PendingMetrics) -> None:
         with self._lock:
