@@ -217,6 +217,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         ingest_written_at = [t for progress in final_progress for t in progress.get("ingest_written_at", [])]
         unsent_max = max([progress.get("unsent_max", 0) for progress in final_progress], default=0)
         published = [ms for progress in final_progress for ms in progress.get("published_ms", [])]
+        published_written_at = [t for progress in final_progress for t in progress.get("published_written_at", [])]
         sent_by_type: dict[str, list[int]] = {}
         for progress in final_progress:
             for kind, (count, size) in progress.get("sent_by_type", {}).items():
@@ -254,6 +255,10 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
     for t, ms in zip(ingest_written_at, ingest_delays):
         ingest_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
     ingest_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(ingest_by_window.items())]
+    published_by_window: dict[int, list[float]] = {}
+    for t, ms in zip(published_written_at, published):
+        published_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
+    published_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(published_by_window.items())]
     lag_by_window: dict[int, list[float]] = {}
     for t, ms in clients_lag:
         if t >= first_t:
@@ -274,6 +279,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
                             "rollouts": len(shape.rollout_lines) * len(runs) if not args.no_rollouts else 0},
         "latency_timeline": latency_timeline, "ingest_timeline": ingest_timeline,
         "clients_lag_p95": percentile([ms for _, ms in clients_lag], 95), "clients_lag_max": max((ms for _, ms in clients_lag), default=0.0),
+        "published_timeline": published_timeline,
         "clients_lag_timeline": [(5 * w, percentile(values, 95)) for w, values in sorted(lag_by_window.items())],
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
@@ -324,6 +330,7 @@ def report_live(result: dict[str, Any]) -> None:
           f"p95 {result['rollouts_p95']:.0f} ms, {result['rollouts_errors']} failed")
     print(f"[{label}] push latency p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["latency_timeline"]))
     print(f"[{label}] ingest delay p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["ingest_timeline"]))
+    print(f"[{label}] in Redis (published) p95 per 5 s of the replay: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["published_timeline"]))
     print(f"[{label}] the pages' own process (the harness, on the same cores): event loop late p95 {result['clients_lag_p95']:.0f} ms, "
           f"max {result['clients_lag_max']:.0f} ms; p95 per 5 s: " + ", ".join(f"{t}s:{ms:.0f}" for t, ms in result["clients_lag_timeline"]))
     samples = result["backlog"][:: max(1, len(result["backlog"]) // 12)]

@@ -255,6 +255,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
 
     # And when each metrics push was in Redis (the channel layer's publish returned): from the line's `t`.
     published_ms: list[float] = []
+    published_written_at: list[float] = []  # each batch's oldest line's `t`: the timeline's window
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
@@ -268,7 +269,9 @@ def run_ingest(spec: dict[str, Any]) -> None:
         counts[0] += 1
         counts[1] += len(message.get("text", ""))
         if message.get("type") == "metrics.batch" and (points := batch_points(message)):
-            published_ms.append((time.time() - min(float(point[2]) for point in points)) * 1000.0)
+            written_at = min(float(point[2]) for point in points)
+            published_ms.append((time.time() - written_at) * 1000.0)
+            published_written_at.append(written_at)
 
     layer.group_send = timed_group_send
 
@@ -332,7 +335,7 @@ def run_ingest(spec: dict[str, Any]) -> None:
         time.sleep(1.0)
     _write_atomically(progress, json.dumps({"delivered_lines": sum(s.metrics_tail.line_no for s in supervisors),
                                             "ingest_delays_ms": ingest_delays_ms, "ingest_written_at": ingest_written_at, "unsent_max": unsent_max,
-                                            "call_ms": call_ms, "published_ms": published_ms, "sent_by_type": sent_by_type,
+                                            "call_ms": call_ms, "published_ms": published_ms, "published_written_at": published_written_at, "sent_by_type": sent_by_type,
                                             "runs_per_write": runs_per_write}))
     from inflight.live.broadcast import flush_broadcasts
 

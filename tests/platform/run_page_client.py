@@ -34,27 +34,34 @@ class PageSeries:
     as `DownsampleState.apply_batch` decides (stale, gap, applied) but folded into a
     `DownsampleState` only when `final()` is asked: the bench's 500 pages share the machine with the
     platform they measure, and folding every point as it came was a quarter of their process's CPU
-    (py-spy --gil), work a browser does on its own machine. The outcome is the same state."""
+    (py-spy --gil), work a browser does on its own machine. The outcome is the same state.
 
-    def __init__(self, snapshot: dict[str, Any]) -> None:
-        self.snapshot = snapshot
-        self.seq = int(snapshot["seq"])
-        self.pushes: list[dict[str, Any]] = []
+    The snapshot and the pushes are kept as the text they came as, parsed again at `final()`: kept
+    parsed, the 500 pages' points were ~2 million objects in one process by the replay's end, and
+    each full collection of its cyclic garbage collector walked them all, 0.4-1.4 s during which no
+    page read its socket; those stalls were most of the push p95 bench/platform_scale.py measured
+    (bench/RESULTS.md, 2026-11-29). A browser collects each page's own small heap."""
 
-    def apply_batch(self, message: dict[str, Any]) -> str:
+    def __init__(self, snapshot_text: bytes | str) -> None:
+        self.snapshot_text = snapshot_text
+        self.seq = int(_json(snapshot_text)["seq"])
+        self.pushes: list[bytes | str] = []  # the applied pushes' text
+
+    def apply_batch(self, message: dict[str, Any], text: bytes | str) -> str:
+        """`message`: a `metrics.batch` push as parsed from `text`."""
         seq = int(message["seq"])
         if seq <= self.seq:
             return "stale"
         if int(message.get("from_seq", seq)) > self.seq + 1:
             return "gap"
-        self.pushes.append(message)
+        self.pushes.append(text)
         self.seq = seq
         return "applied"
 
     def final(self) -> dict[str, Any]:
-        state = DownsampleState.from_snapshot(self.snapshot)
-        for message in self.pushes:
-            outcome = state.apply_batch(message)
+        state = DownsampleState.from_snapshot(_json(self.snapshot_text))
+        for text in self.pushes:
+            outcome = state.apply_batch(_json(text))
             assert outcome == "applied", outcome  # decided as above, by the same seqs
         return state.to_snapshot()
 
@@ -83,10 +90,11 @@ class ClientRecord:
     rollouts_errors: int = 0
 
 
-async def _fetch_snapshot(http: Any, base: str, run_id: int) -> dict[str, Any]:
+async def _fetch_snapshot(http: Any, base: str, run_id: int) -> bytes:
+    """The run's snapshot.json as the body it came as (`PageSeries` keeps it so)."""
     response = await http.get(f"{base}/runs/{run_id}/snapshot.json")
     response.raise_for_status()
-    return _json(response.content)
+    return response.content
 
 
 def _json(body: bytes) -> Any:
@@ -213,15 +221,15 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                 # pages' process (py-spy --gil), CPU taken from the platform on the same cores.
                 wanted.ask()
                 http = http_clients[base]
-                buffered: list[tuple[float, dict[str, Any]]] = []
-                fetching: list[asyncio.Task[dict[str, Any]]] = []  # the snapshot fetch under way, if any
+                buffered: list[tuple[float, dict[str, Any], bytes | str]] = []
+                fetching: list[asyncio.Task[bytes]] = []  # the snapshot fetch under way, if any
 
                 def fetch_snapshot() -> None:
                     task = asyncio.ensure_future(_fetch_snapshot(http, base, record.run_id))
                     fetching.append(task)
                     task.add_done_callback(snapshot_fetched)
 
-                def snapshot_fetched(task: asyncio.Task[dict[str, Any]]) -> None:
+                def snapshot_fetched(task: asyncio.Task[bytes]) -> None:
                     nonlocal state
                     fetching.remove(task)
                     if task.cancelled():
@@ -235,8 +243,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                     record.refetches += 1
                     pending = buffered[:]
                     buffered.clear()
-                    for received_at, message in pending:
-                        if _apply(record, state, message, received_at) == "gap":
+                    for received_at, message, text in pending:
+                        if _apply(record, state, message, text, received_at) == "gap":
                             record.gaps += 1
                             fetch_snapshot()  # what is left of the buffer is in that snapshot
                             break
@@ -280,8 +288,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                             record.duplicates_or_out_of_order += 1
                         last_seq_on_connection = max(seq, last_seq_on_connection or 0)
                         if fetching:
-                            buffered.append((received_at, message))
-                        elif _apply(record, state, message, received_at) == "gap":
+                            buffered.append((received_at, message, raw))
+                        elif _apply(record, state, message, raw, received_at) == "gap":
                             record.gaps += 1
                             fetch_snapshot()
                 finally:
@@ -304,8 +312,8 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
     record.final = state.final() if state is not None else None
 
 
-def _apply(record: ClientRecord, state: PageSeries, message: dict[str, Any], received_at: float) -> str:
-    outcome = state.apply_batch(message)
+def _apply(record: ClientRecord, state: PageSeries, message: dict[str, Any], text: bytes | str, received_at: float) -> str:
+    outcome = state.apply_batch(message, text)
     record.seq = state.seq
     if outcome == "applied":
         for t in {point[2] for point in message["points"]}:
