@@ -90,14 +90,14 @@ class ClientRecord:
     rollouts_errors: int = 0
 
 
-async def _fetch_snapshot(http: Any, base: str, run_id: int) -> bytes:
-    """The run's snapshot.json as the body it came as (`PageSeries` keeps it so)."""
+async def _fetch_snapshot(http: Any, base: str, run_id: int) -> PageSeries:
+    """The page's series from the run's snapshot.json (a body that is not JSON fails the fetch)."""
     response = await http.get(f"{base}/runs/{run_id}/snapshot.json")
     response.raise_for_status()
-    return response.content
+    return PageSeries(response.content)
 
 
-def _json(body: bytes) -> Any:
+def _json(body: bytes | str) -> Any:
     """An answer's JSON, read as a browser's native JSON.parse would (orjson; the json module only
     for what orjson refuses)."""
     try:
@@ -222,14 +222,14 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                 wanted.ask()
                 http = http_clients[base]
                 buffered: list[tuple[float, dict[str, Any], bytes | str]] = []
-                fetching: list[asyncio.Task[bytes]] = []  # the snapshot fetch under way, if any
+                fetching: list[asyncio.Task[PageSeries]] = []  # the snapshot fetch under way, if any
 
                 def fetch_snapshot() -> None:
                     task = asyncio.ensure_future(_fetch_snapshot(http, base, record.run_id))
                     fetching.append(task)
                     task.add_done_callback(snapshot_fetched)
 
-                def snapshot_fetched(task: asyncio.Task[bytes]) -> None:
+                def snapshot_fetched(task: asyncio.Task[PageSeries]) -> None:
                     nonlocal state
                     fetching.remove(task)
                     if task.cancelled():
@@ -238,7 +238,7 @@ async def run_page_client(record: ClientRecord, bases: list[str], cookie: str, s
                         record.errors.append(f"snapshot: {type(task.exception()).__name__}: {str(task.exception())[:120]}")
                         asyncio.ensure_future(socket.close())  # as a failed page: reconnect and fetch again
                         return
-                    state = PageSeries(task.result())
+                    state = task.result()
                     record.seq = state.seq
                     record.refetches += 1
                     pending = buffered[:]
