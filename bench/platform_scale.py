@@ -55,7 +55,7 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from benchlib import DEMO_CONFIG, REPO_ROOT, SMOKE_DEMO_OVERRIDES, free_port, parse_bench_args, platform_services  # first: it puts the checkout on sys.path
 from scale_finished import finished_runs_phase
@@ -132,6 +132,17 @@ def keep_logs(folder: Path, label: str) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for log in folder.glob("*.log"):
         shutil.copyfile(log, target / log.name)
+
+
+TIMELINE_WINDOW_S = 5
+
+
+def p95_per_window(first_t: float, samples: Iterable[tuple[float, float]]) -> list[tuple[int, float]]:
+    """[(window start s, p95 of its values)] of (unix time, value) samples, by TIMELINE_WINDOW_S from `first_t`."""
+    by_window: dict[int, list[float]] = {}
+    for t, value in samples:
+        by_window.setdefault(int((t - first_t) // TIMELINE_WINDOW_S), []).append(value)
+    return [(TIMELINE_WINDOW_S * w, percentile(values, 95)) for w, values in sorted(by_window.items())]
 
 
 def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any, cookie: str, folder: Path, nodes: int,
@@ -244,25 +255,13 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
     keys = ("shift", "max_step", "series")
     complete = [r for r in records if r["final"] is not None and {k: r["final"][k] for k in keys} == {k: expected[r["run_id"]][k] for k in keys}]
     latencies = [ms for r in records for ms in r["latencies_ms"]]
-    # Push latency p95 per 5 s of the replay (by when the line was written): steady or in bursts.
-    by_window: dict[int, list[float]] = {}
+    # Push latency p95 per 5 s of the replay (by when the line was written): steady or in bursts; the
+    # same for the ingest delay, the publish delay and the pages' own loop, to see which part was late.
     first_t = min((t for r in records for t in r.get("written_at", [])), default=0.0)
-    for r in records:
-        for t, ms in zip(r.get("written_at", []), r["latencies_ms"]):
-            by_window.setdefault(int((t - first_t) // 5), []).append(ms)
-    latency_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(by_window.items())]
-    ingest_by_window: dict[int, list[float]] = {}
-    for t, ms in zip(ingest_written_at, ingest_delays):
-        ingest_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
-    ingest_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(ingest_by_window.items())]
-    published_by_window: dict[int, list[float]] = {}
-    for t, ms in zip(published_written_at, published):
-        published_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
-    published_timeline = [(5 * w, percentile(values, 95)) for w, values in sorted(published_by_window.items())]
-    lag_by_window: dict[int, list[float]] = {}
-    for t, ms in clients_lag:
-        if t >= first_t:
-            lag_by_window.setdefault(int((t - first_t) // 5), []).append(ms)
+    latency_timeline = p95_per_window(first_t, [(t, ms) for r in records for t, ms in zip(r.get("written_at", []), r["latencies_ms"])])
+    ingest_timeline = p95_per_window(first_t, zip(ingest_written_at, ingest_delays))
+    published_timeline = p95_per_window(first_t, zip(published_written_at, published))
+    lag_timeline = p95_per_window(first_t, [(t, ms) for t, ms in clients_lag if t >= first_t])
     killed_clients = [r for r, c in zip(records, clients) if nodes > 1 and c["bases"][0] == bases[-1]]
     return {
         "label": label, "nodes": nodes, "runs": len(runs), "clients": len(records), "wall_s": wall,
@@ -280,7 +279,7 @@ def live_phase(args: argparse.Namespace, label: str, shape: DemoShape, user: Any
         "latency_timeline": latency_timeline, "ingest_timeline": ingest_timeline,
         "clients_lag_p95": percentile([ms for _, ms in clients_lag], 95), "clients_lag_max": max((ms for _, ms in clients_lag), default=0.0),
         "published_timeline": published_timeline,
-        "clients_lag_timeline": [(5 * w, percentile(values, 95)) for w, values in sorted(lag_by_window.items())],
+        "clients_lag_timeline": lag_timeline,
         "panel_requests": sum(len(r.get("panel_ms", [])) for r in records), "panel_errors": sum(r.get("panel_errors", 0) for r in records),
         "panel_p95": percentile([ms for r in records for ms in r.get("panel_ms", [])], 95),
         "rollout_viewers": sum(1 for c in clients if c["watch_rollouts"]), "rollout_rows_received": sum(r.get("rollout_rows", 0) for r in records),
